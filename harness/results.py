@@ -1,0 +1,171 @@
+"""CaseResult: the one record that crosses process boundaries.
+
+Rank 0 of every launch appends one JSON line per case to the run's ``results.jsonl``; the
+launcher, the store and the reports read them back. The ``schema`` field versions the layout:
+readers accept every version up to ``SCHEMA`` and reject newer ones with a clear message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+
+STATUSES = ("pass", "fail", "error", "timeout", "crash", "skip")
+#: statuses that mean "the implementation is wrong or broken" (exit code 1)
+FAILING = ("fail", "error", "timeout", "crash")
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be read (corrupt line, newer schema)."""
+
+
+@dataclass
+class CaseResult:
+    """Outcome of one (case, implementation, world size) on one run."""
+
+    run_id: str
+    case_id: str
+    op: str
+    family: str
+    impl: str
+    world_size: int
+    params: dict[str, Any]
+    status: str
+    reason: str = ""
+    #: per output name: metrics (compare.Metrics.to_dict()), tolerance text, passed
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: elements outside tolerance, summed over ranks and outputs (nccl-tests' #wrong)
+    wrong: int = 0
+    #: timing stats in nanoseconds: median, p10, p90, min, mean, std, n, samples
+    timing: dict[str, Any] | None = None
+    #: derived figures: tflops, gbps (algbw), busbw_gbps
+    derived: dict[str, float] = field(default_factory=dict)
+    peak_memory_bytes: int | None = None
+    #: how peak memory was measured: "cuda_max_allocated", "cpu_process_maxrss" or None
+    peak_memory_kind: str | None = None
+    output_hash: str | None = None
+    device: str = "cpu"
+    backend: str | None = None
+    started_at: float = 0.0
+    duration_s: float = 0.0
+    #: short environment fingerprint; the full environment lives in the run's metadata
+    env_id: str = ""
+    schema: int = SCHEMA
+
+    @property
+    def key(self) -> str:
+        """Identity of this result inside one run."""
+        return result_key(self.case_id, self.impl, self.world_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form (the line written to results.jsonl)."""
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        """One line of JSON, no trailing newline."""
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CaseResult:
+        """Rebuild from ``to_dict`` output; unknown keys from newer minor fields are ignored."""
+        schema = int(data.get("schema", 0))
+        if schema > SCHEMA:
+            raise ResultsError(
+                f"result schema v{schema} is newer than this harness (v{SCHEMA}): "
+                "upgrade kernel-harness to read it"
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def result_key(case_id: str, impl: str, world_size: int) -> str:
+    """Stable key of a result in a run: ``w4:allreduce[...]@torch``."""
+    return f"w{world_size}:{case_id}@{impl}"
+
+
+def append(path: str | os.PathLike[str], result: CaseResult) -> None:
+    """Append one result as a JSON line, flushed and fsynced so a crash right after keeps it."""
+    line = result.to_json() + "\n"
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read(path: str | os.PathLike[str]) -> Iterator[CaseResult]:
+    """Yield the results of a JSONL file.
+
+    A torn last line (the writer died mid-write) is skipped: everything before it stays
+    readable. A corrupt line elsewhere is an error naming the file and line.
+    """
+    p = Path(path)
+    if not p.exists():
+        return
+    lines = p.read_text(encoding="utf-8").splitlines()
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if lineno == len(lines):
+                return  # torn final line from a crash: ignore it
+            raise ResultsError(f"{p}:{lineno}: not a JSON result line ({exc.msg})") from exc
+        yield CaseResult.from_dict(data)
+
+
+@dataclass
+class RunInfo:
+    """Metadata of one run (``run.json`` beside ``results.jsonl``)."""
+
+    run_id: str
+    started_at: float
+    tier: str
+    world_sizes: list[int]
+    machine: dict[str, Any]
+    env: dict[str, Any]
+    finished_at: float | None = None
+    selectors: list[str] = field(default_factory=list)
+    impls: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)
+    git_commit: str | None = None
+    #: "running", "complete", "partial" (some launches failed) or "infra_error"
+    status: str = "running"
+    schema: int = SCHEMA
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunInfo:
+        """Rebuild from ``to_dict`` output."""
+        if int(data.get("schema", 0)) > SCHEMA:
+            raise ResultsError(
+                f"run schema v{data['schema']} is newer than this harness (v{SCHEMA}): "
+                "upgrade kernel-harness to read it"
+            )
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write atomically (temp file + rename) so readers never see half a file."""
+        p = Path(path)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
+        os.replace(tmp, p)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> RunInfo:
+        """Read a ``run.json``."""
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ResultsError(f"{path}: cannot read run metadata ({exc})") from exc
