@@ -1,0 +1,437 @@
+"""Comparison of an implementation's output with the expected one.
+
+Metrics (DESIGN.md): max_abs, max_rel, rel_l2 = ||a-e|| / ||e||, cos_diff =
+1 - 2<a,e> / (|a|^2 + |e|^2) (DeepGEMM's calc_diff), mismatch count and fraction, n_nan, n_inf,
+first_bad_index. They are computed on the tensors' device, in float64, a chunk at a time (no
+full host copy), as partial sums so that the metrics of every rank merge into one.
+
+Tolerance kinds: ``exact`` (bitwise), ``allclose`` (|a-e| <= atol + rtol*|e|, with an optional
+mismatch budget), ``ulp`` (at most n units in the last place of the output dtype), ``cos_diff``
+and ``rel_l2`` (global bounds), and ``all_of`` combinations. NaN never passes unless the
+expected value has NaN in the same place; an infinity passes only against the same infinity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+CHUNK_ELEMS = 1 << 22
+
+ELEMENTWISE_KINDS = ("exact", "allclose", "ulp")
+GLOBAL_KINDS = ("cos_diff", "rel_l2")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close an output must be. Build with the constructors below, not directly."""
+
+    kind: str
+    rtol: float = 0.0
+    atol: float = 0.0
+    ulps: int = 0
+    bound: float = 0.0
+    max_mismatch_frac: float = 0.0
+    parts: tuple[Tolerance, ...] = ()
+
+    def __post_init__(self) -> None:
+        kinds = ELEMENTWISE_KINDS + GLOBAL_KINDS + ("all_of",)
+        if self.kind not in kinds:
+            raise ValueError(f"unknown tolerance kind {self.kind!r}; use one of {kinds}")
+        if self.kind == "all_of":
+            elementwise = [p for p in self.parts if p.kind in ELEMENTWISE_KINDS]
+            if len(elementwise) > 1:
+                raise ValueError("all_of takes at most one elementwise part (exact/allclose/ulp)")
+
+    @property
+    def elementwise(self) -> Tolerance | None:
+        """The part that decides per element what counts as wrong (None: only global)."""
+        if self.kind in ELEMENTWISE_KINDS:
+            return self
+        if self.kind == "all_of":
+            return next((p for p in self.parts if p.kind in ELEMENTWISE_KINDS), None)
+        return None
+
+    def describe(self) -> str:
+        """Short text for tables and reports, e.g. ``allclose(rtol=0.016, atol=1e-05)``."""
+        if self.kind == "exact":
+            return "exact"
+        if self.kind == "allclose":
+            extra = f", max_mismatch_frac={self.max_mismatch_frac:g}" if self.max_mismatch_frac else ""
+            return f"allclose(rtol={self.rtol:g}, atol={self.atol:g}{extra})"
+        if self.kind == "ulp":
+            return f"ulp({self.ulps})"
+        if self.kind in GLOBAL_KINDS:
+            return f"{self.kind}<={self.bound:g}"
+        return " & ".join(p.describe() for p in self.parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form stored with each result."""
+        d: dict[str, Any] = {"kind": self.kind, "text": self.describe()}
+        if self.kind == "allclose":
+            d.update(rtol=self.rtol, atol=self.atol, max_mismatch_frac=self.max_mismatch_frac)
+        elif self.kind == "ulp":
+            d["ulps"] = self.ulps
+        elif self.kind in GLOBAL_KINDS:
+            d["bound"] = self.bound
+        elif self.kind == "all_of":
+            d["parts"] = [p.to_dict() for p in self.parts]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Tolerance:
+        """Inverse of ``to_dict``."""
+        return cls(d["kind"], rtol=d.get("rtol", 0.0), atol=d.get("atol", 0.0),
+                   ulps=d.get("ulps", 0), bound=d.get("bound", 0.0),
+                   max_mismatch_frac=d.get("max_mismatch_frac", 0.0),
+                   parts=tuple(cls.from_dict(p) for p in d.get("parts", ())))
+
+
+def exact() -> Tolerance:
+    """Bitwise equality (data movement, integers, exact-by-construction reductions)."""
+    return Tolerance("exact")
+
+
+def allclose(rtol: float, atol: float, max_mismatch_frac: float = 0.0) -> Tolerance:
+    """|a-e| <= atol + rtol*|e| for all but ``max_mismatch_frac`` of the elements."""
+    return Tolerance("allclose", rtol=rtol, atol=atol, max_mismatch_frac=max_mismatch_frac)
+
+
+def ulp(n: int) -> Tolerance:
+    """At most ``n`` units in the last place of the output dtype (nccl-tests: 2 for float AVG)."""
+    return Tolerance("ulp", ulps=n)
+
+
+def cos_diff(bound: float) -> Tolerance:
+    """DeepGEMM's calc_diff <= bound (a global metric for long reductions)."""
+    return Tolerance("cos_diff", bound=bound)
+
+
+def rel_l2(bound: float) -> Tolerance:
+    """||a-e|| / ||e|| <= bound."""
+    return Tolerance("rel_l2", bound=bound)
+
+
+def all_of(*parts: Tolerance) -> Tolerance:
+    """Every part must hold."""
+    return Tolerance("all_of", parts=tuple(parts))
+
+
+#: SEMANTICS.md's default allclose tolerances per dtype (torch.testing, TransformerEngine).
+DEFAULT_RTOL_ATOL: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float8_e4m3fn: (0.125, 0.0675),
+    torch.float8_e5m2: (0.25, 0.125),
+}
+
+
+def default_for(dtype: torch.dtype) -> Tolerance:
+    """The default tolerance of an output dtype: allclose for floats, exact otherwise."""
+    if dtype in DEFAULT_RTOL_ATOL:
+        return allclose(*DEFAULT_RTOL_ATOL[dtype])
+    return exact()
+
+
+@dataclass
+class Metrics:
+    """Comparison metrics as mergeable partial sums (one per rank, merged across ranks)."""
+
+    numel: int = 0
+    n_mismatch: int = 0
+    n_nan: int = 0
+    n_inf: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    sum_sq_diff: float = 0.0
+    sum_sq_expected: float = 0.0
+    sum_sq_actual: float = 0.0
+    sum_dot: float = 0.0
+    max_ulp: float = 0.0
+    #: flat index of the first element outside the elementwise tolerance, and its rank
+    first_bad_index: int | None = None
+    first_bad_rank: int | None = None
+    first_bad_actual: float | None = None
+    first_bad_expected: float | None = None
+    shape: list[int] = field(default_factory=list)
+    shape_error: str | None = None
+
+    @property
+    def mismatch_frac(self) -> float:
+        return self.n_mismatch / self.numel if self.numel else 0.0
+
+    @property
+    def rel_l2(self) -> float:
+        if self.sum_sq_expected == 0.0:
+            return 0.0 if self.sum_sq_diff == 0.0 else math.inf
+        return math.sqrt(self.sum_sq_diff / self.sum_sq_expected)
+
+    @property
+    def cos_diff(self) -> float:
+        denom = self.sum_sq_actual + self.sum_sq_expected
+        if denom == 0.0:
+            return 0.0  # both all zero: identical (DeepGEMM's convention)
+        if not math.isfinite(denom) or not math.isfinite(self.sum_dot):
+            return math.inf
+        return 1.0 - 2.0 * self.sum_dot / denom
+
+    def first_bad_position(self) -> list[int] | None:
+        """The first bad element as a multi-dimensional index."""
+        if self.first_bad_index is None or not self.shape:
+            return None if self.first_bad_index is None else [self.first_bad_index]
+        idx, pos = self.first_bad_index, []
+        for extent in reversed(self.shape):
+            pos.append(idx % extent if extent else 0)
+            idx //= max(extent, 1)
+        return pos[::-1]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: the raw partial sums plus the derived metrics."""
+        return {
+            "numel": self.numel,
+            "n_mismatch": self.n_mismatch,
+            "mismatch_frac": self.mismatch_frac,
+            "n_nan": self.n_nan,
+            "n_inf": self.n_inf,
+            "max_abs": self.max_abs,
+            "max_rel": self.max_rel,
+            "max_ulp": self.max_ulp,
+            "rel_l2": self.rel_l2,
+            "cos_diff": self.cos_diff,
+            "first_bad_index": self.first_bad_index,
+            "first_bad_position": self.first_bad_position(),
+            "first_bad_rank": self.first_bad_rank,
+            "first_bad_actual": self.first_bad_actual,
+            "first_bad_expected": self.first_bad_expected,
+            "shape": self.shape,
+            "shape_error": self.shape_error,
+            "sum_sq_diff": self.sum_sq_diff,
+            "sum_sq_expected": self.sum_sq_expected,
+            "sum_sq_actual": self.sum_sq_actual,
+            "sum_dot": self.sum_dot,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Metrics:
+        """Inverse of ``to_dict`` (derived fields are recomputed)."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def merge(cls, parts: list[Metrics]) -> Metrics:
+        """Combine per-rank metrics: sums add, maxima take the max, the first bad index is the
+        one of the lowest rank that has one."""
+        out = cls()
+        for p in parts:
+            out.numel += p.numel
+            out.n_mismatch += p.n_mismatch
+            out.n_nan += p.n_nan
+            out.n_inf += p.n_inf
+            out.max_abs = _nanmax(out.max_abs, p.max_abs)
+            out.max_rel = _nanmax(out.max_rel, p.max_rel)
+            out.max_ulp = _nanmax(out.max_ulp, p.max_ulp)
+            out.sum_sq_diff += p.sum_sq_diff
+            out.sum_sq_expected += p.sum_sq_expected
+            out.sum_sq_actual += p.sum_sq_actual
+            out.sum_dot += p.sum_dot
+            out.shape_error = out.shape_error or p.shape_error
+            if out.first_bad_index is None and p.first_bad_index is not None:
+                out.first_bad_index = p.first_bad_index
+                out.first_bad_rank = p.first_bad_rank
+                out.first_bad_actual = p.first_bad_actual
+                out.first_bad_expected = p.first_bad_expected
+                out.shape = p.shape
+        if not out.shape and parts:
+            out.shape = parts[0].shape
+        return out
+
+
+def _nanmax(a: float, b: float) -> float:
+    if math.isnan(a) or math.isnan(b):
+        return math.nan
+    return max(a, b)
+
+
+def _ulp_size(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of ``dtype`` at the magnitude of each expected value (float64)."""
+    info = torch.finfo(dtype)
+    mag = e.abs().clamp_min(info.tiny)
+    _, exp = torch.frexp(mag)  # mag = m * 2**exp with m in [0.5, 1): exact, unlike log2
+    exponent = (exp - 1).to(torch.float64)
+    # nmant + 1 significant bits; below the normal range the spacing is constant
+    spacing = torch.exp2(exponent - (info.bits - _exponent_bits(dtype) - 1))
+    return spacing.clamp_min(info.tiny * info.eps)
+
+
+def _exponent_bits(dtype: torch.dtype) -> int:
+    return {
+        torch.float64: 11,
+        torch.float32: 8,
+        torch.float16: 5,
+        torch.bfloat16: 8,
+        torch.float8_e4m3fn: 4,
+        torch.float8_e5m2: 5,
+    }[dtype]
+
+
+def _int_view(t: torch.Tensor) -> torch.Tensor:
+    """The bits of a tensor as integers (for bitwise equality)."""
+    if not t.dtype.is_floating_point:
+        return t
+    width = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}[t.element_size() * 8]
+    return t.view(width)
+
+
+def measure(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    tolerance: Tolerance,
+    *,
+    rank: int = 0,
+    chunk_elems: int = CHUNK_ELEMS,
+) -> Metrics:
+    """Metrics of ``actual`` against ``expected`` on ``actual``'s device, chunk by chunk.
+
+    ``expected`` may have a wider dtype (a float64 reference) than ``actual``; for ``exact`` it
+    is cast to ``actual``'s dtype first, so "bitwise" means "the reference, rounded once".
+    """
+    m = Metrics(shape=list(actual.shape))
+    if not isinstance(actual, torch.Tensor):
+        m.shape_error = f"output is a {type(actual).__name__}, not a tensor"
+        return m
+    if tuple(actual.shape) != tuple(expected.shape):
+        m.shape_error = f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
+        m.numel = max(expected.numel(), 1)
+        m.n_mismatch = m.numel
+        return m
+    elem = tolerance.elementwise
+    a_flat = actual.reshape(-1)
+    e_flat = expected.to(actual.device).reshape(-1)
+    if elem is not None and elem.kind == "exact" and e_flat.dtype != a_flat.dtype:
+        e_flat = e_flat.to(a_flat.dtype)
+    n = a_flat.numel()
+    m.numel = n
+    for start in range(0, n, chunk_elems):
+        _measure_chunk(m, a_flat[start : start + chunk_elems], e_flat[start : start + chunk_elems],
+                       elem, actual.dtype, start, rank)
+    return m
+
+
+def _measure_chunk(
+    m: Metrics,
+    a_raw: torch.Tensor,
+    e_raw: torch.Tensor,
+    elem: Tolerance | None,
+    out_dtype: torch.dtype,
+    offset: int,
+    rank: int,
+) -> None:
+    a = a_raw.to(torch.float64)
+    e = e_raw.to(torch.float64)
+    a_nan, e_nan = torch.isnan(a), torch.isnan(e)
+    a_inf = torch.isinf(a)
+    m.n_nan += int(a_nan.sum())
+    m.n_inf += int(a_inf.sum())
+    # NaN matches only NaN; an infinity only the same infinity
+    same_special = (a_nan & e_nan) | (torch.isinf(e) & (a == e))
+    special = a_nan | e_nan | a_inf | torch.isinf(e)
+    bad_special = special & ~same_special
+    finite = ~special
+    diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
+    diff = torch.where(bad_special, torch.full_like(a, math.inf), diff)
+    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    rel = torch.where(finite, rel, diff)  # non-finite positions: 0 if they match, else inf
+    rel = torch.where(finite & (diff == 0), torch.zeros_like(rel), rel)
+    if diff.numel():
+        m.max_abs = max(m.max_abs, float(diff.max()))
+        m.max_rel = max(m.max_rel, float(rel.max()))
+    af = torch.where(finite, a, torch.zeros_like(a))
+    ef = torch.where(finite, e, torch.zeros_like(e))
+    if bool(bad_special.any()):
+        m.sum_sq_diff = math.inf
+    m.sum_sq_diff += float(((af - ef) ** 2).sum())
+    m.sum_sq_expected += float((ef * ef).sum())
+    m.sum_sq_actual += float((af * af).sum())
+    m.sum_dot += float((af * ef).sum())
+
+    if elem is None:
+        bad = bad_special
+    elif elem.kind == "exact":
+        bad = _int_view(a_raw) != _int_view(e_raw)
+        bad = bad & ~(a_nan & e_nan)  # NaN payloads may differ
+    elif elem.kind == "allclose":
+        bad = bad_special | (finite & (diff > elem.atol + elem.rtol * e.abs()))
+    else:  # ulp
+        if out_dtype.is_floating_point:
+            ulps = diff / _ulp_size(e, out_dtype)
+        else:
+            ulps = diff
+        ulps = torch.where(finite, ulps, torch.where(bad_special, math.inf, 0.0))
+        if ulps.numel():
+            m.max_ulp = max(m.max_ulp, float(ulps.max()))
+        bad = bad_special | (finite & (ulps > elem.ulps))
+    n_bad = int(bad.sum())
+    if n_bad:
+        m.n_mismatch += n_bad
+        if m.first_bad_index is None:
+            i = int(torch.nonzero(bad)[0, 0])
+            m.first_bad_index = offset + i
+            m.first_bad_rank = rank
+            m.first_bad_actual = float(a[i])
+            m.first_bad_expected = float(e[i])
+
+
+def verdict(m: Metrics, tolerance: Tolerance) -> tuple[bool, str]:
+    """Whether merged metrics meet the tolerance, and if not, one line saying why."""
+    if m.shape_error:
+        return False, m.shape_error
+    parts = tolerance.parts if tolerance.kind == "all_of" else (tolerance,)
+    for t in parts:
+        ok, why = _verdict_one(m, t)
+        if not ok:
+            return False, why
+    if tolerance.elementwise is None and m.n_mismatch:
+        return False, f"{m.n_mismatch} non-finite values where the reference is finite"
+    return True, ""
+
+
+def _verdict_one(m: Metrics, t: Tolerance) -> tuple[bool, str]:
+    where = ""
+    if m.first_bad_index is not None:
+        where = (
+            f"; first at rank {m.first_bad_rank} index {m.first_bad_position()}: "
+            f"{m.first_bad_actual!r} vs {m.first_bad_expected!r}"
+        )
+    if t.kind in ELEMENTWISE_KINDS:
+        allowed = t.max_mismatch_frac * m.numel if t.kind == "allclose" else 0
+        if m.n_mismatch > allowed:
+            what = {"exact": "not bitwise equal", "allclose": f"outside {t.describe()}",
+                    "ulp": f"more than {t.ulps} ulp off"}[t.kind]
+            return False, (f"{m.n_mismatch}/{m.numel} elements {what} "
+                           f"(max_abs={m.max_abs:.3g}, max_rel={m.max_rel:.3g}){where}")
+        return True, ""
+    value = m.cos_diff if t.kind == "cos_diff" else m.rel_l2
+    if not value <= t.bound:  # also catches NaN
+        return False, f"{t.kind}={value:.3g} > {t.bound:g}{where}"
+    return True, ""
+
+
+@dataclass
+class Check:
+    """A metric set plus its verdict."""
+
+    passed: bool
+    metrics: Metrics
+    reason: str
+
+
+def check(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance) -> Check:
+    """Measure and judge one output on one process."""
+    m = measure(actual, expected, tolerance)
+    ok, why = verdict(m, tolerance)
+    return Check(ok, m, why)

@@ -1,0 +1,200 @@
+"""pytest plugin: one item per (case, implementation) of the selected tier at this world size.
+
+Every MPI rank runs pytest with this plugin::
+
+    mpiexec -n 4 python -m pytest --pyargs suites -p harness.pytest_plugin -k allreduce
+
+Collection is the same on every rank (it comes from the registry), so the ranks walk the items
+in lockstep. Rank 0 alone reports to the terminal, writes ``--junitxml``, and appends each
+``CaseResult`` to ``--harness-results`` as a fsynced JSON line; the other ranks stay quiet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import results as results_mod
+from harness.results import CaseResult
+from harness.spec import TIERS, PlannedItem, Registry, SpecError, registry
+from harness.timing import TimingConfig
+
+_SESSION = pytest.StashKey["HarnessSession"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("harness", "kernel-harness cases")
+    g.addoption("--harness-tier", default="smoke", choices=TIERS, help="grid tier to run")
+    g.addoption("--harness-select", action="append", default=[],
+                help="family, op or case-id glob (repeatable; none = all)")
+    g.addoption("--harness-impl", action="append", default=[],
+                help="implementation, negative control or module:callable (repeatable)")
+    g.addoption("--harness-device", default="auto", help="auto, cpu or cuda")
+    g.addoption("--harness-no-bench", action="store_true", help="check only, do not time")
+    g.addoption("--harness-results", default=None, help="JSONL file rank 0 appends results to")
+    g.addoption("--harness-progress", default=None, help="file naming the case in progress")
+    g.addoption("--harness-run-id", default=None, help="run id stamped on every result")
+    g.addoption("--harness-skip", default=None, help="file of result keys already recorded")
+    g.addoption("--harness-timeout", type=float, default=None,
+                help="per-case deadline in seconds (default: each op's own)")
+    g.addoption("--harness-env-id", default="", help="environment fingerprint for results")
+
+
+class HarnessSession:
+    """Per-process state: the World, the registry, and where results go."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        from mpi4py import MPI
+
+        from harness.runtime import RuntimeSetupError, World
+        from harness.watchdog import Watchdog
+
+        opt = config.option
+        self.tier: str = opt.harness_tier
+        self.selectors: list[str] = list(opt.harness_select)
+        self.impls: list[str] = list(opt.harness_impl)
+        self.bench = not opt.harness_no_bench
+        self.results_path = Path(opt.harness_results) if opt.harness_results else None
+        self.progress_path = Path(opt.harness_progress) if opt.harness_progress else None
+        self.run_id = opt.harness_run_id or os.environ.get("HARNESS_RUN_ID", "adhoc")
+        self.timeout = opt.harness_timeout
+        self.env_id = opt.harness_env_id
+        self.skip: set[str] = set()
+        if opt.harness_skip and Path(opt.harness_skip).exists():
+            self.skip = set(Path(opt.harness_skip).read_text().split())
+        try:
+            self.registry: Registry = registry()
+            self.world = World.from_mpi(opt.harness_device, timeout_s=self._group_timeout())
+        except (SpecError, RuntimeSetupError) as exc:
+            raise pytest.UsageError(str(exc)) from exc
+        self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code))
+        self.timing = TimingConfig.for_tier(self.tier)
+
+    def _group_timeout(self) -> float:
+        # collectives must outlive the watchdog: the watchdog, not gloo, decides a timeout
+        longest = max((s.deadline_s for s in registry().specs.values()), default=120.0)
+        return 2 * max(longest, self.timeout or 0.0) + 60.0
+
+    def planned(self) -> list[PlannedItem]:
+        return self.registry.plan(self.tier, self.world.size, self.selectors, self.impls)
+
+    def run(self, item: PlannedItem) -> CaseResult:
+        from harness.runner import run_case
+
+        deadline = self.timeout or item.case.spec.deadline_s
+        root = self.world.rank == 0
+        if root and self.progress_path is not None:
+            _write_json(self.progress_path, {"key": item.key, "started": time.time(),
+                                             "deadline_s": deadline, "pid": os.getpid()})
+        self.watchdog.arm(item.key, deadline,
+                          on_expire=(lambda: self._record_timeout(item, deadline)) if root else None)
+        result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
+                          bench=self.bench, timing=self.timing, env_id=self.env_id)
+        if self.watchdog.disarm() and root and self.results_path is not None:
+            results_mod.append(self.results_path, result)
+        return result
+
+    def _record_timeout(self, item: PlannedItem, deadline: float) -> None:
+        if self.results_path is None:
+            return
+        spec = item.case.spec
+        results_mod.append(self.results_path, CaseResult(
+            run_id=self.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
+            impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),
+            status="timeout", reason=f"no result within its {deadline:g} s deadline; "
+                                     "the job was aborted and the remaining cases relaunched",
+            device=str(self.world.device), started_at=time.time(), env_id=self.env_id,
+            duration_s=deadline))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    session = HarnessSession(config)
+    config.stash[_SESSION] = session
+    if session.world.rank != 0:
+        config.option.xmlpath = None  # one junit file, from rank 0
+        config.option.verbose = -2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    hs = session.config.stash[_SESSION]
+    if hs.world.rank != 0:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            session.config.pluginmanager.unregister(reporter)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    hs = session.config.stash.get(_SESSION, None)
+    if hs is not None:
+        hs.world.close()
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    import suites
+
+    suites_dir = Path(suites.__file__).parent.resolve()
+    if (file_path.suffix == ".py" and file_path.parent.resolve() == suites_dir
+            and not file_path.name.startswith("_")):
+        return SuiteFile.from_parent(parent, path=file_path)
+    return None
+
+
+class SuiteFile(pytest.File):
+    """A suites module: its items come from the registry, not from test functions."""
+
+    def collect(self):  # type: ignore[override]
+        hs: HarnessSession = self.config.stash[_SESSION]
+        family = self.path.stem
+        for planned in hs.planned():
+            if planned.case.spec.family != family or planned.key in hs.skip:
+                continue
+            yield CaseItem.from_parent(self, name=f"{planned.case.id}@{planned.impl}",
+                                       planned=planned)
+
+
+class CaseFailed(Exception):
+    """The case did not pass; carries its result for the report."""
+
+    def __init__(self, result: CaseResult) -> None:
+        super().__init__(result.reason)
+        self.result = result
+
+
+class CaseItem(pytest.Item):
+    """One implementation on one case."""
+
+    def __init__(self, *, planned: PlannedItem, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.planned = planned
+        self.extra_keyword_matches.update(
+            {planned.impl, planned.case.spec.name, planned.case.spec.family})
+
+    def runtest(self) -> None:
+        result = self.config.stash[_SESSION].run(self.planned)
+        self.user_properties.append(("status", result.status))
+        if result.status == "skip":
+            pytest.skip(result.reason)
+        if result.status != "pass":
+            raise CaseFailed(result)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None):  # type: ignore[override]
+        if isinstance(excinfo.value, CaseFailed):
+            r = excinfo.value.result
+            return f"{r.status.upper()} {r.case_id}@{r.impl} (world {r.world_size}): {r.reason}"
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, self.name

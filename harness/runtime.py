@@ -1,0 +1,153 @@
+"""The World: this process's place among the MPI ranks, its device and its process group.
+
+Every rank of a launch builds one ``World`` from ``MPI.COMM_WORLD``. The torch.distributed
+group is made on first use; its rendezvous goes through MPI (rank 0 opens a TCPStore on a port
+the OS picks and broadcasts host and port), so no fixed port is ever needed. Device ``auto`` is
+CUDA when the driver sees devices, each rank on ``cuda:(local_rank % device_count)``; backend
+``nccl`` when every rank on a node has its own GPU, ``gloo`` otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness import cuda
+
+
+class RuntimeSetupError(RuntimeError):
+    """The device or process group cannot be set up as asked (exit code 2 or 4)."""
+
+
+def resolve_device(requested: str, local_rank: int, local_size: int) -> tuple[torch.device, str]:
+    """Device of this rank and the torch.distributed backend for ``requested``
+    (``auto``, ``cpu``, ``cuda``). Only queries the driver (no torch CUDA context) unless a
+    GPU is actually chosen."""
+    if requested not in ("auto", "cpu", "cuda"):
+        raise RuntimeSetupError(f"unknown device {requested!r}; use auto, cpu or cuda")
+    n_gpu = cuda.device_count() if requested != "cpu" else 0
+    if requested == "cuda" and n_gpu == 0:
+        raise RuntimeSetupError("--device cuda but no CUDA device is visible; use --device cpu")
+    if n_gpu == 0:
+        return torch.device("cpu"), "gloo"
+    device = torch.device("cuda", local_rank % n_gpu)
+    if local_size <= n_gpu:
+        return device, "nccl"
+    if local_rank == 0:
+        warnings.warn(
+            f"{local_size} ranks share {n_gpu} GPU(s) on this node: using gloo, not nccl",
+            stacklevel=2,
+        )
+    return device, "gloo"
+
+
+@dataclass
+class World:
+    """One rank's view of the job."""
+
+    comm: Any
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: torch.device
+    backend: str
+    timeout_s: float = 300.0
+    _group: Any = field(default=None, repr=False)
+    _store: Any = field(default=None, repr=False)
+
+    @classmethod
+    def from_mpi(cls, device: str = "auto", timeout_s: float = 300.0) -> World:
+        """Build the World of this process from MPI.COMM_WORLD."""
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank, local_size = local.Get_rank(), local.Get_size()
+        local.Free()
+        dev, backend = resolve_device(device, local_rank, local_size)
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        return cls(comm, comm.Get_rank(), comm.Get_size(), local_rank, local_size, dev, backend,
+                   timeout_s)
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def group(self) -> Any:
+        """The torch.distributed default group, initialised through MPI on first use."""
+        import torch.distributed as dist
+
+        if self._group is None:
+            if not dist.is_initialized():
+                self._init_process_group()
+            self._group = dist.group.WORLD
+        return self._group
+
+    def _init_process_group(self) -> None:
+        import torch.distributed as dist
+
+        single_host = self.local_size == self.size
+        host = "127.0.0.1" if single_host else _routable_host()
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        store = None
+        port = 0
+        if self.rank == 0:
+            # port 0: the OS picks a free one, so concurrent jobs never collide
+            store = dist.TCPStore(host, 0, self.size, is_master=True, timeout=timeout,
+                                  wait_for_workers=False)
+            port = store.port
+        host, port = self.comm.bcast((host, port), root=0)
+        if self.rank != 0:
+            store = dist.TCPStore(host, port, self.size, is_master=False, timeout=timeout)
+        dist.init_process_group(self.backend, store=store, rank=self.rank,
+                                world_size=self.size, timeout=timeout,
+                                device_id=self.device if self.backend == "nccl" else None)
+        self._store = store
+
+    def barrier(self) -> None:
+        """An MPI barrier (independent of the torch group, so it works before it exists)."""
+        self.comm.Barrier()
+
+    def allreduce_max(self, value: float) -> float:
+        from mpi4py import MPI
+
+        return float(self.comm.allreduce(value, op=MPI.MAX))
+
+    def allreduce_sum(self, value: int) -> int:
+        from mpi4py import MPI
+
+        return int(self.comm.allreduce(value, op=MPI.SUM))
+
+    def synchronize(self) -> None:
+        """Wait for this rank's device work to finish."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        """Tear down the torch group (MPI is finalised by mpi4py at exit)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._group = None
+
+
+def _routable_host() -> str:
+    """An address of this host that the other nodes can reach."""
+    override = os.environ.get("HARNESS_MASTER_ADDR")
+    if override:
+        return override
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name

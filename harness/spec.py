@@ -1,0 +1,330 @@
+"""What is tested: OpSpec, Case, Work, and the registry that finds them.
+
+An ``OpSpec`` describes one operation: its reference, how to make inputs, its parameter grids
+per tier, tolerances, work model, implementations and negative controls. A ``Case`` is one
+(op, params, world size); its ``id`` is stable text that keys the history forever.
+
+The registry discovers op specs in the modules of the ``suites`` package (each exposes
+``SPECS: list[OpSpec]``), third-party implementations in the entry-point group
+``harness.implementations``, and ad hoc ``module:callable`` implementations. The harness never
+imports a suite by name: it only finds what the registry discovers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import pkgutil
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+TIERS = ("smoke", "nightly", "stress")
+DEFAULT_WORLD_SIZES = (1, 4, 8)
+ENTRY_POINT_GROUP = "harness.implementations"
+SUITES_PACKAGE = "suites"
+
+
+class SpecError(ValueError):
+    """A selector, implementation or spec that does not resolve (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class Work:
+    """Work of one call: floating-point operations, bytes moved (for algbw / GB/s), and bytes
+    scaled by the collective's bus factor (busbw, nccl-tests)."""
+
+    flops: float | None = None
+    bytes: float | None = None
+    bus_bytes: float | None = None
+
+
+def format_value(value: Any) -> str:
+    """Canonical text of a parameter value in a case id."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return "x".join(format_value(v) for v in value)
+    return str(value)
+
+
+def case_id(op: str, params: Mapping[str, Any]) -> str:
+    """``op[k=v,...]`` with keys sorted: stable text that keys the history. Changing how ids are
+    made orphans every stored series, so do not, without a migration."""
+    inner = ",".join(f"{k}={format_value(params[k])}" for k in sorted(params))
+    return f"{op}[{inner}]"
+
+
+@dataclass
+class OpSpec:
+    """One operation under test.
+
+    ``make_inputs(params, rank, world_size)`` returns the keyword arguments of this rank's call
+    (tensors on the CPU; the runner moves them to the device) and ``expected(params, rank,
+    world_size)`` the outputs that rank must produce, computed with ``reference``. For a
+    non-distributed op ``expected`` defaults to calling the reference on the same inputs.
+    Implementations take the inputs as keywords, distributed ones the ``World`` first.
+    """
+
+    name: str
+    family: str
+    reference: Callable[..., Any]
+    make_inputs: Callable[[Mapping[str, Any], int, int], dict[str, Any]]
+    grid: Mapping[str, Sequence[Mapping[str, Any]]]
+    implementations: Mapping[str, Callable[..., Any]]
+    negative_controls: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    expected: Callable[[Mapping[str, Any], int, int], Any] | None = None
+    #: tolerance per output name (or one for all), or a function of (params, world_size)
+    tolerance: Any = None
+    work: Callable[[Mapping[str, Any], int], Work] | None = None
+    distributed: bool = False
+    #: None: any world size; otherwise the ones the op runs at
+    world_sizes: tuple[int, ...] | None = None
+    #: inputs an implementation may overwrite (all others are checked untouched)
+    inplace_inputs: tuple[str, ...] = ()
+    #: output names, in the order of a returned tuple
+    outputs: tuple[str, ...] = ("out",)
+    #: same inputs give the same bits (enables "bits changed" detection)
+    deterministic: bool = True
+    #: relative slowdown that counts as a regression for this op
+    regression_threshold: float = 0.05
+    #: per-case deadline in seconds (watchdog)
+    deadline_s: float = 120.0
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.grid) - set(TIERS)
+        if unknown:
+            raise SpecError(f"{self.name}: unknown tiers {sorted(unknown)}; use {TIERS}")
+        clash = set(self.implementations) & set(self.negative_controls)
+        if clash:
+            raise SpecError(f"{self.name}: {sorted(clash)} is both an implementation and a control")
+
+    def cases(self, tier: str, world_size: int) -> list[Case]:
+        """The cases of a tier at one world size (none if the op does not run there)."""
+        if self.world_sizes is not None and world_size not in self.world_sizes:
+            return []
+        if not self.distributed and world_size != 1:
+            # a single-device op runs the same on every rank: run it at world size 1 only
+            return []
+        return [Case(self, dict(p), world_size) for p in self.grid.get(tier, ())]
+
+    def all_impls(self) -> dict[str, Callable[..., Any]]:
+        """Implementations and negative controls by name."""
+        return {**self.implementations, **self.negative_controls}
+
+
+@dataclass
+class Case:
+    """One (op, params, world size)."""
+
+    spec: OpSpec
+    params: dict[str, Any]
+    world_size: int
+
+    @property
+    def id(self) -> str:
+        return case_id(self.spec.name, self.params)
+
+    def __repr__(self) -> str:
+        return f"Case({self.id}, world_size={self.world_size})"
+
+
+@dataclass
+class PlannedItem:
+    """One implementation on one case."""
+
+    case: Case
+    impl: str
+    fn: Callable[..., Any]
+
+    @property
+    def key(self) -> str:
+        """Same text as ``results.result_key``: ``w4:allreduce[...]@torch``."""
+        return f"w{self.case.world_size}:{self.case.id}@{self.impl}"
+
+
+@dataclass
+class Registry:
+    """Every op spec, by name, with the implementations added from outside."""
+
+    specs: dict[str, OpSpec] = field(default_factory=dict)
+
+    def add(self, spec: OpSpec) -> None:
+        if spec.name in self.specs:
+            raise SpecError(f"op {spec.name!r} is defined twice ({spec.family} and "
+                            f"{self.specs[spec.name].family})")
+        self.specs[spec.name] = spec
+
+    @property
+    def families(self) -> list[str]:
+        return sorted({s.family for s in self.specs.values()})
+
+    def add_implementation(self, op: str, impl_name: str, fn: Callable[..., Any]) -> None:
+        """Register an implementation of ``op`` from outside the suites."""
+        spec = self.specs.get(op)
+        if spec is None:
+            raise SpecError(f"implementation {impl_name!r} is for unknown op {op!r}; "
+                            f"known ops: {', '.join(sorted(self.specs))}")
+        impls = dict(spec.implementations)
+        impls[impl_name] = fn
+        spec.implementations = impls
+
+    def select(self, selectors: Sequence[str], tier: str) -> list[OpSpec]:
+        """Ops matched by any selector: a family, an op name, or a glob over op names or case
+        ids (``allreduce[*dtype=bf16*]``; ``*`` and ``?`` are the wildcards). No selector means every op with cases in the tier."""
+        if tier not in TIERS:
+            raise SpecError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
+        chosen: dict[str, OpSpec] = {}
+        for sel in selectors:
+            matched = [s for s in self.specs.values() if _matches_op(s, sel, tier)]
+            if not matched:
+                raise SpecError(
+                    f"selector {sel!r} matches no family, op or case id; families: "
+                    f"{', '.join(self.families)}; ops: {', '.join(sorted(self.specs))}"
+                )
+            chosen.update((s.name, s) for s in matched)
+        specs = list(chosen.values()) if selectors else list(self.specs.values())
+        return [s for s in specs if s.grid.get(tier)]
+
+    def case_filter(self, selectors: Sequence[str]) -> Callable[[Case], bool]:
+        """Predicate keeping the cases a selector list asks for (globs match case ids)."""
+        if not selectors:
+            return lambda case: True
+
+        def keep(case: Case) -> bool:
+            for sel in selectors:
+                if sel in (case.spec.family, case.spec.name):
+                    return True
+                if _is_glob(sel) and (glob_match(sel, case.spec.name)
+                                      or glob_match(sel, case.spec.family)
+                                      or glob_match(sel, case.id)):
+                    return True
+            return False
+
+        return keep
+
+    def resolve_impls(self, spec: OpSpec, requested: Sequence[str]) -> dict[str, Callable]:
+        """Implementations to run for ``spec``: the requested names (implementations, negative
+        controls or ``module:callable``), or all implementations when none is requested.
+        Names this op lacks are skipped (another selected op may have them)."""
+        if not requested:
+            return dict(spec.implementations)
+        known = spec.all_impls()
+        out: dict[str, Callable] = {}
+        for name in requested:
+            if name in known:
+                out[name] = known[name]
+            elif ":" in name:
+                out[name] = load_callable(name)
+        return out
+
+    def plan(self, tier: str, world_size: int, selectors: Sequence[str] = (),
+             impls: Sequence[str] = ()) -> list[PlannedItem]:
+        """Every (case, implementation) to run at one world size, in a stable order. The
+        launcher and every rank's pytest collection call this, so they agree on the items."""
+        keep = self.case_filter(selectors)
+        items = []
+        for spec in sorted(self.select(selectors, tier), key=lambda s: (s.family, s.name)):
+            chosen = self.resolve_impls(spec, impls)
+            for case in spec.cases(tier, world_size):
+                if keep(case):
+                    items.extend(PlannedItem(case, name, fn) for name, fn in chosen.items())
+        return items
+
+    def check_impls(self, specs: Sequence[OpSpec], requested: Sequence[str]) -> None:
+        """Raise SpecError for a requested implementation that none of ``specs`` has."""
+        for name in requested:
+            if ":" in name:
+                load_callable(name)
+                continue
+            if not any(name in s.all_impls() for s in specs):
+                names = sorted({n for s in specs for n in s.all_impls()})
+                raise SpecError(f"unknown implementation {name!r} for the selected ops; "
+                                f"known: {', '.join(names)} (or module:callable)")
+
+
+def glob_match(pattern: str, text: str) -> bool:
+    """Glob with ``*`` and ``?`` only: brackets are literal, since case ids contain them."""
+    regex = re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".")
+    return re.fullmatch(regex, text) is not None
+
+
+def _is_glob(sel: str) -> bool:
+    return "*" in sel or "?" in sel
+
+
+def _matches_op(spec: OpSpec, sel: str, tier: str) -> bool:
+    if sel in (spec.family, spec.name):
+        return True
+    if not _is_glob(sel):
+        return False
+    if glob_match(sel, spec.name) or glob_match(sel, spec.family):
+        return True
+    return any(glob_match(sel, case_id(spec.name, p)) for p in spec.grid.get(tier, ()))
+
+
+def load_callable(ref: str) -> Callable[..., Any]:
+    """Import ``package.module:attr`` (attr may be dotted)."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise SpecError(f"--impl {ref!r} is not of the form package.module:callable")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise SpecError(f"--impl {ref!r}: cannot import {module_name!r} ({exc}); "
+                        "is it installed or on PYTHONPATH?") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as exc:
+            raise SpecError(f"--impl {ref!r}: {module_name!r} has no attribute {attr!r}") from exc
+    if not callable(obj):
+        raise SpecError(f"--impl {ref!r} is not callable")
+    return obj
+
+
+def _suite_modules() -> Iterable[Any]:
+    package = importlib.import_module(SUITES_PACKAGE)
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
+        if info.name.startswith("_") or info.ispkg:
+            continue
+        module = importlib.import_module(f"{SUITES_PACKAGE}.{info.name}")
+        if hasattr(module, "SPECS"):
+            yield module
+
+
+def _entry_point_impls(registry: Registry) -> None:
+    """Entry points in ``harness.implementations``: the name is the implementation's name and
+    the object a mapping {op name: callable} (or a function returning one)."""
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+        except Exception as exc:  # a broken third-party package must say which one
+            raise SpecError(f"entry point {ep.name} = {ep.value} in {ENTRY_POINT_GROUP} "
+                            f"failed to load: {exc}") from exc
+        mapping = obj() if callable(obj) and not isinstance(obj, Mapping) else obj
+        if not isinstance(mapping, Mapping):
+            raise SpecError(f"entry point {ep.name} = {ep.value} must be a mapping "
+                            "{op name: callable} or a function returning one")
+        for op, fn in mapping.items():
+            registry.add_implementation(op, ep.name, fn)
+
+
+_REGISTRY: Registry | None = None
+
+
+def registry(reload: bool = False) -> Registry:
+    """The registry of every suite module and entry-point implementation (built once)."""
+    global _REGISTRY
+    if _REGISTRY is None or reload:
+        reg = Registry()
+        for module in _suite_modules():
+            for spec in module.SPECS:
+                reg.add(spec)
+        _entry_point_impls(reg)
+        _REGISTRY = reg
+    return _REGISTRY

@@ -1,0 +1,1 @@
+"""Pure reference math, one module per family. Imports torch only; nothing of the harness."""

@@ -1,0 +1,1 @@
+"""What is tested: one module per family, each exposing ``SPECS: list[OpSpec]``."""
