@@ -155,7 +155,9 @@ def _allgather_rows(world: Any, x: torch.Tensor) -> torch.Tensor:
 
     flat = x.contiguous().reshape(-1)
     buf = torch.empty(world.size * flat.numel(), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(buf, flat, group=world.group)
+    # torch 2.13 renamed all_gather_into_tensor to all_gather_single
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(buf, flat, group=world.group)
     return buf.view(world.size, *x.shape)
 
 

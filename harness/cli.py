@@ -1,0 +1,336 @@
+"""The ``harness`` command line.
+
+Exit codes: 0 all passed; 1 a correctness failure (fail, error, timeout, crash); 2 bad usage or
+configuration; 4 the infrastructure failed (no MPI launcher, a job that keeps dying before it
+runs a case). Errors a user can cause print one line naming the problem and the remedy; pass
+``--debug`` for the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REGRESSION, EXIT_INFRA = 0, 1, 2, 3, 4
+
+# logs (CI, pipes) get wide lines so case ids are never folded; terminals keep their width
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, highlight=False)
+
+
+class HarnessExit(Exception):
+    """A user-facing error: one line and an exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _fail(message: str, code: int) -> None:
+    raise HarnessExit(message, code)
+
+
+def parse_world_sizes(text: str) -> list[int]:
+    """``1,4,8`` -> [1, 4, 8]; anything else is a usage error."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 1 for s in sizes):
+        _fail(f"--world-sizes {text!r} is not a comma-separated list of positive integers "
+              "(e.g. 1,4,8)", EXIT_USAGE)
+    return sorted(dict.fromkeys(sizes))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.version_option(package_name="kernel-harness")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Correctness and performance regression harness for GPU kernels and collectives."""
+    ctx.obj = {"debug": debug}
+
+
+# ------------------------------------------------------------------------------------ run
+@cli.command()
+@click.argument("selectors", nargs=-1)
+@click.option("--tier", default="smoke", show_default=True,
+              type=click.Choice(["smoke", "nightly", "stress"]), help="Parameter grid to run.")
+@click.option("--world-sizes", default="1,4,8", show_default=True,
+              help="Comma-separated MPI world sizes; one job per size.")
+@click.option("--impl", "impls", multiple=True,
+              help="Implementation, negative control or module:callable (repeatable; "
+                   "default: every implementation).")
+@click.option("--device", default="auto", show_default=True,
+              type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--bench/--no-bench", default=True, show_default=True,
+              help="Time the implementations that pass.")
+@click.option("--db", default=None, help="History DB (default $HARNESS_DB or "
+                                         "harness-results/history.db).")
+@click.option("--out-dir", default=None, type=click.Path(file_okay=False),
+              help="Where run folders go (default: beside the DB, in runs/).")
+@click.option("--timeout", type=float, default=None,
+              help="Per-case deadline in seconds (default: each op's own).")
+@click.option("--fail-on", default="failure", show_default=True,
+              type=click.Choice(["failure", "never"]),
+              help="Exit 1 on correctness failures, or never.")
+@click.option("--launcher", default=None, help="mpiexec, mpirun or srun (path or name).")
+@click.option("--launcher-args", default="", help="Extra launcher arguments (quoted string).")
+@click.option("--hostfile", default=None, type=click.Path(exists=True, dir_okay=False))
+@click.option("--grace", type=float, default=30.0, show_default=True,
+              help="Seconds past a case's deadline before the launcher kills a hung job.")
+@click.pass_context
+def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: str,
+        impls: tuple[str, ...], device: str, bench: bool, db: str | None, out_dir: str | None,
+        timeout: float | None, fail_on: str, launcher: str | None, launcher_args: str,
+        hostfile: str | None, grace: float) -> None:
+    """Run, check and time the selected cases at each world size; record them in the DB.
+
+    SELECTORS are families (collectives), ops (allreduce) or globs over case ids
+    ('allreduce[*dtype=bf16*]'); none selects everything in the tier.
+    """
+    import shlex
+
+    from harness import envinfo, store
+    from harness.launch import LaunchConfig, LauncherError, run_world_size
+    from harness.results import RunInfo
+    from harness.runtime import RuntimeSetupError, resolve_device
+    from harness.spec import SpecError, registry
+
+    sizes = parse_world_sizes(world_sizes)
+    if timeout is not None and timeout <= 0:
+        _fail(f"--timeout {timeout} must be a positive number of seconds", EXIT_USAGE)
+    try:
+        reg = registry()
+        specs = reg.select(list(selectors), tier)
+        reg.check_impls(specs, list(impls))
+        plans = {w: reg.plan(tier, w, list(selectors), list(impls)) for w in sizes}
+    except SpecError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    if not any(plans.values()):
+        _fail(f"the selection has no case in tier {tier!r} at world sizes {world_sizes}; "
+              "try `harness list` to see what exists", EXIT_USAGE)
+    try:
+        resolve_device(device, 0, 1)
+    except RuntimeSetupError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    mpiexec = envinfo.find_launcher(launcher)
+    if mpiexec is None:
+        _fail(f"no MPI launcher found{f' ({launcher!r})' if launcher else ''}: "
+              "`pip install mpich` (or install MPI), or pass --launcher PATH", EXIT_INFRA)
+
+    db_path = store.resolve_db_path(db)
+    runs_root = Path(out_dir) if out_dir else db_path.parent / "runs"
+    run_id = uuid.uuid4().hex
+    run_dir = (runs_root / run_id).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    env = envinfo.environment(mpiexec)
+    info = RunInfo(run_id=run_id, started_at=time.time(), tier=tier, world_sizes=sizes,
+                   machine=envinfo.machine(), env=env, selectors=list(selectors),
+                   impls=list(impls), argv=sys.argv[1:], git_commit=env.get("git_commit"))
+    info.write(run_dir / "run.json")
+    cfg = LaunchConfig(launcher=mpiexec, run_dir=run_dir, run_id=run_id, tier=tier,
+                       selectors=selectors, impls=impls, device=device, bench=bench,
+                       timeout=timeout, env_id=envinfo.env_id(env),
+                       launcher_args=shlex.split(launcher_args), hostfile=hostfile,
+                       grace_s=grace)
+    err_console.print(f"run {run_id}  tier={tier}  world sizes={sizes}  -> {run_dir}")
+
+    infra_errors: list[str] = []
+    total = sum(len(p) for p in plans.values())
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err_console, transient=False) as progress:
+        overall = progress.add_task("cases", total=total)
+        base = 0
+        for w in sizes:
+            items = plans[w]
+            if not items:
+                continue
+            task = progress.add_task(f"world size {w}", total=len(items))
+
+            def update(n: int, task: Any = task, base: int = base) -> None:
+                progress.update(task, completed=n)
+                progress.update(overall, completed=base + n)
+
+            try:
+                outcome = run_world_size(cfg, w, items, update)
+            except LauncherError as exc:
+                infra_errors.append(str(exc))
+                break
+            if outcome.infra_error:
+                infra_errors.append(outcome.infra_error)
+            base += len(items)
+
+    info.finished_at = time.time()
+    info.status = "infra_error" if infra_errors else "complete"
+    info.write(run_dir / "run.json")
+    try:
+        with store.connect(db_path) as conn:
+            store.ingest_dir(conn, run_dir)
+            results = store.results_for_run(conn, run_id)
+    except store.StoreError as exc:
+        _fail(f"{exc} (the run's files are kept in {run_dir}; `harness ingest` them later)",
+              EXIT_USAGE)
+    print_results(results)
+    expected = {i.key for p in plans.values() for i in p}
+    missing = expected - {r.key for r in results}
+    failing = [r for r in results if r.status in ("fail", "error", "timeout", "crash")]
+    summarize(results, missing, info.finished_at - info.started_at, db_path, run_id)
+    for msg in infra_errors:
+        err_console.print(f"[red]infrastructure error:[/red] {escape(msg)}")
+    if infra_errors:
+        ctx.exit(EXIT_INFRA)
+    if failing and fail_on == "failure":
+        ctx.exit(EXIT_FAIL)
+    ctx.exit(EXIT_OK)
+
+
+def _fmt_us(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e3:.1f}"
+
+
+def _fmt_bw(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def print_results(results: Sequence[Any]) -> None:
+    """The results table: one row per case, nccl-tests' columns for the figures."""
+    table = Table(title="results", show_lines=False, header_style="bold")
+    for col, just in (("world", "right"), ("case", "left"), ("impl", "left"),
+                      ("status", "left"), ("time us", "right"), ("algbw GB/s", "right"),
+                      ("busbw GB/s", "right"), ("#wrong", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    style = {"pass": "green", "fail": "red", "error": "red", "timeout": "magenta",
+             "crash": "magenta", "skip": "yellow"}
+    for r in results:
+        median = (r.timing or {}).get("median")
+        table.add_row(str(r.world_size), escape(r.case_id), escape(r.impl),
+                      f"[{style.get(r.status, 'white')}]{r.status}[/]", _fmt_us(median),
+                      _fmt_bw(r.derived.get("gbps")), _fmt_bw(r.derived.get("busbw_gbps")),
+                      str(r.wrong) if r.status in ("pass", "fail") else "-")
+    console.print(table)
+
+
+def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path: Path,
+              run_id: str) -> None:
+    """Counts, the failures with their reasons, and where the run was stored."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    for r in results:
+        if r.status in ("fail", "error", "timeout", "crash"):
+            reason = r.reason.splitlines()[0] if r.reason else ""
+            console.print(f"[red]{r.status.upper()}[/red] "
+                          + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"))
+    if missing:
+        console.print(f"[yellow]{len(missing)} case(s) did not run[/yellow]: "
+                      + escape(", ".join(sorted(missing)[:5])) + (" ..." if len(missing) > 5 else ""))
+    parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    console.print(f"{parts or 'no results'} in {seconds:.1f} s; run {run_id} stored in {db_path}")
+
+
+# ----------------------------------------------------------------------------------- list
+@cli.command("list")
+@click.argument("selectors", nargs=-1)
+@click.option("--tier", default="smoke", show_default=True,
+              type=click.Choice(["smoke", "nightly", "stress"]))
+@click.option("--world-sizes", default="1,4,8", show_default=True)
+@click.option("--impl", "impls", multiple=True)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tuple[str, ...],
+             as_json: bool) -> None:
+    """List the ops, implementations and cases a run would execute."""
+    from harness.spec import SpecError, registry
+
+    sizes = parse_world_sizes(world_sizes)
+    try:
+        reg = registry()
+        specs = reg.select(list(selectors), tier)
+        reg.check_impls(specs, list(impls))
+        plans = {w: reg.plan(tier, w, list(selectors), list(impls)) for w in sizes}
+    except SpecError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    if as_json:
+        click.echo(json.dumps([{"world_size": w, "case_id": i.case.id, "impl": i.impl,
+                                "op": i.case.spec.name, "family": i.case.spec.family}
+                               for w, items in plans.items() for i in items], indent=1))
+        return
+    table = Table(title=f"ops in tier {tier}", header_style="bold")
+    for col in ("family", "op", "implementations", "negative controls", "cases", "world sizes"):
+        table.add_column(col)
+    for spec in sorted(specs, key=lambda s: (s.family, s.name)):
+        ws = [w for w in sizes if spec.cases(tier, w)]
+        table.add_row(spec.family, spec.name, ", ".join(spec.implementations),
+                      ", ".join(spec.negative_controls), str(len(spec.grid.get(tier, ()))),
+                      ",".join(map(str, ws)))
+    console.print(table)
+    for w, items in plans.items():
+        console.print(f"world size {w}: {len(items)} items")
+        for case_id in dict.fromkeys(i.case.id for i in items):
+            console.print(f"  {escape(case_id)}", soft_wrap=True)
+
+
+# ------------------------------------------------------------------------------------ env
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--launcher", default=None, help="mpiexec to report on.")
+def env(as_json: bool, launcher: str | None) -> None:
+    """Report torch, CUDA devices, MPI library and launcher, NCCL and NVRTC (CUDA is queried
+    through the driver only, never initialised by torch)."""
+    from harness import envinfo
+
+    mpiexec = envinfo.find_launcher(launcher)
+    data = {"machine": envinfo.machine(), **envinfo.environment(mpiexec)}
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    table = Table(show_header=False, box=None)
+    for key, value in data.items():
+        if key == "cuda_devices":
+            value = "; ".join(f"{d['index']}: {d['name']} sm_{d['capability'].replace('.', '')} "
+                              f"{d['memory_bytes'] / 2**30:.0f} GiB" for d in value) or "none"
+        elif key == "machine":
+            value = (f"{value['name']} ({value['cpu_model']}, {value['cpu_count']} CPUs, "
+                     f"{value['memory_gb']} GB; fingerprint {value['fingerprint']})")
+        table.add_row(f"[bold]{key}[/bold]", escape("-" if value in (None, "") else str(value)))
+    console.print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: run click, turning user errors into one line and an exit code."""
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+    except HarnessExit as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        sys.exit(exc.code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except Exception as exc:
+        if debug:
+            raise
+        from harness.results import ResultsError
+        from harness.store import StoreError
+
+        code = EXIT_USAGE if isinstance(exc, (StoreError, ResultsError)) else EXIT_INFRA
+        err_console.print(f"[red]error:[/red] {escape(f'{type(exc).__name__}: {exc}')} "
+                          "(rerun with --debug for the traceback)")
+        sys.exit(code)
+    sys.exit(EXIT_OK)

@@ -1,0 +1,214 @@
+"""Launch the ranks: one MPI job per world size, relaunched after a timeout or crash.
+
+Each job is ``mpiexec -n N python -m pytest --pyargs suites -p harness.pytest_plugin ...``.
+Rank 0 appends results to the run's ``results.jsonl`` and names the case in progress in a
+progress file. When a job dies (its in-rank watchdog aborted it, a rank crashed, or this
+launcher's own backstop killed it past the deadline plus a grace period), the case in progress
+is recorded as ``timeout`` or ``crash`` and a new job runs the cases not yet recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness import results as results_mod
+from harness.results import CaseResult
+from harness.spec import PlannedItem
+
+#: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
+_PYTEST_NORMAL = (0, 1, 5)
+
+
+class LauncherError(RuntimeError):
+    """The MPI launcher is missing or keeps failing (exit code 4)."""
+
+
+@dataclass
+class LaunchConfig:
+    """Everything a job needs, shared by every world size of a run."""
+
+    launcher: str
+    run_dir: Path
+    run_id: str
+    tier: str = "smoke"
+    selectors: Sequence[str] = ()
+    impls: Sequence[str] = ()
+    device: str = "auto"
+    bench: bool = True
+    timeout: float | None = None
+    env_id: str = ""
+    launcher_args: Sequence[str] = ()
+    hostfile: str | None = None
+    pytest_args: Sequence[str] = ()
+    #: extra seconds the backstop waits past a case's deadline before killing the job
+    grace_s: float = 30.0
+    #: launches in a row that record nothing before the launcher gives up
+    max_fruitless: int = 2
+
+    @property
+    def results_path(self) -> Path:
+        return self.run_dir / "results.jsonl"
+
+
+@dataclass
+class WorldOutcome:
+    """What happened at one world size."""
+
+    world_size: int
+    launches: int = 0
+    infra_error: str | None = None
+    logs: list[Path] = field(default_factory=list)
+
+
+def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]:
+    """The mpiexec (or srun) command line of one job."""
+    name = Path(cfg.launcher).name
+    cmd = [cfg.launcher, *cfg.launcher_args]
+    cmd += ["-n", str(world_size)]
+    if cfg.hostfile and name != "srun":
+        cmd += ["-hostfile", cfg.hostfile]
+    w = cfg.run_dir / f"w{world_size}"
+    cmd += [
+        sys.executable, "-m", "pytest", "--pyargs", "suites", "-p", "harness.pytest_plugin",
+        "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
+        "--harness-tier", cfg.tier, "--harness-device", cfg.device,
+        "--harness-results", str(cfg.results_path), "--harness-progress", f"{w}.progress.json",
+        "--harness-run-id", cfg.run_id, "--harness-skip", f"{w}.skip",
+        "--harness-env-id", cfg.env_id, "--junitxml", f"{w}.junit-{attempt}.xml",
+    ]
+    for sel in cfg.selectors:
+        cmd += ["--harness-select", sel]
+    for impl in cfg.impls:
+        cmd += ["--harness-impl", impl]
+    if not cfg.bench:
+        cmd.append("--harness-no-bench")
+    if cfg.timeout:
+        cmd += ["--harness-timeout", str(cfg.timeout)]
+    return cmd + list(cfg.pytest_args)
+
+
+def recorded_keys(cfg: LaunchConfig, world_size: int) -> set[str]:
+    """Result keys already in the run's results file for this world size."""
+    prefix = f"w{world_size}:"
+    return {r.key for r in results_mod.read(cfg.results_path) if r.key.startswith(prefix)}
+
+
+def _read_progress(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason: str) -> None:
+    spec = item.case.spec
+    results_mod.append(cfg.results_path, CaseResult(
+        run_id=cfg.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
+        impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),
+        status=status, reason=reason, started_at=time.time(), env_id=cfg.env_id))
+
+
+def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
+                   on_progress: Callable[[int], None] | None = None) -> WorldOutcome:
+    """Run every item at one world size, relaunching after timeouts and crashes."""
+    outcome = WorldOutcome(world_size)
+    by_key = {item.key: item for item in items}
+    progress_path = cfg.run_dir / f"w{world_size}.progress.json"
+    fruitless = 0
+    while True:
+        done = recorded_keys(cfg, world_size)
+        remaining = [k for k in by_key if k not in done]
+        if on_progress:
+            on_progress(len(done & by_key.keys()))
+        if not remaining:
+            return outcome
+        (cfg.run_dir / f"w{world_size}.skip").write_text("\n".join(sorted(done)))
+        progress_path.unlink(missing_ok=True)
+        outcome.launches += 1
+        log_path = cfg.run_dir / f"w{world_size}.launch-{outcome.launches}.log"
+        outcome.logs.append(log_path)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": cfg.run_id}
+        cmd = build_command(cfg, world_size, outcome.launches)
+        with open(log_path, "w") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            try:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        cwd=cfg.run_dir, start_new_session=True)
+            except OSError as exc:
+                raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc
+            killed: dict | None = None
+            try:
+                while proc.poll() is None:
+                    time.sleep(0.2)
+                    if on_progress:
+                        on_progress(len(recorded_keys(cfg, world_size) & by_key.keys()))
+                    prog = _read_progress(progress_path)
+                    if prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.grace_s:
+                        if prog["key"] not in recorded_keys(cfg, world_size):
+                            killed = prog  # the in-rank watchdog did not fire: backstop
+                            _kill_group(proc)
+            except BaseException:
+                _kill_group(proc)  # Ctrl-C: take the ranks down with us
+                raise
+        rc = proc.returncode
+        after = recorded_keys(cfg, world_size)
+        new = len(after - done)
+        prog = _read_progress(progress_path)
+        if rc in _PYTEST_NORMAL and not killed:
+            if after >= by_key.keys() or new == 0:
+                # finished, or pytest chose not to run the rest (-x, -k): do not loop
+                if new == 0 and rc not in _PYTEST_NORMAL[:2]:
+                    outcome.infra_error = f"world size {world_size}: no case ran; see {log_path}"
+                return outcome
+            continue
+        if prog and prog["key"] in by_key and prog["key"] not in after:
+            item = by_key[prog["key"]]
+            if killed:
+                _record_dead_case(cfg, item, "timeout",
+                                  f"no result within its {prog['deadline_s']:g} s deadline "
+                                  f"(+{cfg.grace_s:g} s grace); the job was killed")
+            else:
+                _record_dead_case(cfg, item, "crash",
+                                  f"the job died with exit code {rc} during this case; "
+                                  f"log: {log_path}")
+            fruitless = 0
+            continue
+        if new:
+            fruitless = 0
+            continue
+        fruitless += 1
+        if fruitless >= cfg.max_fruitless:
+            outcome.infra_error = (
+                f"world size {world_size}: the MPI job exited with code {rc} "
+                f"{fruitless} times in a row without running a case; last lines of "
+                f"{log_path}:\n{_tail(log_path)}")
+            return outcome

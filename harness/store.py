@@ -1,0 +1,616 @@
+"""Run-history database: SQLite (stdlib sqlite3), safe for several writer processes.
+
+Every runner ingests its runs here; regression analysis and reports read it back. Design
+points:
+
+- WAL journal plus a 30 s busy timeout, and every write is one ``BEGIN IMMEDIATE``
+  transaction, so several runners (or ``harness ingest`` jobs) can write the same file at once:
+  they queue on the write lock instead of failing, and readers never block writers.
+- The schema version lives in ``PRAGMA user_version``. ``MIGRATIONS[i]`` upgrades version ``i``
+  to ``i + 1``; each runs in its own transaction together with the version bump, so a crash
+  or a concurrent migrator never leaves a half-migrated file.
+- Ingest is idempotent by run id: the results files stay the source of truth, and re-ingesting
+  a run directory (after a crash, or from several hosts' copies) never duplicates rows.
+
+Connections returned by :func:`connect` are in autocommit mode (``isolation_level=None``):
+single statements commit on their own and multi-statement writes use explicit transactions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import results as results_mod
+from harness.results import CaseResult, ResultsError, RunInfo
+
+DEFAULT_DB = Path("harness-results/history.db")
+ENV_VAR = "HARNESS_DB"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+class StoreError(Exception):
+    """A problem with the history DB that the user can fix; the message is one line."""
+
+
+@dataclass(frozen=True)
+class IngestSummary:
+    """What one :func:`ingest` call did."""
+
+    run_id: str
+    #: results written (inserted or updated) by this call
+    n_results: int
+    #: True when the run was not in the DB before this call
+    new_run: bool
+
+
+def resolve_db_path(cli_value: str | None) -> Path:
+    """History DB path: the ``--db`` value if given, else ``$HARNESS_DB``, else DEFAULT_DB."""
+    if cli_value:
+        return Path(cli_value).expanduser()
+    env_value = os.environ.get(ENV_VAR)
+    if env_value:
+        return Path(env_value).expanduser()
+    return DEFAULT_DB
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _create_v1(conn: sqlite3.Connection) -> None:
+    # One execute per statement: executescript() would COMMIT the migration transaction.
+    statements = [
+        """
+        CREATE TABLE machines (
+            id INTEGER PRIMARY KEY,
+            fingerprint TEXT UNIQUE NOT NULL,
+            hostname TEXT,
+            details TEXT
+        )
+        """,
+        # `machine` keeps the run's own machine dict: runners with identical hardware share a
+        # fingerprint (and so one machines row) but differ in hostname, which must not be lost.
+        """
+        CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            machine_id INTEGER NOT NULL REFERENCES machines(id),
+            started_at REAL,
+            finished_at REAL,
+            tier TEXT,
+            world_sizes TEXT,
+            selectors TEXT,
+            impls TEXT,
+            argv TEXT,
+            git_commit TEXT,
+            env TEXT,
+            status TEXT,
+            machine TEXT
+        )
+        """,
+        """
+        CREATE TABLE results (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            case_id TEXT NOT NULL,
+            op TEXT,
+            family TEXT,
+            impl TEXT NOT NULL,
+            world_size INTEGER NOT NULL,
+            params TEXT,
+            status TEXT,
+            reason TEXT,
+            wrong INTEGER,
+            median_ns REAL,
+            p10_ns REAL,
+            p90_ns REAL,
+            min_ns REAL,
+            mean_ns REAL,
+            std_ns REAL,
+            n_samples INTEGER,
+            tflops REAL,
+            gbps REAL,
+            busbw_gbps REAL,
+            peak_memory_bytes INTEGER,
+            peak_memory_kind TEXT,
+            output_hash TEXT,
+            device TEXT,
+            backend TEXT,
+            started_at REAL,
+            duration_s REAL,
+            env_id TEXT,
+            record TEXT NOT NULL,
+            UNIQUE (run_id, case_id, impl, world_size)
+        )
+        """,
+        """
+        CREATE TABLE annotations (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT REFERENCES runs(run_id) ON DELETE CASCADE,
+            case_id TEXT,
+            impl TEXT,
+            world_size INTEGER,
+            created_at REAL,
+            author TEXT,
+            kind TEXT,
+            text TEXT
+        )
+        """,
+        "CREATE INDEX results_series ON results(case_id, impl, world_size)",
+        "CREATE INDEX results_run ON results(run_id)",
+        "CREATE INDEX runs_machine_started ON runs(machine_id, started_at)",
+    ]
+    for sql in statements:
+        conn.execute(sql)
+
+
+#: MIGRATIONS[i] upgrades schema version i to i + 1; append, never edit a released one.
+MIGRATIONS: list[Migration] = [_create_v1]
+assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+# --------------------------------------------------------------------------- connections
+
+
+def _db_label(conn: sqlite3.Connection) -> str:
+    for row in conn.execute("PRAGMA database_list").fetchall():
+        if row[1] == "main":
+            return row[2] or ":memory:"
+    return "<unknown>"
+
+
+def _scalar(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> Any:
+    # fetchall() finishes the statement so no read snapshot lingers into a later write lock.
+    rows = conn.execute(sql, params).fetchall()
+    return rows[0][0] if rows else None
+
+
+def _translate(label: str, exc: sqlite3.Error) -> StoreError | None:
+    """A one-line StoreError for SQLite failures a user can cause, None for anything else."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    msg = str(exc)
+    if name == "SQLITE_NOTADB" or "file is not a database" in msg:
+        return StoreError(
+            f"history DB {label} is not an SQLite database: move it away or pass another --db"
+        )
+    if name.startswith("SQLITE_CORRUPT") or "malformed" in msg:
+        return StoreError(
+            f"history DB {label} is corrupt ({msg}): move it away and re-ingest the run "
+            "directories with `harness ingest`, or pass another --db"
+        )
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in msg:
+        return StoreError(
+            f"history DB {label} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
+            "retry when the other run has finished ingesting"
+        )
+    if name.startswith("SQLITE_CANTOPEN") or "unable to open database" in msg:
+        return StoreError(
+            f"history DB {label} cannot be opened: check the path and its permissions "
+            "or pass another --db"
+        )
+    if name.startswith("SQLITE_READONLY") or "readonly database" in msg:
+        return StoreError(
+            f"history DB {label} is read-only: make it (and its directory) writable "
+            "or pass another --db"
+        )
+    if name == "SQLITE_FULL" or "database or disk is full" in msg:
+        return StoreError(f"history DB {label}: the disk is full: free space and retry")
+    return None
+
+
+@contextmanager
+def _write_txn(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction; IMMEDIATE takes the write lock up front.
+
+    Taking the lock at BEGIN (not at the first write) matters under WAL: a deferred
+    transaction that read first cannot upgrade once another process committed, and fails
+    at once instead of waiting for the busy timeout.
+    """
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        err = _translate(_db_label(conn), exc)
+        if err is None:
+            raise
+        raise err from exc
+    try:
+        yield
+        conn.execute("COMMIT")  # inside the try: a failed COMMIT (disk full) rolls back too
+    except BaseException as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+            err = _translate(_db_label(conn), exc)
+            if err is not None:
+                raise err from exc
+        raise
+
+
+def connect(
+    path: str | os.PathLike[str], *, migrations: list[Migration] = MIGRATIONS
+) -> sqlite3.Connection:
+    """Open (creating if needed) the history DB at ``path`` and bring its schema up to date.
+
+    The connection is in autocommit mode with WAL, foreign keys on, a 30 s busy timeout and
+    ``sqlite3.Row`` rows. Raises StoreError for files that cannot serve as a history DB.
+    """
+    label = str(path)
+    if label != ":memory:":
+        parent = Path(path).parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot create directory {parent} for history DB {label} ({exc.strerror}): "
+                "pass another --db"
+            ) from exc
+    try:
+        conn = sqlite3.connect(label, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise _translate(label, exc) or StoreError(
+            f"history DB {label} cannot be opened ({exc}): pass another --db"
+        ) from exc
+    try:
+        conn.row_factory = sqlite3.Row
+        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        # Persistent per file; a no-op after the first open. Readers then never block writers.
+        conn.execute("PRAGMA journal_mode = WAL").fetchall()
+        migrate(conn, migrations)
+    except sqlite3.Error as exc:
+        conn.close()
+        err = _translate(label, exc)
+        if err is None:
+            raise
+        raise err from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def migrate(conn: sqlite3.Connection, migrations: list[Migration] = MIGRATIONS) -> int:
+    """Apply the migrations the DB lacks, in order; return the resulting schema version.
+
+    Each step runs in its own IMMEDIATE transaction with its ``user_version`` bump, and the
+    version is re-read under the lock, so two processes migrating at once do each step once.
+    """
+    target = len(migrations)
+    label = _db_label(conn)
+    current = int(_scalar(conn, "PRAGMA user_version"))
+    # Check before locking so that an up-to-date DB opens without taking the write lock.
+    _check_not_newer(label, current, target)
+    while current < target:
+        with _write_txn(conn):
+            current = int(_scalar(conn, "PRAGMA user_version"))
+            _check_not_newer(label, current, target)
+            if current >= target:
+                break  # another process finished the job while we waited for the lock
+            if current == 0 and _has_user_tables(conn):
+                raise StoreError(
+                    f"history DB {label} holds tables but no kernel-harness schema version: "
+                    "it is some other database; move it away or pass another --db"
+                )
+            migrations[current](conn)
+            current += 1
+            # PRAGMA takes no bound parameters; `current` is an int we computed.
+            conn.execute(f"PRAGMA user_version = {current}")
+    return current
+
+
+def _check_not_newer(label: str, current: int, target: int) -> None:
+    if current > target:
+        raise StoreError(
+            f"history DB {label} has schema v{current}, newer than this harness (v{target}): "
+            "upgrade kernel-harness or pass another --db"
+        )
+
+
+def _has_user_tables(conn: sqlite3.Connection) -> bool:
+    n = _scalar(
+        conn, "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
+    )
+    return bool(n)
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=True)
+
+
+def _upsert_machine(conn: sqlite3.Connection, run: RunInfo) -> int:
+    machine = run.machine or {}
+    fingerprint = machine.get("fingerprint")
+    if not fingerprint:
+        raise StoreError(
+            f"run {run.run_id} has no machine fingerprint in its run.json: "
+            "re-run it with a current kernel-harness"
+        )
+    # Latest ingest wins for hostname/details; each run keeps its own copy in runs.machine.
+    conn.execute(
+        """
+        INSERT INTO machines (fingerprint, hostname, details) VALUES (?, ?, ?)
+        ON CONFLICT (fingerprint) DO UPDATE SET
+            hostname = COALESCE(excluded.hostname, machines.hostname),
+            details = excluded.details
+        """,
+        (fingerprint, machine.get("hostname"), _json(machine)),
+    )
+    return int(_scalar(conn, "SELECT id FROM machines WHERE fingerprint = ?", (fingerprint,)))
+
+
+def _upsert_run(conn: sqlite3.Connection, run: RunInfo, machine_id: int) -> bool:
+    existing = conn.execute(
+        "SELECT r.machine_id, m.fingerprint FROM runs r JOIN machines m ON m.id = r.machine_id "
+        "WHERE r.run_id = ?",
+        (run.run_id,),
+    ).fetchall()
+    if existing and existing[0]["machine_id"] != machine_id:
+        raise StoreError(
+            f"run {run.run_id} is already stored for machine {existing[0]['fingerprint']}, "
+            f"but this copy says machine {run.machine.get('fingerprint')}: run ids must be "
+            "unique; check that the right run directory was ingested"
+        )
+    conn.execute(
+        """
+        INSERT INTO runs (run_id, machine_id, started_at, finished_at, tier, world_sizes,
+                          selectors, impls, argv, git_commit, env, status, machine)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (run_id) DO UPDATE SET
+            started_at = excluded.started_at,
+            finished_at = COALESCE(excluded.finished_at, runs.finished_at),
+            tier = excluded.tier,
+            world_sizes = excluded.world_sizes,
+            selectors = excluded.selectors,
+            impls = excluded.impls,
+            argv = excluded.argv,
+            git_commit = excluded.git_commit,
+            env = excluded.env,
+            status = excluded.status,
+            machine = excluded.machine
+        """,
+        (
+            run.run_id,
+            machine_id,
+            run.started_at,
+            run.finished_at,
+            run.tier,
+            _json(run.world_sizes),
+            _json(run.selectors),
+            _json(run.impls),
+            _json(run.argv),
+            run.git_commit,
+            _json(run.env),
+            run.status,
+            _json(run.machine),
+        ),
+    )
+    return not existing
+
+
+_RESULT_COLUMNS = (
+    "run_id", "case_id", "op", "family", "impl", "world_size", "params", "status", "reason",
+    "wrong", "median_ns", "p10_ns", "p90_ns", "min_ns", "mean_ns", "std_ns", "n_samples",
+    "tflops", "gbps", "busbw_gbps", "peak_memory_bytes", "peak_memory_kind", "output_hash",
+    "device", "backend", "started_at", "duration_s", "env_id", "record",
+)  # fmt: skip
+_KEY_COLUMNS = ("run_id", "case_id", "impl", "world_size")
+_UPSERT_RESULT = (
+    f"INSERT INTO results ({', '.join(_RESULT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _RESULT_COLUMNS)}) "
+    f"ON CONFLICT ({', '.join(_KEY_COLUMNS)}) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _RESULT_COLUMNS if c not in _KEY_COLUMNS)
+)
+
+
+def _result_row(r: CaseResult) -> tuple[Any, ...]:
+    timing = r.timing or {}
+    derived = r.derived or {}
+    return (
+        r.run_id, r.case_id, r.op, r.family, r.impl, int(r.world_size), _json(r.params),
+        r.status, r.reason, r.wrong,
+        timing.get("median"), timing.get("p10"), timing.get("p90"), timing.get("min"),
+        timing.get("mean"), timing.get("std"), timing.get("n"),
+        derived.get("tflops"), derived.get("gbps"), derived.get("busbw_gbps"),
+        r.peak_memory_bytes, r.peak_memory_kind, r.output_hash, r.device, r.backend,
+        r.started_at, r.duration_s, r.env_id, r.to_json(),
+    )  # fmt: skip
+
+
+def ingest(conn: sqlite3.Connection, run: RunInfo, results: Iterable[CaseResult]) -> IngestSummary:
+    """Store one run and its results in a single transaction; idempotent by run id.
+
+    Re-ingesting updates the run row (finished_at, status, ...) and upserts each result by
+    (run_id, case_id, impl, world_size); results already stored but absent from ``results``
+    are kept, so partial files merge. On any error nothing of this call is written.
+    """
+    n = 0
+    with _write_txn(conn):
+        machine_id = _upsert_machine(conn, run)
+        new_run = _upsert_run(conn, run, machine_id)
+        for result in results:
+            if result.run_id != run.run_id:
+                raise StoreError(
+                    f"result {result.key} belongs to run {result.run_id}, not {run.run_id}: "
+                    "ingest each run directory on its own"
+                )
+            conn.execute(_UPSERT_RESULT, _result_row(result))
+            n += 1
+    return IngestSummary(run_id=run.run_id, n_results=n, new_run=new_run)
+
+
+def ingest_dir(conn: sqlite3.Connection, run_dir: str | os.PathLike[str]) -> IngestSummary:
+    """Ingest a run directory: its ``run.json`` and ``results.jsonl`` (torn last line skipped)."""
+    run_path = Path(run_dir) / "run.json"
+    if not run_path.is_file():
+        raise StoreError(
+            f"{run_path} not found: pass a run directory (one holding run.json and results.jsonl)"
+        )
+    try:
+        run = RunInfo.read(run_path)
+        return ingest(conn, run, results_mod.read(Path(run_dir) / "results.jsonl"))
+    except ResultsError as exc:
+        raise StoreError(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def run_ids(
+    conn: sqlite3.Connection, machine_fingerprint: str | None = None, limit: int | None = None
+) -> list[str]:
+    """Run ids, newest (by start time) first, optionally of one machine only."""
+    sql = "SELECT r.run_id FROM runs r JOIN machines m ON m.id = r.machine_id"
+    params: list[Any] = []
+    if machine_fingerprint is not None:
+        sql += " WHERE m.fingerprint = ?"
+        params.append(machine_fingerprint)
+    sql += " ORDER BY r.started_at DESC, r.run_id DESC LIMIT ?"
+    params.append(-1 if limit is None else limit)
+    return [row[0] for row in conn.execute(sql, params).fetchall()]
+
+
+def get_run(conn: sqlite3.Connection, run_id: str) -> RunInfo | None:
+    """The stored metadata of ``run_id``, or None if it is not in the DB."""
+    rows = conn.execute(
+        "SELECT r.*, m.details FROM runs r JOIN machines m ON m.id = r.machine_id "
+        "WHERE r.run_id = ?",
+        (run_id,),
+    ).fetchall()
+    if not rows:
+        return None
+    row = rows[0]
+    return RunInfo(
+        run_id=row["run_id"],
+        started_at=row["started_at"],
+        tier=row["tier"],
+        world_sizes=json.loads(row["world_sizes"]),
+        machine=json.loads(row["machine"] or row["details"] or "{}"),
+        env=json.loads(row["env"]),
+        finished_at=row["finished_at"],
+        selectors=json.loads(row["selectors"]),
+        impls=json.loads(row["impls"]),
+        argv=json.loads(row["argv"]),
+        git_commit=row["git_commit"],
+        status=row["status"],
+    )
+
+
+def results_for_run(conn: sqlite3.Connection, run_id: str) -> list[CaseResult]:
+    """All results of a run as CaseResult objects, ordered by world size, case id, impl."""
+    rows = conn.execute(
+        "SELECT record FROM results WHERE run_id = ? ORDER BY world_size, case_id, impl",
+        (run_id,),
+    ).fetchall()
+    return [CaseResult.from_dict(json.loads(row[0])) for row in rows]
+
+
+def history(
+    conn: sqlite3.Connection,
+    case_id: str,
+    impl: str,
+    world_size: int,
+    machine_fingerprint: str | None = None,
+    limit: int | None = 30,
+) -> list[sqlite3.Row]:
+    """Result rows of one series, newest run first, joined with their run and machine.
+
+    Besides the results columns each row has ``run_started_at``, ``run_finished_at``,
+    ``run_status``, ``tier``, ``git_commit``, ``machine_fingerprint`` and ``hostname``
+    (aliased where results has a column of the same name).
+    """
+    sql = """
+        SELECT res.*, r.started_at AS run_started_at, r.finished_at AS run_finished_at,
+               r.status AS run_status, r.tier, r.git_commit,
+               m.fingerprint AS machine_fingerprint, m.hostname
+        FROM results res
+        JOIN runs r ON r.run_id = res.run_id
+        JOIN machines m ON m.id = r.machine_id
+        WHERE res.case_id = ? AND res.impl = ? AND res.world_size = ?
+    """
+    params: list[Any] = [case_id, impl, int(world_size)]
+    if machine_fingerprint is not None:
+        sql += " AND m.fingerprint = ?"
+        params.append(machine_fingerprint)
+    sql += " ORDER BY r.started_at DESC, r.run_id DESC LIMIT ?"
+    params.append(-1 if limit is None else limit)
+    return conn.execute(sql, params).fetchall()
+
+
+def add_annotation(
+    conn: sqlite3.Connection,
+    text: str,
+    *,
+    kind: str = "note",
+    author: str | None = None,
+    run_id: str | None = None,
+    case_id: str | None = None,
+    impl: str | None = None,
+    world_size: int | None = None,
+    created_at: float | None = None,
+) -> int:
+    """Attach a note to a run and/or a series (e.g. "known regression, driver bug"); its id.
+
+    Every scope field is optional: a note with only ``case_id`` applies to that case's whole
+    history, one with only ``run_id`` to a whole run.
+    """
+    with _write_txn(conn):
+        if (
+            run_id is not None
+            and _scalar(conn, "SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None
+        ):
+            raise StoreError(
+                f"run {run_id} is not in history DB {_db_label(conn)}: "
+                "check the run id, or ingest that run first"
+            )
+        cur = conn.execute(
+            "INSERT INTO annotations (run_id, case_id, impl, world_size, created_at, author, "
+            "kind, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                run_id, case_id, impl, world_size,
+                time.time() if created_at is None else created_at,
+                author, kind, text,
+            ),
+        )  # fmt: skip
+        return int(cur.lastrowid or 0)
+
+
+def annotations(
+    conn: sqlite3.Connection,
+    *,
+    run_id: str | None = None,
+    case_id: str | None = None,
+    impl: str | None = None,
+    world_size: int | None = None,
+) -> list[sqlite3.Row]:
+    """Annotations that apply to the given scope, oldest first.
+
+    A filter matches notes with that value or with the field unset (a note on a whole case
+    applies to every impl and world size of it).
+    """
+    clauses: list[str] = []
+    params: list[Any] = []
+    for column, value in (
+        ("run_id", run_id),
+        ("case_id", case_id),
+        ("impl", impl),
+        ("world_size", world_size),
+    ):
+        if value is not None:
+            clauses.append(f"({column} = ? OR {column} IS NULL)")
+            params.append(value)
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    return conn.execute(
+        f"SELECT * FROM annotations{where} ORDER BY created_at, id", params
+    ).fetchall()

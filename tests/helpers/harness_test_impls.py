@@ -1,0 +1,45 @@
+"""Ad hoc implementations used by the integration tests (loaded with --impl module:callable).
+
+They stand for a user's own kernels: one wrong, one that hangs on one rank for one case, one
+that kills a rank for one case. Everything else they compute correctly.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from suites.collectives import allreduce_torch
+
+
+def _is_target(x: torch.Tensor, op: str) -> bool:
+    # one case of the smoke grid: float32, n=1031, op=min, out of place
+    return op == "min" and x.dtype == torch.float32 and x.numel() == 1031
+
+
+def off_by_one(world, x, op, inplace):
+    """Wrong on every case: adds one to the result."""
+    out = allreduce_torch(world, x, op, inplace)
+    out.add_(1)
+    return out
+
+
+def hang_on_last_rank(world, x, op, inplace):
+    """Hangs forever on the last rank for one case; correct elsewhere."""
+    if _is_target(x, op) and world.rank == world.size - 1:
+        while True:
+            time.sleep(1)
+    return allreduce_torch(world, x, op, inplace)
+
+
+def crash_on_rank_one(world, x, op, inplace):
+    """Rank 1 dies (as a segfaulting kernel would) on one case; correct elsewhere."""
+    if _is_target(x, op) and world.rank == min(1, world.size - 1):
+        os._exit(13)
+    return allreduce_torch(world, x, op, inplace)
+
+
+#: exposed through a test-made entry point in group harness.implementations
+ENTRY = {"allreduce": allreduce_torch}

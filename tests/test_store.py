@@ -1,0 +1,603 @@
+"""Tests of the run-history store on real SQLite files (no mocks)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness import results as results_mod
+from harness import store
+from harness.results import CaseResult, RunInfo
+from harness.store import StoreError
+
+TABLES = {"machines", "runs", "results", "annotations"}
+
+
+def make_run(run_id: str = "run-0001", *, started_at: float = 1_700_000_000.0, **kw) -> RunInfo:
+    fields = dict(
+        run_id=run_id,
+        started_at=started_at,
+        tier="smoke",
+        world_sizes=[1, 4],
+        machine={"fingerprint": "fp-cpu-2core", "hostname": "ci-runner-3", "cpus": 2},
+        env={"torch": "2.4.0", "python": "3.11.9", "mpi": "mpich 4.2"},
+        finished_at=None,
+        selectors=["allreduce"],
+        impls=["torch"],
+        argv=["harness", "run", "allreduce", "--world-sizes", "1,4"],
+        git_commit="0123456789abcdef0123456789abcdef01234567",
+        status="running",
+    )
+    fields.update(kw)
+    return RunInfo(**fields)
+
+
+def make_result(
+    run_id: str = "run-0001",
+    n: int = 1031,
+    *,
+    impl: str = "torch",
+    world_size: int = 4,
+    median: float = 12_500.0,
+    status: str = "pass",
+) -> CaseResult:
+    samples = [median * f for f in (0.97, 0.99, 1.0, 1.0, 1.01, 1.03, 1.1)]
+    return CaseResult(
+        run_id=run_id,
+        case_id=f"allreduce[dtype=f32,n={n},op=sum]",
+        op="allreduce",
+        family="collectives",
+        impl=impl,
+        world_size=world_size,
+        params={"dtype": "f32", "n": n, "op": "sum"},
+        status=status,
+        reason="" if status == "pass" else "3 elements outside tolerance",
+        outputs={"out": {"max_abs": 1.2e-7, "tolerance": "atol=1e-5,rtol=1e-5", "passed": True}},
+        wrong=0 if status == "pass" else 3,
+        timing={
+            "median": median,
+            "p10": samples[1],
+            "p90": samples[5],
+            "min": samples[0],
+            "mean": sum(samples) / len(samples),
+            "std": 450.0,
+            "n": len(samples),
+            "samples": samples,
+        },
+        derived={"gbps": 0.33, "busbw_gbps": 0.495},
+        peak_memory_bytes=1 << 20,
+        peak_memory_kind="cpu_process_maxrss",
+        output_hash="sha256:4f2a",
+        device="cpu",
+        backend="gloo",
+        started_at=1_700_000_010.0 + n,
+        duration_s=0.42,
+        env_id="e3b0c442",
+    )
+
+
+def some_results(run_id: str = "run-0001") -> list[CaseResult]:
+    return [
+        make_result(run_id, 1031),
+        make_result(run_id, 65536, median=80_000.0),
+        make_result(run_id, 1031, impl="ring"),
+        make_result(run_id, 1031, world_size=1, status="fail"),
+    ]
+
+
+def dump(conn: sqlite3.Connection) -> list[str]:
+    return list(conn.iterdump())
+
+
+def user_version(conn: sqlite3.Connection) -> int:
+    return conn.execute("PRAGMA user_version").fetchone()[0]
+
+
+def tables(conn: sqlite3.Connection) -> set[str]:
+    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
+    return {r[0] for r in rows}
+
+
+def count(conn: sqlite3.Connection, table: str) -> int:
+    return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    conn = store.connect(tmp_path / "history.db")
+    yield conn
+    conn.close()
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def test_fresh_db_has_schema_v1_and_all_tables(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "dir" / "history.db"  # parent directories are created
+    conn = store.connect(path)
+    assert path.is_file()
+    assert user_version(conn) == store.SCHEMA_VERSION == 1
+    assert TABLES <= tables(conn)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
+    indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+    assert {"results_series", "results_run", "runs_machine_started"} <= indexes
+    conn.close()
+
+
+def test_reopen_does_not_rerun_migrations_and_keeps_data(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    conn = store.connect(path)
+    store.ingest(conn, make_run(), some_results())
+    conn.close()
+
+    calls: list[int] = []
+
+    def counting(i: int):
+        def run(c: sqlite3.Connection) -> None:
+            calls.append(i)
+            store.MIGRATIONS[i](c)
+
+        return run
+
+    conn = store.connect(path, migrations=[counting(i) for i in range(len(store.MIGRATIONS))])
+    assert calls == []
+    assert user_version(conn) == 1
+    assert count(conn, "results") == 4
+    assert store.run_ids(conn) == ["run-0001"]
+    conn.close()
+
+
+def test_empty_db_with_user_version_0_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    raw = sqlite3.connect(path)  # a valid SQLite file with a header, version 0, no tables
+    raw.execute("CREATE TABLE scratch (x)")
+    raw.execute("DROP TABLE scratch")
+    raw.commit()
+    raw.close()
+    assert path.stat().st_size > 0
+    conn = store.connect(path)
+    assert user_version(conn) == 1
+    assert TABLES <= tables(conn)
+    conn.close()
+
+
+def test_zero_byte_file_is_migrated(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    path.write_bytes(b"")
+    conn = store.connect(path)
+    assert user_version(conn) == 1
+    conn.close()
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version = 99")
+    raw.close()
+    with pytest.raises(StoreError) as info:
+        store.connect(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "history.db" in msg
+    assert "schema v99, newer than this harness (v1)" in msg
+    assert "upgrade kernel-harness or pass another --db" in msg
+
+
+def test_non_sqlite_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    path.write_text("case,impl,median\n" * 200)
+    with pytest.raises(StoreError) as info:
+        store.connect(path)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert str(path) in msg
+    assert "not an SQLite database" in msg
+    assert "pass another --db" in msg
+    assert path.read_text() == "case,impl,median\n" * 200  # left untouched
+
+
+def test_foreign_sqlite_db_without_version_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE todo (id INTEGER PRIMARY KEY, what TEXT)")
+    raw.execute("INSERT INTO todo (what) VALUES ('buy milk')")
+    raw.commit()
+    raw.close()
+    with pytest.raises(StoreError, match="some other database"):
+        store.connect(path)
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT what FROM todo").fetchall() == [("buy milk",)]
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 0
+    raw.close()
+
+
+def test_directory_in_place_of_db_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    path.mkdir()
+    with pytest.raises(StoreError, match="cannot be opened"):
+        store.connect(path)
+
+
+def _v2_add_notes(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE results ADD COLUMN triage TEXT")
+    conn.execute("CREATE TABLE baselines (case_id TEXT, impl TEXT, run_id TEXT)")
+
+
+def test_forward_migration_keeps_existing_data(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    conn = store.connect(path)
+    store.ingest(conn, make_run(), some_results())
+    store.add_annotation(conn, "driver 550 regression", run_id="run-0001", author="ana")
+    before_results = store.results_for_run(conn, "run-0001")
+    before_run = store.get_run(conn, "run-0001")
+    conn.close()
+
+    conn = store.connect(path, migrations=[*store.MIGRATIONS, _v2_add_notes])
+    assert user_version(conn) == 2
+    assert "baselines" in tables(conn)
+    columns = {r["name"] for r in conn.execute("PRAGMA table_info(results)")}
+    assert "triage" in columns
+    assert store.results_for_run(conn, "run-0001") == before_results
+    assert store.get_run(conn, "run-0001") == before_run
+    assert count(conn, "annotations") == 1
+    # the new column is usable and ingest keeps working on the v2 schema
+    conn.execute("UPDATE results SET triage = 'flaky' WHERE impl = 'ring'")
+    store.ingest(conn, make_run("run-0002", started_at=1_700_100_000.0), some_results("run-0002"))
+    assert count(conn, "results") == 8
+    conn.close()
+
+    # and the v1 harness now refuses the v2 file instead of corrupting it
+    with pytest.raises(StoreError, match="schema v2, newer than this harness"):
+        store.connect(path)
+
+
+def test_migration_failure_rolls_back_that_step(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    store.connect(path).close()
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE results ADD COLUMN half_done TEXT")
+        raise RuntimeError("migration bug")
+
+    with pytest.raises(RuntimeError, match="migration bug"):
+        store.connect(path, migrations=[*store.MIGRATIONS, broken])
+    conn = store.connect(path)
+    assert user_version(conn) == 1
+    assert "half_done" not in {r["name"] for r in conn.execute("PRAGMA table_info(results)")}
+    conn.close()
+
+
+# --------------------------------------------------------------------------- ingest
+
+
+def test_ingest_twice_is_identical(db: sqlite3.Connection) -> None:
+    run, res = make_run(), some_results()
+    first = store.ingest(db, run, res)
+    assert first == store.IngestSummary(run_id="run-0001", n_results=4, new_run=True)
+    snapshot = dump(db)
+    counts = {t: count(db, t) for t in TABLES}
+    assert counts == {"machines": 1, "runs": 1, "results": 4, "annotations": 0}
+
+    second = store.ingest(db, run, res)
+    assert second == store.IngestSummary(run_id="run-0001", n_results=4, new_run=False)
+    assert {t: count(db, t) for t in TABLES} == counts
+    assert dump(db) == snapshot
+
+
+def test_reingest_updates_run_and_adds_new_results(db: sqlite3.Connection) -> None:
+    res = some_results()
+    store.ingest(db, make_run(), res[:3])
+    assert count(db, "results") == 3
+
+    finished = make_run(finished_at=1_700_000_900.0, status="complete")
+    summary = store.ingest(db, finished, res)
+    assert summary.n_results == 4 and not summary.new_run
+    assert count(db, "results") == 4 and count(db, "runs") == 1
+    assert store.get_run(db, "run-0001") == finished
+    assert store.results_for_run(db, "run-0001") == sorted(
+        res, key=lambda r: (r.world_size, r.case_id, r.impl)
+    )
+
+    # a changed result (relaunch after a crash) replaces the stored one, same key
+    redone = make_result(median=99_000.0)
+    store.ingest(db, finished, [redone])
+    row = db.execute(
+        "SELECT median_ns FROM results WHERE case_id = ? AND impl = 'torch' AND world_size = 4",
+        (redone.case_id,),
+    ).fetchone()
+    assert row[0] == 99_000.0
+    assert count(db, "results") == 4
+
+
+def test_results_round_trip_and_columns(db: sqlite3.Connection) -> None:
+    res = some_results()
+    bare = make_result(n=7, impl="naive")
+    bare.timing = None
+    bare.derived = {}
+    bare.peak_memory_bytes = None
+    bare.peak_memory_kind = None
+    res.append(bare)
+    store.ingest(db, make_run(), res)
+
+    got = store.results_for_run(db, "run-0001")
+    assert got == sorted(res, key=lambda r: (r.world_size, r.case_id, r.impl))
+    assert all(isinstance(r, CaseResult) for r in got)
+
+    row = db.execute(
+        "SELECT * FROM results WHERE case_id = 'allreduce[dtype=f32,n=1031,op=sum]' "
+        "AND impl = 'torch' AND world_size = 4"
+    ).fetchone()
+    ref = res[0]
+    assert row["median_ns"] == ref.timing["median"]
+    assert row["p10_ns"] == ref.timing["p10"] and row["p90_ns"] == ref.timing["p90"]
+    assert row["n_samples"] == 7
+    assert row["gbps"] == 0.33 and row["busbw_gbps"] == 0.495
+    assert row["tflops"] is None  # missing derived figure -> NULL
+    assert row["op"] == "allreduce" and row["family"] == "collectives"
+    assert row["peak_memory_bytes"] == 1 << 20
+
+    row = db.execute("SELECT * FROM results WHERE impl = 'naive'").fetchone()
+    assert row["median_ns"] is None and row["n_samples"] is None and row["gbps"] is None
+
+    assert store.get_run(db, "run-0001") == make_run()
+    assert store.get_run(db, "no-such-run") is None
+    assert store.results_for_run(db, "no-such-run") == []
+
+
+def test_ingest_is_atomic(db: sqlite3.Connection) -> None:
+    store.ingest(db, make_run("run-0000", started_at=1_699_000_000.0), some_results("run-0000"))
+    before = dump(db)
+
+    def exploding() -> Iterator[CaseResult]:
+        yield make_result("run-0001", 1)
+        yield make_result("run-0001", 2)
+        raise OSError("results.jsonl vanished")
+
+    with pytest.raises(OSError, match="vanished"):
+        store.ingest(db, make_run("run-0001"), exploding())
+    assert not db.in_transaction
+    assert dump(db) == before
+    assert db.execute("SELECT count(*) FROM results WHERE run_id = 'run-0001'").fetchone()[0] == 0
+    assert store.get_run(db, "run-0001") is None
+    # the connection is still usable afterwards
+    store.ingest(db, make_run("run-0001"), some_results("run-0001"))
+    assert count(db, "results") == 8
+
+
+def test_result_of_another_run_is_refused_atomically(db: sqlite3.Connection) -> None:
+    res = [make_result("run-0001"), make_result("run-9999", 2)]
+    with pytest.raises(StoreError, match="belongs to run run-9999, not run-0001"):
+        store.ingest(db, make_run("run-0001"), res)
+    assert count(db, "runs") == 0 and count(db, "results") == 0
+
+
+def test_run_id_reused_by_another_machine_is_refused(db: sqlite3.Connection) -> None:
+    store.ingest(db, make_run(), some_results())
+    other = make_run(machine={"fingerprint": "fp-h100", "hostname": "gpu-7"})
+    with pytest.raises(StoreError, match="run ids must be unique"):
+        store.ingest(db, other, [])
+    assert count(db, "machines") == 1  # the rolled-back upsert left nothing behind
+
+
+def test_missing_fingerprint_is_refused(db: sqlite3.Connection) -> None:
+    with pytest.raises(StoreError, match="no machine fingerprint"):
+        store.ingest(db, make_run(machine={"hostname": "x"}), [])
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def _ingest_worker(path: str, worker: int, n_runs: int, start: object) -> None:
+    start.wait(30)  # type: ignore[attr-defined]
+    conn = store.connect(path)  # concurrent first open: WAL switch + migration race too
+    for i in range(n_runs):
+        run_id = f"w{worker}-run{i:03d}"
+        run = make_run(
+            run_id,
+            started_at=1_700_000_000.0 + worker * 1000 + i,
+            machine={"fingerprint": f"fp-runner-{worker}", "hostname": f"runner-{worker}"},
+        )
+        results = [make_result(run_id, n) for n in range(1, 41)]
+        store.ingest(conn, run, results)
+    conn.close()
+
+
+def test_concurrent_ingest_from_processes(tmp_path: Path) -> None:
+    path = str(tmp_path / "history.db")  # does not exist yet: both processes create it
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Event()
+    n_runs = 15
+    procs = [ctx.Process(target=_ingest_worker, args=(path, w, n_runs, start)) for w in (1, 2)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+    conn = store.connect(path)
+    assert user_version(conn) == 1
+    assert count(conn, "runs") == 2 * n_runs
+    assert count(conn, "results") == 2 * n_runs * 40
+    assert count(conn, "machines") == 2
+    assert len(store.run_ids(conn, machine_fingerprint="fp-runner-1")) == n_runs
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_concurrent_migration_is_done_once(tmp_path: Path) -> None:
+    """A process that read version 0, then waited on the lock, must not migrate again."""
+    path = tmp_path / "history.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode = WAL")
+    holder.execute("BEGIN IMMEDIATE")  # "the other process", mid-migration
+
+    calls: list[int] = []
+
+    def counting(c: sqlite3.Connection) -> None:
+        calls.append(0)
+        store.MIGRATIONS[0](c)
+
+    outcome: list[object] = []
+
+    def opener() -> None:
+        try:
+            conn = store.connect(path, migrations=[counting])
+            outcome.append(user_version(conn))
+            conn.close()
+        except BaseException as exc:  # reported to the main thread below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=opener)
+    thread.start()
+    time.sleep(1.0)  # the opener reads version 0 (WAL snapshot) and queues on the lock
+    store.MIGRATIONS[0](holder)
+    holder.execute("PRAGMA user_version = 1")
+    holder.execute("COMMIT")
+    thread.join(60)
+    holder.close()
+    assert outcome == [1]
+    assert calls == []
+
+
+def test_writer_waits_for_the_lock_instead_of_failing(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    conn = store.connect(path)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO machines (fingerprint) VALUES ('fp-other')")
+    timer = threading.Timer(1.0, lambda: other.execute("COMMIT"))
+    timer.start()
+    started = time.monotonic()
+    summary = store.ingest(conn, make_run(), some_results())  # blocks until the COMMIT
+    waited = time.monotonic() - started
+    timer.join()
+    other.close()
+    assert summary.n_results == 4
+    assert waited >= 0.5
+    assert count(conn, "machines") == 2
+    conn.close()
+
+
+# --------------------------------------------------------------------------- ingest_dir
+
+
+def test_ingest_dir_with_torn_last_line(tmp_path: Path, db: sqlite3.Connection) -> None:
+    run_dir = tmp_path / "runs" / "run-0001"
+    run_dir.mkdir(parents=True)
+    run = make_run(finished_at=1_700_000_500.0, status="partial")
+    run.write(run_dir / "run.json")
+    res = some_results()
+    for r in res:
+        results_mod.append(run_dir / "results.jsonl", r)
+    with open(run_dir / "results.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(make_result(n=4096).to_json()[:57])  # the writer died mid-line
+
+    summary = store.ingest_dir(db, run_dir)
+    assert summary == store.IngestSummary(run_id="run-0001", n_results=4, new_run=True)
+    assert store.get_run(db, "run-0001") == run
+    assert store.results_for_run(db, "run-0001") == sorted(
+        res, key=lambda r: (r.world_size, r.case_id, r.impl)
+    )
+    snapshot = dump(db)
+    assert store.ingest_dir(db, str(run_dir)).new_run is False
+    assert dump(db) == snapshot
+
+
+def test_ingest_dir_without_run_json(tmp_path: Path, db: sqlite3.Connection) -> None:
+    (tmp_path / "results.jsonl").write_text(make_result().to_json() + "\n")
+    with pytest.raises(StoreError) as info:
+        store.ingest_dir(db, tmp_path)
+    assert str(tmp_path / "run.json") in str(info.value)
+    assert count(db, "runs") == 0
+
+
+def test_ingest_dir_with_corrupt_middle_line(tmp_path: Path, db: sqlite3.Connection) -> None:
+    make_run().write(tmp_path / "run.json")
+    lines = [make_result().to_json(), "{garbage", make_result(n=2).to_json()]
+    (tmp_path / "results.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(StoreError, match=r"results.jsonl:2: not a JSON result line"):
+        store.ingest_dir(db, tmp_path)
+    assert count(db, "runs") == 0 and count(db, "results") == 0
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def test_run_ids_history_and_annotations(db: sqlite3.Connection) -> None:
+    other_machine = {"fingerprint": "fp-h100", "hostname": "gpu-7"}
+    for i, median in enumerate([10_000.0, 11_000.0, 12_000.0]):
+        run_id = f"run-{i}"
+        store.ingest(
+            db, make_run(run_id, started_at=1000.0 + i), [make_result(run_id, median=median)]
+        )
+    store.ingest(
+        db,
+        make_run("gpu-run", started_at=5000.0, machine=other_machine),
+        [make_result("gpu-run", median=500.0)],
+    )
+
+    assert store.run_ids(db) == ["gpu-run", "run-2", "run-1", "run-0"]
+    assert store.run_ids(db, machine_fingerprint="fp-cpu-2core") == ["run-2", "run-1", "run-0"]
+    assert store.run_ids(db, limit=2) == ["gpu-run", "run-2"]
+
+    case = "allreduce[dtype=f32,n=1031,op=sum]"
+    rows = store.history(db, case, "torch", 4, machine_fingerprint="fp-cpu-2core")
+    assert [r["run_id"] for r in rows] == ["run-2", "run-1", "run-0"]
+    assert [r["median_ns"] for r in rows] == [12_000.0, 11_000.0, 10_000.0]
+    assert rows[0]["run_started_at"] == 1002.0
+    assert rows[0]["machine_fingerprint"] == "fp-cpu-2core"
+    assert rows[0]["status"] == "pass" and rows[0]["run_status"] == "running"
+    assert len(store.history(db, case, "torch", 4)) == 4
+    assert len(store.history(db, case, "torch", 4, limit=1)) == 1
+    assert store.history(db, case, "torch", 8) == []
+
+    note = store.add_annotation(
+        db, "known slow: gloo on 2 cores", run_id="run-1", case_id=case, author="ana"
+    )
+    store.add_annotation(db, "op retuned", case_id=case, kind="change", created_at=1.0)
+    assert isinstance(note, int)
+    assert [a["text"] for a in store.annotations(db, run_id="run-1", case_id=case)] == [
+        "op retuned",
+        "known slow: gloo on 2 cores",
+    ]
+    assert [a["text"] for a in store.annotations(db, run_id="run-2")] == ["op retuned"]
+    with pytest.raises(StoreError, match="run nope is not in history DB"):
+        store.add_annotation(db, "x", run_id="nope")
+
+    # deleting a run takes its results and annotations with it
+    db.execute("DELETE FROM runs WHERE run_id = 'run-1'")
+    assert db.execute("SELECT count(*) FROM results WHERE run_id = 'run-1'").fetchone()[0] == 0
+    assert [a["text"] for a in store.annotations(db)] == ["op retuned"]
+
+
+def test_shared_fingerprint_keeps_each_runs_hostname(db: sqlite3.Connection) -> None:
+    a = make_run("a", machine={"fingerprint": "fp-h100x8", "hostname": "node-1"})
+    b = make_run("b", started_at=1_700_000_100.0,
+                 machine={"fingerprint": "fp-h100x8", "hostname": "node-2"})  # fmt: skip
+    store.ingest(db, a, [])
+    store.ingest(db, b, [])
+    assert count(db, "machines") == 1
+    assert store.get_run(db, "a") == a and store.get_run(db, "b") == b
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def test_resolve_db_path_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("HARNESS_DB", raising=False)
+    assert store.resolve_db_path(None) == store.DEFAULT_DB == Path("harness-results/history.db")
+    env_db = tmp_path / "env.db"
+    monkeypatch.setenv("HARNESS_DB", str(env_db))
+    assert store.resolve_db_path(None) == env_db
+    assert store.resolve_db_path("cli.db") == Path("cli.db")
+    monkeypatch.setenv("HARNESS_DB", "")
+    assert store.resolve_db_path(None) == store.DEFAULT_DB
