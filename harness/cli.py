@@ -26,7 +26,8 @@ EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REGRESSION, EXIT_INFRA = 0, 1, 2, 3, 4
 
 # logs (CI, pipes) get wide lines so case ids are never folded; terminals keep their width
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False,
+                      width=None if sys.stderr.isatty() else 200)
 
 
 class HarnessExit(Exception):
@@ -235,7 +236,8 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
                           + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"))
     if missing:
         console.print(f"[yellow]{len(missing)} case(s) did not run[/yellow]: "
-                      + escape(", ".join(sorted(missing)[:5])) + (" ..." if len(missing) > 5 else ""))
+                      + escape(", ".join(sorted(missing)[:5]))
+                      + (" ..." if len(missing) > 5 else ""))
     parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     console.print(f"{parts or 'no results'} in {seconds:.1f} s; run {run_id} stored in {db_path}")
 
@@ -311,9 +313,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run click, turning user errors into one line and an exit code."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
+        # without standalone mode click returns ctx.exit()'s code instead of exiting
+        code = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except HarnessExit as exc:
-        err_console.print(f"[red]error:[/red] {escape(str(exc))}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -323,7 +326,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - last resort: one line unless --debug
         if debug:
             raise
         from harness.results import ResultsError
@@ -331,6 +334,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         code = EXIT_USAGE if isinstance(exc, (StoreError, ResultsError)) else EXIT_INFRA
         err_console.print(f"[red]error:[/red] {escape(f'{type(exc).__name__}: {exc}')} "
-                          "(rerun with --debug for the traceback)")
+                          "(rerun with --debug for the traceback)", soft_wrap=True)
         sys.exit(code)
-    sys.exit(EXIT_OK)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

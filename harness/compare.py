@@ -60,7 +60,8 @@ class Tolerance:
         if self.kind == "exact":
             return "exact"
         if self.kind == "allclose":
-            extra = f", max_mismatch_frac={self.max_mismatch_frac:g}" if self.max_mismatch_frac else ""
+            frac = self.max_mismatch_frac
+            extra = f", max_mismatch_frac={frac:g}" if frac else ""
             return f"allclose(rtol={self.rtol:g}, atol={self.atol:g}{extra})"
         if self.kind == "ulp":
             return f"ulp({self.ulps})"
@@ -146,6 +147,8 @@ class Metrics:
     n_mismatch: int = 0
     n_nan: int = 0
     n_inf: int = 0
+    #: NaN or infinite values that differ from the reference's (never within a mismatch budget)
+    n_bad_special: int = 0
     max_abs: float = 0.0
     max_rel: float = 0.0
     sum_sq_diff: float = 0.0
@@ -198,6 +201,7 @@ class Metrics:
             "mismatch_frac": self.mismatch_frac,
             "n_nan": self.n_nan,
             "n_inf": self.n_inf,
+            "n_bad_special": self.n_bad_special,
             "max_abs": self.max_abs,
             "max_rel": self.max_rel,
             "max_ulp": self.max_ulp,
@@ -232,6 +236,7 @@ class Metrics:
             out.n_mismatch += p.n_mismatch
             out.n_nan += p.n_nan
             out.n_inf += p.n_inf
+            out.n_bad_special += p.n_bad_special
             out.max_abs = _nanmax(out.max_abs, p.max_abs)
             out.max_rel = _nanmax(out.max_rel, p.max_rel)
             out.max_ulp = _nanmax(out.max_ulp, p.max_ulp)
@@ -283,8 +288,8 @@ def _int_view(t: torch.Tensor) -> torch.Tensor:
     """The bits of a tensor as integers (for bitwise equality)."""
     if not t.dtype.is_floating_point:
         return t
-    width = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}[t.element_size() * 8]
-    return t.view(width)
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(ints[t.element_size()])
 
 
 def measure(
@@ -300,10 +305,11 @@ def measure(
     ``expected`` may have a wider dtype (a float64 reference) than ``actual``; for ``exact`` it
     is cast to ``actual``'s dtype first, so "bitwise" means "the reference, rounded once".
     """
-    m = Metrics(shape=list(actual.shape))
+    m = Metrics()
     if not isinstance(actual, torch.Tensor):
         m.shape_error = f"output is a {type(actual).__name__}, not a tensor"
         return m
+    m.shape = list(actual.shape)
     if tuple(actual.shape) != tuple(expected.shape):
         m.shape_error = f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
         m.numel = max(expected.numel(), 1)
@@ -341,6 +347,7 @@ def _measure_chunk(
     same_special = (a_nan & e_nan) | (torch.isinf(e) & (a == e))
     special = a_nan | e_nan | a_inf | torch.isinf(e)
     bad_special = special & ~same_special
+    m.n_bad_special += int(bad_special.sum())
     finite = ~special
     diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
     diff = torch.where(bad_special, torch.full_like(a, math.inf), diff)
@@ -395,6 +402,9 @@ def verdict(m: Metrics, tolerance: Tolerance) -> tuple[bool, str]:
         ok, why = _verdict_one(m, t)
         if not ok:
             return False, why
+    if m.n_bad_special:  # a mismatch budget never covers NaN or a wrong infinity
+        return False, (f"{m.n_bad_special} NaN/inf values where the reference has a different "
+                       "value (n_nan/n_inf)")
     if tolerance.elementwise is None and m.n_mismatch:
         return False, f"{m.n_mismatch} non-finite values where the reference is finite"
     return True, ""

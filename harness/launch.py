@@ -192,10 +192,16 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             continue
         if prog and prog["key"] in by_key and prog["key"] not in after:
             item = by_key[prog["key"]]
+            overdue = time.time() - prog["started"] >= prog["deadline_s"]
             if killed:
                 _record_dead_case(cfg, item, "timeout",
                                   f"no result within its {prog['deadline_s']:g} s deadline "
                                   f"(+{cfg.grace_s:g} s grace); the job was killed")
+            elif overdue:
+                # a rank's watchdog aborted the job before rank 0 could record the timeout
+                _record_dead_case(cfg, item, "timeout",
+                                  f"no result within its {prog['deadline_s']:g} s deadline; "
+                                  f"the job was aborted (log: {log_path})")
             else:
                 _record_dead_case(cfg, item, "crash",
                                   f"the job died with exit code {rc} during this case; "

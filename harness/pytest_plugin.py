@@ -91,8 +91,9 @@ class HarnessSession:
         if root and self.progress_path is not None:
             _write_json(self.progress_path, {"key": item.key, "started": time.time(),
                                              "deadline_s": deadline, "pid": os.getpid()})
-        self.watchdog.arm(item.key, deadline,
-                          on_expire=(lambda: self._record_timeout(item, deadline)) if root else None)
+        # other ranks wait a little longer, so that rank 0 records the timeout before an abort
+        on_expire = (lambda: self._record_timeout(item, deadline)) if root else None
+        self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire)
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
                           bench=self.bench, timing=self.timing, env_id=self.env_id)
         if self.watchdog.disarm() and root and self.results_path is not None:

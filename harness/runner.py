@@ -44,7 +44,7 @@ def normalize_outputs(value: Any, names: tuple[str, ...]) -> dict[str, torch.Ten
     if isinstance(value, (tuple, list)):
         if len(value) != len(names):
             raise CaseError(f"returned {len(value)} outputs, expected {len(names)} {names}")
-        return dict(zip(names, value))
+        return dict(zip(names, value, strict=True))
     raise CaseError(f"returned a {type(value).__name__}; expected a tensor, tuple or dict")
 
 
@@ -139,7 +139,9 @@ def run_case(
         if writable:
             first_in = inputs[spec.inplace_inputs[0]]
             first_out = outputs.get(spec.outputs[0])
-            if not isinstance(first_out, torch.Tensor) or first_out.data_ptr() != first_in.data_ptr():
+            aliased = isinstance(first_out, torch.Tensor) and (
+                first_out.data_ptr() == first_in.data_ptr())
+            if not aliased:
                 raise CaseError(f"in-place case: output {spec.outputs[0]!r} does not alias input "
                                 f"{spec.inplace_inputs[0]!r}")
         expected = _expected(case, world.rank)

@@ -174,8 +174,9 @@ class Registry:
         spec.implementations = impls
 
     def select(self, selectors: Sequence[str], tier: str) -> list[OpSpec]:
-        """Ops matched by any selector: a family, an op name, or a glob over op names or case
-        ids (``allreduce[*dtype=bf16*]``; ``*`` and ``?`` are the wildcards). No selector means every op with cases in the tier."""
+        """Ops matched by any selector: a family, an op name, a case id, or a glob over op names
+        or case ids (``allreduce[*dtype=bf16*]``; ``*`` and ``?`` are the wildcards). No
+        selector means every op with cases in the tier."""
         if tier not in TIERS:
             raise SpecError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
         chosen: dict[str, OpSpec] = {}
@@ -199,9 +200,10 @@ class Registry:
             for sel in selectors:
                 if sel in (case.spec.family, case.spec.name):
                     return True
+                if glob_match(sel, case.id):  # a glob, or one exact case id
+                    return True
                 if _is_glob(sel) and (glob_match(sel, case.spec.name)
-                                      or glob_match(sel, case.spec.family)
-                                      or glob_match(sel, case.id)):
+                                      or glob_match(sel, case.spec.family)):
                     return True
             return False
 
@@ -260,10 +262,9 @@ def _is_glob(sel: str) -> bool:
 def _matches_op(spec: OpSpec, sel: str, tier: str) -> bool:
     if sel in (spec.family, spec.name):
         return True
-    if not _is_glob(sel):
-        return False
-    if glob_match(sel, spec.name) or glob_match(sel, spec.family):
+    if _is_glob(sel) and (glob_match(sel, spec.name) or glob_match(sel, spec.family)):
         return True
+    # a glob over case ids, or one exact case id copied from a report
     return any(glob_match(sel, case_id(spec.name, p)) for p in spec.grid.get(tier, ()))
 
 

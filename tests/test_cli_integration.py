@@ -1,0 +1,183 @@
+"""End to end: the real `harness` command, real mpiexec ranks, real gloo, a real SQLite file.
+
+Each test launches MPI jobs once per world size and runs all its cases inside them, so the
+8-rank jobs stay affordable on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HELPERS = Path(__file__).parent / "helpers"
+pytestmark = pytest.mark.mpi
+
+
+def harness(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 900):
+    """Run `python -m harness ...` in tmp_path with the test implementations importable."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(HELPERS), os.environ.get("PYTHONPATH", "")]), "HARNESS_DB": str(tmp_path / "h.db")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=tmp_path, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rows(db: Path, sql: str, *params):
+    with sqlite3.connect(db) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute(sql, params)]
+
+
+def planned_items(tmp_path: Path, *args: str) -> list[dict]:
+    out = harness(tmp_path, "list", "--json", *args)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(tmp_path):
+    out = harness(tmp_path, "run", "--tier", "smoke", "--world-sizes", "1,4,8")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for column in ("time us", "algbw GB/s", "busbw GB/s", "#wrong"):
+        assert column in out.stdout
+    db = tmp_path / "h.db"
+    runs = rows(db, "SELECT run_id, status, tier FROM runs")
+    assert len(runs) == 1 and runs[0]["status"] == "complete" and runs[0]["tier"] == "smoke"
+    results = rows(db, "SELECT world_size, impl, status, median_ns, busbw_gbps, case_id "
+                       "FROM results")
+    expected = planned_items(tmp_path, "--world-sizes", "1,4,8")
+    assert {(r["world_size"], r["case_id"], r["impl"]) for r in results} == {
+        (i["world_size"], i["case_id"], i["impl"]) for i in expected}
+    assert {r["world_size"] for r in results} == {1, 4, 8}
+    assert {r["impl"] for r in results} == {"torch", "mpi", "tile"}
+    assert all(r["status"] == "pass" for r in results)
+    assert all(r["median_ns"] and r["median_ns"] > 0 for r in results)
+    # busbw = algbw * 2(W-1)/W: zero at one rank, positive beyond
+    assert all(r["busbw_gbps"] == 0 for r in results if r["world_size"] == 1)
+    assert all(r["busbw_gbps"] > 0 for r in results if r["world_size"] > 1)
+    assert (tmp_path / "h.db").stat().st_size > 0
+
+
+def test_negative_controls_and_a_wrong_user_callable_fail_with_exit_1(tmp_path):
+    out = harness(tmp_path, "run", "allreduce", "--world-sizes", "1,4,8", "--no-bench",
+                  "--impl", "drop_rank", "--impl", "low_precision",
+                  "--impl", "harness_test_impls:off_by_one")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "FAIL w4 allreduce[" in out.stdout and "not bitwise equal" in out.stdout
+    results = rows(tmp_path / "h.db", "SELECT world_size, impl, status, wrong FROM results")
+    by = {}
+    for r in results:
+        by.setdefault((r["impl"], r["world_size"]), []).append(r)
+    # a dropped rank is invisible at one rank and must be caught at every larger world size
+    for w in (4, 8):
+        assert all(r["status"] == "fail" and r["wrong"] > 0 for r in by[("drop_rank", w)])
+    assert all(r["status"] == "pass" for r in by[("drop_rank", 1)])
+    for w in (1, 4, 8):
+        assert any(r["status"] == "fail" for r in by[("low_precision", w)])
+        assert all(r["status"] == "fail" for r in by[("harness_test_impls:off_by_one", w)])
+
+
+def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(tmp_path):
+    out = harness(tmp_path, "run", "allreduce[*op=min*]", "allreduce[*op=max*]",
+                  "--world-sizes", "4", "--no-bench", "--timeout", "5", "--grace", "20",
+                  "--impl", "harness_test_impls:hang_on_last_rank", timeout=300)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    results = rows(tmp_path / "h.db", "SELECT case_id, status, reason, started_at FROM results "
+                                      "ORDER BY started_at")
+    statuses = {r["case_id"]: r["status"] for r in results}
+    hung = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
+    assert statuses.pop(hung) == "timeout"
+    assert "deadline" in next(r["reason"] for r in results if r["case_id"] == hung)
+    # every other case ran (those after the hang in a relaunched job) and passed
+    assert len(statuses) == len(planned_items(
+        tmp_path, "allreduce[*op=min*]", "allreduce[*op=max*]", "--world-sizes", "4",
+        "--impl", "harness_test_impls:hang_on_last_rank")) - 1
+    assert set(statuses.values()) == {"pass"}
+
+
+def test_a_rank_that_dies_is_recorded_as_crash_and_the_run_goes_on(tmp_path):
+    out = harness(tmp_path, "run", "allreduce[*op=min*]", "--world-sizes", "4", "--no-bench",
+                  "--impl", "harness_test_impls:crash_on_rank_one", timeout=300)
+    assert out.returncode == 1
+    results = rows(tmp_path / "h.db", "SELECT case_id, status FROM results")
+    statuses = {r["case_id"]: r["status"] for r in results}
+    assert statuses.pop("allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]") == "crash"
+    assert statuses and set(statuses.values()) == {"pass"}
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["run", "no_such_op"], 2, "selector 'no_such_op' matches no family"),
+    (["run", "allreduce", "--impl", "nope"], 2, "unknown implementation 'nope'"),
+    (["run", "--impl", "no_such_module:fn"], 2, "cannot import 'no_such_module'"),
+    (["run", "--world-sizes", "1,x"], 2, "--world-sizes '1,x'"),
+    (["run", "--world-sizes", "0"], 2, "--world-sizes '0'"),
+    (["run", "--launcher", "/nonexistent/mpiexec"], 4, "no MPI launcher found"),
+    (["run", "--device", "cuda"], 2, "no CUDA device"),
+])
+def test_bad_input_is_one_clear_line_and_a_documented_exit_code(tmp_path, args, code, needle):
+    if args[-1] == "cuda":
+        from harness import cuda
+
+        if cuda.device_count():
+            pytest.skip("a GPU is present")
+    out = harness(tmp_path, *args, timeout=120)
+    assert out.returncode == code, out.stdout + out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "h.db").exists()
+
+
+def test_pytest_by_hand_under_mpiexec(tmp_path):
+    """DESIGN.md: `mpiexec -n 4 python -m pytest --pyargs suites -p harness.pytest_plugin -k ...`
+    is a valid way to run by hand."""
+    from harness.envinfo import find_launcher
+
+    cmd = [find_launcher(), "-n", "4", sys.executable, "-m", "pytest", "--pyargs", "suites",
+           "-p", "harness.pytest_plugin", "-p", "no:cacheprovider", "-k", "allreduce and tile",
+           "--harness-no-bench", "--harness-results", str(tmp_path / "r.jsonl"),
+           "--junitxml", str(tmp_path / "j.xml")]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    n = len([i for i in planned_items(tmp_path, "allreduce", "--world-sizes", "4")
+             if i["impl"] == "tile"])
+    assert f"{n} passed" in out.stdout
+    assert out.stdout.count("passed") == 1  # rank 0 alone reports
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) == n and all(json.loads(ln)["world_size"] == 4 for ln in lines)
+    assert (tmp_path / "j.xml").exists()
+
+
+def test_entry_point_implementations_are_discovered(tmp_path):
+    dist = tmp_path / "site" / "extimpl-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: extimpl\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[harness.implementations]\nvendor_ar = harness_test_impls:ENTRY\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(HELPERS)])}
+    out = harness(tmp_path, "run", "allreduce[*op=sum*]", "--world-sizes", "1", "--no-bench",
+                  "--impl", "vendor_ar", env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    impls = rows(tmp_path / "h.db", "SELECT DISTINCT impl FROM results")
+    assert impls == [{"impl": "vendor_ar"}]
+
+
+def test_env_reports_without_initialising_cuda(tmp_path):
+    out = harness(tmp_path, "env", "--json", timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("torch", "mpi_library", "launcher", "cuda_devices", "machine", "nccl", "nvrtc"):
+        assert key in data
+    assert data["torch"].startswith("2.") and "MPICH" in data["mpi_library"]
+    check = subprocess.run([sys.executable, "-c", (
+        "import sys, harness, harness.cli, harness.envinfo as e, torch\n"
+        "assert 'mpi4py.MPI' not in sys.modules\n"
+        "e.environment(e.find_launcher()); e.machine()\n"
+        "assert not torch.cuda.is_initialized()\n"
+        "import mpi4py.MPI as M; assert not M.Is_initialized()\n")],
+        capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stderr
