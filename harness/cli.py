@@ -177,9 +177,12 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     info.status = "infra_error" if infra_errors else "complete"
     info.write(run_dir / "run.json")
     try:
-        with store.connect(db_path) as conn:
+        conn = store.connect(db_path)
+        try:
             store.ingest_dir(conn, run_dir)
             results = store.results_for_run(conn, run_id)
+        finally:
+            conn.close()
     except store.StoreError as exc:
         _fail(f"{exc} (the run's files are kept in {run_dir}; `harness ingest` them later)",
               EXIT_USAGE)
