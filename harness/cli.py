@@ -54,6 +54,20 @@ def parse_world_sizes(text: str) -> list[int]:
     return sorted(dict.fromkeys(sizes))
 
 
+def resolve_plans(selectors: Sequence[str], tier: str, sizes: Sequence[int],
+                  impls: Sequence[str]) -> tuple[list[Any], dict[int, list[Any]]]:
+    """The selected op specs and the items to run per world size; usage errors exit 2."""
+    from harness.spec import SpecError, registry
+
+    try:
+        reg = registry()
+        specs = reg.select(list(selectors), tier)
+        reg.check_impls(specs, list(impls))
+        return specs, {w: reg.plan(tier, w, list(selectors), list(impls)) for w in sizes}
+    except SpecError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.version_option(package_name="kernel-harness")
@@ -107,18 +121,10 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     from harness.launch import LaunchConfig, LauncherError, run_world_size
     from harness.results import RunInfo
     from harness.runtime import RuntimeSetupError, resolve_device
-    from harness.spec import SpecError, registry
-
     sizes = parse_world_sizes(world_sizes)
     if timeout is not None and timeout <= 0:
         _fail(f"--timeout {timeout} must be a positive number of seconds", EXIT_USAGE)
-    try:
-        reg = registry()
-        specs = reg.select(list(selectors), tier)
-        reg.check_impls(specs, list(impls))
-        plans = {w: reg.plan(tier, w, list(selectors), list(impls)) for w in sizes}
-    except SpecError as exc:
-        _fail(str(exc), EXIT_USAGE)
+    specs, plans = resolve_plans(selectors, tier, sizes, impls)
     if not any(plans.values()):
         _fail(f"the selection has no case in tier {tier!r} at world sizes {world_sizes}; "
               "try `harness list` to see what exists", EXIT_USAGE)
@@ -256,16 +262,8 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
 def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tuple[str, ...],
              as_json: bool) -> None:
     """List the ops, implementations and cases a run would execute."""
-    from harness.spec import SpecError, registry
-
     sizes = parse_world_sizes(world_sizes)
-    try:
-        reg = registry()
-        specs = reg.select(list(selectors), tier)
-        reg.check_impls(specs, list(impls))
-        plans = {w: reg.plan(tier, w, list(selectors), list(impls)) for w in sizes}
-    except SpecError as exc:
-        _fail(str(exc), EXIT_USAGE)
+    specs, plans = resolve_plans(selectors, tier, sizes, impls)
     if as_json:
         click.echo(json.dumps([{"world_size": w, "case_id": i.case.id, "impl": i.impl,
                                 "op": i.case.spec.name, "family": i.case.spec.family}
