@@ -169,11 +169,12 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             try:
                 while proc.poll() is None:
                     time.sleep(0.2)
+                    now_done = recorded_keys(cfg, world_size)  # read the results file once
                     if on_progress:
-                        on_progress(len(recorded_keys(cfg, world_size) & by_key.keys()))
+                        on_progress(len(now_done & by_key.keys()))
                     prog = _read_progress(progress_path)
                     if prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.grace_s:
-                        if prog["key"] not in recorded_keys(cfg, world_size):
+                        if prog["key"] not in now_done:
                             killed = prog  # the in-rank watchdog did not fire: backstop
                             _kill_group(proc)
             except BaseException:
