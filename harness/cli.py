@@ -214,20 +214,37 @@ def _fmt_bw(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
+def _work_of(op: str, params: Any, world_size: int) -> Any:
+    from harness.spec import registry
+
+    spec = registry().specs.get(op)
+    return spec.work(params, world_size) if spec is not None and spec.work else None
+
+
 def print_results(results: Sequence[Any]) -> None:
-    """The results table: one row per case, nccl-tests' columns for the figures."""
+    """Collectives as nccl-tests prints them (one line per size, #wrong beside the bandwidth);
+    everything else as a table, one row per case."""
+    from harness.nccl_table import format_blocks
+
+    collective = [r for r in results if r.family == "collectives" and "n" in r.params]
+    if collective:
+        click.echo(format_blocks(collective, _work_of))
+    others = [r for r in results if r not in collective]
+    if not others:
+        return
     table = Table(title="results", show_lines=False, header_style="bold")
     for col, just in (("world", "right"), ("case", "left"), ("impl", "left"),
-                      ("status", "left"), ("time us", "right"), ("algbw GB/s", "right"),
-                      ("busbw GB/s", "right"), ("#wrong", "right")):
+                      ("status", "left"), ("time us", "right"), ("GB/s", "right"),
+                      ("TFLOP/s", "right"), ("peak MB", "right"), ("#wrong", "right")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     style = {"pass": "green", "fail": "red", "error": "red", "timeout": "magenta",
              "crash": "magenta", "skip": "yellow"}
-    for r in results:
+    for r in others:
         median = (r.timing or {}).get("median")
+        peak = "n/m" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 1e6:.2f}"
         table.add_row(str(r.world_size), escape(r.case_id), escape(r.impl),
                       f"[{style.get(r.status, 'white')}]{r.status}[/]", _fmt_us(median),
-                      _fmt_bw(r.derived.get("gbps")), _fmt_bw(r.derived.get("busbw_gbps")),
+                      _fmt_bw(r.derived.get("gbps")), _fmt_bw(r.derived.get("tflops")), peak,
                       str(r.wrong) if r.status in ("pass", "fail") else "-")
     console.print(table)
 

@@ -47,9 +47,12 @@ class CaseResult:
     timing: dict[str, Any] | None = None
     #: derived figures: tflops, gbps (algbw), busbw_gbps
     derived: dict[str, float] = field(default_factory=dict)
+    #: the implementation call's peak memory above what was allocated when it began
     peak_memory_bytes: int | None = None
-    #: how peak memory was measured: "cuda_max_allocated", "cpu_process_maxrss" or None
+    #: how it was measured: "cuda_allocated_peak", "cpu_rss_peak" or "not_measured"
     peak_memory_kind: str | None = None
+    #: checks beyond the first call: "poisoned_outputs", "shifted_buffers", "after_timing"
+    checks: list[str] = field(default_factory=list)
     output_hash: str | None = None
     device: str = "cpu"
     backend: str | None = None

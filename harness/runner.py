@@ -4,13 +4,23 @@ Every rank calls ``run_case`` for the same case in the same order. The verdict i
 collectively (metrics of all ranks merged on rank 0 and broadcast), so every rank agrees on
 pass or fail and pytest's ``-x`` stops all ranks at the same item. Only rank 0 returns the full
 ``CaseResult``; the others return one with the same status.
+
+A case is checked up to three times, each check catching a class of bug the others miss:
+
+1. ``call``: the implementation on fresh inputs, output buffers poisoned (an element it does
+   not write stays NaN or a sentinel and fails).
+2. ``shifted``: again on a fresh copy of the inputs in new memory at a shifted offset, after
+   poisoning every buffer of the first call (catches caches keyed by address and reads of
+   stale buffers). Its peak memory is the case's peak memory.
+3. ``after_timing``: the timed repeats rotate over shifted copies of the inputs (as nccl-tests
+   shifts its buffers between iterations); the last repeat's output is checked again, when the
+   case does not write its inputs in place.
 """
 
 from __future__ import annotations
 
 import hashlib
-import resource
-import sys
+import itertools
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -19,6 +29,8 @@ from typing import Any
 import torch
 
 from harness import compare
+from harness.buffers import ALIGN_BYTES, lies_within, nbytes, overlaps, poison_, relocate, tensors
+from harness.memory import NOT_MEASURED, PeakMemory
 from harness.results import CaseResult
 from harness.runtime import World
 from harness.spec import Case
@@ -27,12 +39,6 @@ from harness.timing import TimingConfig, derived, time_call
 
 class CaseError(Exception):
     """The implementation broke a contract (raised, wrong output type, clobbered an input)."""
-
-
-def _to_device(value: Any, device: torch.device) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    return value
 
 
 def normalize_outputs(value: Any, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -86,12 +92,112 @@ def _hash(outputs: Mapping[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def _peak_memory(world: World) -> tuple[int | None, str | None]:
-    if world.device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(world.device)), "cuda_max_allocated"
-    # best effort on the CPU: the process's resident high-water mark, not this case's own peak
-    scale = 1 if sys.platform == "darwin" else 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale, "cpu_process_maxrss"
+#: the second check moves inputs this far into fresh memory
+SHIFT_BYTES = ALIGN_BYTES
+#: inputs bigger than this are not copied for the shifted check
+RELOCATE_CAP_BYTES = 1 << 30
+#: at most this many shifted input sets rotate between timed repeats, within this budget
+TIMING_SLOTS, TIMING_SLOT_BUDGET_BYTES = 4, 256 << 20
+
+_STAGE_PREFIX = {
+    "call": "",
+    "shifted": "with the inputs moved to fresh shifted memory and the old buffers poisoned: ",
+    "after_timing": "after the timed repeats (on shifted buffer copies): ",
+}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN equals the same NaN, unlike torch.equal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    flat_a, flat_b = a.detach().reshape(-1), b.detach().reshape(-1)
+    if flat_a.dtype == torch.bool:
+        return torch.equal(flat_a, flat_b)
+    return torch.equal(flat_a.contiguous().view(torch.uint8), flat_b.contiguous().view(torch.uint8))
+
+
+def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
+    """Inputs an implementation may write: the output buffers, the in-place inputs of an
+    in-place case, and every input that overlaps one of them (x as a slice of out)."""
+    spec = case.spec
+    roots = set(spec.out_buffers.values())
+    if case.params.get("inplace"):
+        roots |= set(spec.inplace_inputs)
+    root_tensors = [inputs[r] for r in roots if isinstance(inputs.get(r), torch.Tensor)]
+    return {k for k, v in inputs.items() if isinstance(v, torch.Tensor)
+            and (k in roots or any(overlaps(v, t) for t in root_tensors))}
+
+
+def _call(world: World, case: Case, impl: Callable[..., Any],
+          inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    try:
+        raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
+        world.synchronize()
+    except Exception as exc:
+        raise CaseError(f"implementation raised {type(exc).__name__}: {exc}") from exc
+    return normalize_outputs(raw, case.spec.outputs)
+
+
+def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
+                    guards: Mapping[str, torch.Tensor]) -> None:
+    """Untouched read-only inputs, outputs in the buffers provided, in-place outputs aliased."""
+    spec = case.spec
+    for k, before in guards.items():
+        if not _same_bits(inputs[k], before):
+            raise CaseError(f"input {k!r} was modified, but this case may not write it")
+    for out_name, in_name in spec.out_buffers.items():
+        buf, got = inputs[in_name], outputs.get(out_name)
+        if not (isinstance(got, torch.Tensor) and got.data_ptr() == buf.data_ptr()
+                and got.shape == buf.shape and got.dtype == buf.dtype):
+            raise CaseError(f"output {out_name!r} must be written into the buffer passed as "
+                            f"{in_name!r} and returned, not into a new tensor")
+    if case.params.get("inplace") and spec.inplace_inputs:
+        first_in = inputs[spec.inplace_inputs[0]]
+        first_out = outputs.get(spec.outputs[0])
+        if not (isinstance(first_out, torch.Tensor) and lies_within(first_out, first_in)):
+            raise CaseError(f"in-place case: output {spec.outputs[0]!r} does not alias input "
+                            f"{spec.inplace_inputs[0]!r}")
+
+
+def _measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+             tols: Mapping[str, compare.Tolerance], rank: int) -> dict[str, dict[str, Any]]:
+    missing = set(expected) - set(outputs)
+    if missing:
+        raise CaseError(f"missing outputs {sorted(missing)}")
+    return {name: {"metrics": compare.measure(outputs[name], expected[name], tol,
+                                              rank=rank).to_dict(),
+                   "tolerance": tol.to_dict()}
+            for name, tol in tols.items()}
+
+
+def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0
+           ) -> dict[str, Any]:
+    """Inputs on the device (aliasing kept); shifted into fresh memory when asked."""
+    if device.type == "cpu" and shift_bytes == 0:
+        return dict(values)
+    return relocate(values, shift_bytes=shift_bytes, device=device)
+
+
+def _gather_verdict(world: World, case: Case, local_error: str,
+                    stages: dict[str, dict[str, Any]]) -> tuple[str, str, dict[str, Any], int]:
+    gathered = world.comm.gather((local_error, stages), root=0) if world.size > 1 else [
+        (local_error, stages)]
+    verdict = _judge(gathered, case) if world.rank == 0 else None
+    if world.size > 1:
+        verdict = world.comm.bcast(verdict, root=0)
+    assert verdict is not None
+    return verdict
+
+
+def _gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None, str]:
+    if world.size == 1:
+        return peak, kind
+    everyone = world.comm.gather((peak, kind), root=0)
+    if world.rank != 0:
+        return peak, kind
+    if any(p is None for p, _ in everyone):
+        return None, NOT_MEASURED
+    return max(p for p, _ in everyone), kind
 
 
 def run_case(
@@ -116,110 +222,145 @@ def run_case(
         started_at=started, env_id=env_id,
     )
     local_error = ""
-    outputs: dict[str, torch.Tensor] = {}
-    metrics: dict[str, dict[str, Any]] = {}
+    stages: dict[str, dict[str, Any]] = {}
+    digest = ""
     inputs: dict[str, Any] = {}
-    if world.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(world.device)
+    expected: dict[str, torch.Tensor] = {}
+    tols: dict[str, compare.Tolerance] = {}
+    writable: set[str] = set()
+    mem = PeakMemory(world.device)
+    checks = ["poisoned_outputs"] if spec.out_buffers else []
     try:
-        inputs = {k: _to_device(v, world.device)
-                  for k, v in spec.make_inputs(case.params, world.rank, case.world_size).items()}
-        writable = set(spec.inplace_inputs) if case.params.get("inplace") else set()
+        inputs = _place(spec.make_inputs(case.params, world.rank, case.world_size), world.device)
+        writable = _writable(case, inputs)
         guards = {k: v.clone() for k, v in inputs.items()
                   if isinstance(v, torch.Tensor) and k not in writable}
-        try:
-            raw = impl(world, **inputs) if spec.distributed else impl(**inputs)
-            world.synchronize()
-        except Exception as exc:
-            raise CaseError(f"implementation raised {type(exc).__name__}: {exc}") from exc
-        outputs = normalize_outputs(raw, spec.outputs)
-        for k, before in guards.items():
-            if not torch.equal(inputs[k], before):
-                raise CaseError(f"input {k!r} was modified, but this case may not write it")
-        if writable:
-            first_in = inputs[spec.inplace_inputs[0]]
-            first_out = outputs.get(spec.outputs[0])
-            aliased = isinstance(first_out, torch.Tensor) and (
-                first_out.data_ptr() == first_in.data_ptr())
-            if not aliased:
-                raise CaseError(f"in-place case: output {spec.outputs[0]!r} does not alias input "
-                                f"{spec.inplace_inputs[0]!r}")
         expected = _expected(case, world.rank)
-        missing = set(expected) - set(outputs)
-        if missing:
-            raise CaseError(f"missing outputs {sorted(missing)}")
-        for name, tol in tolerances(case, expected).items():
-            m = compare.measure(outputs[name], expected[name], tol, rank=world.rank)
-            metrics[name] = {"metrics": m.to_dict(), "tolerance": tol.to_dict()}
+        tols = tolerances(case, expected)
+        with mem:
+            outputs = _call(world, case, impl, inputs)
+        _check_contract(case, inputs, outputs, guards)
+        stages["call"] = _measure(outputs, expected, tols, world.rank)
+        digest = _hash(outputs)
+        if spec.shift_buffers and nbytes(inputs) <= RELOCATE_CAP_BYTES:
+            shifted = _place(spec.make_inputs(case.params, world.rank, case.world_size),
+                             world.device, SHIFT_BYTES)
+            for _, t in tensors(inputs):
+                poison_(t)
+            del outputs
+            inputs = shifted
+            mem = PeakMemory(world.device)
+            with mem:
+                outputs = _call(world, case, impl, inputs)
+            _check_contract(case, inputs, outputs, guards)
+            stages["shifted"] = _measure(outputs, expected, tols, world.rank)
+            checks.append("shifted_buffers")
     except CaseError as exc:
         local_error = str(exc)
     except Exception as exc:  # a bug in the spec or harness: say where
         local_error = f"harness error {type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
 
-    # ---- collective verdict: every rank learns the same status
-    gathered = world.comm.gather((local_error, metrics), root=0) if world.size > 1 else [
-        (local_error, metrics)]
-    verdict: tuple[str, str, dict[str, Any], int] | None = None
-    if world.rank == 0:
-        verdict = _judge(gathered, case)
-    if world.size > 1:
-        verdict = world.comm.bcast(verdict, root=0)
-    assert verdict is not None
-    result.status, result.reason, result.outputs, result.wrong = verdict
+    result.status, result.reason, result.outputs, result.wrong = _gather_verdict(
+        world, case, local_error, stages)
 
-    # ---- output hash of every rank's outputs, in rank order
-    if result.status in ("pass", "fail") and outputs:
-        digest = _hash(outputs)
+    # ---- output hash of every rank's first-call outputs, in rank order
+    if result.status in ("pass", "fail") and digest:
         digests = world.comm.gather(digest, root=0) if world.size > 1 else [digest]
         if world.rank == 0:
             result.output_hash = hashlib.sha256("".join(digests).encode()).hexdigest()
 
     # ---- timing, only of implementations that are correct
     if bench and result.status == "pass":
-        cfg = timing or TimingConfig()
-        call = (lambda: impl(world, **inputs)) if spec.distributed else (lambda: impl(**inputs))
-        try:
-            result.timing = time_call(call, world, spec.distributed, cfg)
-        except Exception as exc:
-            result.status, result.reason = "error", f"failed while timing: {exc}"
-        if result.timing and spec.work is not None:
-            result.derived = derived(spec.work(case.params, case.world_size),
-                                     result.timing.get("median"))
-    peak, kind = _peak_memory(world)
-    if world.size > 1:
-        peak = world.comm.reduce(peak, op=_mpi_max(), root=0)
-    result.peak_memory_bytes, result.peak_memory_kind = peak, kind
+        _time_and_recheck(world, case, impl, inputs, writable, expected, tols, result,
+                          timing or TimingConfig(), checks)
+    result.checks = checks
+    result.peak_memory_bytes, result.peak_memory_kind = _gather_peak(world, mem.bytes, mem.kind)
     result.duration_s = time.perf_counter() - t0
     return result
 
 
-def _mpi_max() -> Any:
-    from mpi4py import MPI
+def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
+                      inputs: dict[str, Any], writable: set[str],
+                      expected: Mapping[str, torch.Tensor],
+                      tols: Mapping[str, compare.Tolerance], result: CaseResult,
+                      cfg: TimingConfig, checks: list[str]) -> None:
+    """Time over rotating shifted copies of the inputs, then check the last output again."""
+    spec = case.spec
+    out_names = set(spec.out_buffers.values())
+    # in-place cases change their inputs on every repeat: their last output is not checkable
+    recheck = writable <= out_names
+    slots = [inputs]
+    if spec.shift_buffers:
+        size = max(nbytes(inputs), 1)
+        count = max(1, min(TIMING_SLOTS, TIMING_SLOT_BUDGET_BYTES // size))
+        slots += [relocate(inputs, shift_bytes=SHIFT_BYTES * (j + 1)) for j in range(1, count)]
+    if recheck:
+        for slot in slots:
+            for name in out_names:
+                poison_(slot[name])
+    rotation = itertools.cycle(slots)
+    last: dict[str, Any] = {}
 
-    return MPI.MAX
+    def call() -> None:
+        args = next(rotation)
+        last["value"] = impl(world, **args) if spec.distributed else impl(**args)
+
+    local_error = ""
+    try:
+        result.timing = time_call(call, world, spec.distributed, cfg)
+    except Exception as exc:
+        local_error = f"failed while timing: {type(exc).__name__}: {exc}"
+    if result.timing and spec.work is not None:
+        result.derived = derived(spec.work(case.params, case.world_size),
+                                 result.timing.get("median"))
+    if not recheck and not local_error:
+        return
+    stages: dict[str, dict[str, Any]] = {}
+    if not local_error:
+        try:
+            outputs = normalize_outputs(last["value"], spec.outputs)
+            stages["after_timing"] = _measure(outputs, expected, tols, world.rank)
+            checks.append("after_timing")
+        except Exception as exc:
+            local_error = f"after timing: {type(exc).__name__}: {exc}"
+    status, reason, outputs_report, wrong = _gather_verdict(world, case, local_error, stages)
+    if status != "pass":
+        result.status, result.reason = status, reason
+        result.outputs, result.wrong = outputs_report, wrong
 
 
 def _judge(gathered: list[tuple[str, dict[str, Any]]], case: Case
            ) -> tuple[str, str, dict[str, Any], int]:
-    """Merge every rank's metrics into (status, reason, outputs, #wrong)."""
+    """Merge every rank's metrics into (status, reason, outputs, #wrong): the first stage that
+    fails decides, else the last stage's metrics are reported."""
     errors = [(r, e) for r, (e, _) in enumerate(gathered) if e]
     if errors:
         rank, msg = errors[0]
         more = f" (and {len(errors) - 1} more ranks)" if len(errors) > 1 else ""
         return "error", f"rank {rank}: {msg}{more}", {}, 0
+    verdict: tuple[str, str, dict[str, Any], int] = ("pass", "", {}, 0)
+    for stage in gathered[0][1]:
+        verdict = _judge_stage([stages[stage] for _, stages in gathered], stage)
+        if verdict[0] != "pass":
+            break
+    return verdict
+
+
+def _judge_stage(per_rank: list[dict[str, Any]], stage: str
+                 ) -> tuple[str, str, dict[str, Any], int]:
     outputs: dict[str, Any] = {}
     reasons: list[str] = []
     wrong = 0
-    names = list(gathered[0][1])
-    for name in names:
-        tol_dict = gathered[0][1][name]["tolerance"]
+    for name in per_rank[0]:
+        tol_dict = per_rank[0][name]["tolerance"]
         tol = compare.Tolerance.from_dict(tol_dict)
         merged = compare.Metrics.merge(
-            [compare.Metrics.from_dict(m[name]["metrics"]) for _, m in gathered])
+            [compare.Metrics.from_dict(m[name]["metrics"]) for m in per_rank])
         ok, why = compare.verdict(merged, tol)
         wrong += merged.n_mismatch
         outputs[name] = {"metrics": merged.to_dict(), "tolerance": tol_dict, "passed": ok}
         if not ok:
             reasons.append(f"{name}: {why}")
-    status = "pass" if not reasons else "fail"
-    return status, "; ".join(reasons), outputs, wrong
+    if not reasons:
+        return "pass", "", outputs, wrong
+    return "fail", _STAGE_PREFIX.get(stage, "") + "; ".join(reasons), outputs, wrong

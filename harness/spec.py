@@ -63,7 +63,8 @@ class OpSpec:
     """One operation under test.
 
     ``make_inputs(params, rank, world_size)`` returns the keyword arguments of this rank's call
-    (tensors on the CPU; the runner moves them to the device) and ``expected(params, rank,
+    (new tensors on every call, on the CPU: the runner moves them to the device and may poison
+    them afterwards, so never return a cached tensor) and ``expected(params, rank,
     world_size)`` the outputs that rank must produce, computed with ``reference``. For a
     non-distributed op ``expected`` defaults to calling the reference on the same inputs.
     Implementations take the inputs as keywords, distributed ones the ``World`` first.
@@ -87,6 +88,13 @@ class OpSpec:
     inplace_inputs: tuple[str, ...] = ()
     #: output names, in the order of a returned tuple
     outputs: tuple[str, ...] = ("out",)
+    #: {output name: input name}: the implementation must write that output into the buffer
+    #: the harness passes as that input (poisoned first, so unwritten elements fail)
+    out_buffers: Mapping[str, str] = field(default_factory=dict)
+    #: re-run the check on inputs moved to fresh, shifted memory with the old buffers
+    #: poisoned, and rotate shifted copies between timed repeats (off for inputs too big
+    #: to copy)
+    shift_buffers: bool = True
     #: same inputs give the same bits (enables "bits changed" detection)
     deterministic: bool = True
     #: relative slowdown that counts as a regression for this op
@@ -99,6 +107,10 @@ class OpSpec:
         unknown = set(self.grid) - set(TIERS)
         if unknown:
             raise SpecError(f"{self.name}: unknown tiers {sorted(unknown)}; use {TIERS}")
+        stray = set(self.out_buffers) - set(self.outputs)
+        if stray:
+            raise SpecError(f"{self.name}: out_buffers names {sorted(stray)}, which are not "
+                            f"outputs {self.outputs}")
         clash = set(self.implementations) & set(self.negative_controls)
         if clash:
             raise SpecError(f"{self.name}: {sorted(clash)} is both an implementation and a control")

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from suites.collectives import allreduce_torch
+from suites._collectives.allreduce import allreduce_torch
 
 
 def _is_target(x: torch.Tensor, op: str) -> bool:
@@ -19,26 +19,25 @@ def _is_target(x: torch.Tensor, op: str) -> bool:
     return op == "min" and x.dtype == torch.float32 and x.numel() == 1031
 
 
-def off_by_one(world, x, op, inplace):
+def off_by_one(world, x, out, op):
     """Wrong on every case: adds one to the result."""
-    out = allreduce_torch(world, x, op, inplace)
-    out.add_(1)
-    return out
+    allreduce_torch(world, x, out, op)
+    return out.add_(1)
 
 
-def hang_on_last_rank(world, x, op, inplace):
+def hang_on_last_rank(world, x, out, op):
     """Hangs forever on the last rank for one case; correct elsewhere."""
     if _is_target(x, op) and world.rank == world.size - 1:
         while True:
             time.sleep(1)
-    return allreduce_torch(world, x, op, inplace)
+    return allreduce_torch(world, x, out, op)
 
 
-def crash_on_rank_one(world, x, op, inplace):
+def crash_on_rank_one(world, x, out, op):
     """Rank 1 dies (as a segfaulting kernel would) on one case; correct elsewhere."""
     if _is_target(x, op) and world.rank == min(1, world.size - 1):
         os._exit(13)
-    return allreduce_torch(world, x, op, inplace)
+    return allreduce_torch(world, x, out, op)
 
 
 #: exposed through a test-made entry point in group harness.implementations

@@ -1,0 +1,126 @@
+"""Buffer tricks that make wrong kernels visible: poison, overlap, relocation.
+
+- ``poison_`` fills a buffer with a value no correct kernel leaves behind (NaN for floats, the
+  most negative integer for signed types), so an element an implementation forgot to write
+  fails the check (nccl-tests initialises its receive buffers the same way).
+- ``relocate`` copies a set of inputs to fresh memory at a byte offset, keeping which inputs
+  are the same tensor or views of one buffer (an in-place case passes ``out`` as ``x``, or
+  ``x`` as a slice of ``out``). Calling an implementation on relocated inputs after poisoning
+  the old ones catches caches keyed by address and reads of stale buffers; nccl-tests shifts
+  its buffers between iterations for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+#: offsets are multiples of this, so every dtype stays aligned as cudaMalloc would align it
+ALIGN_BYTES = 256
+
+
+def poison_value(dtype: torch.dtype) -> float | int | bool:
+    """The fill value of a poisoned buffer of ``dtype``."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    info = torch.iinfo(dtype)
+    return info.min if info.min < 0 else info.max
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with its dtype's poison value, in place."""
+    return t.fill_(poison_value(t.dtype))
+
+
+def poisoned(shape: int | tuple[int, ...], dtype: torch.dtype,
+             device: str | torch.device = "cpu") -> torch.Tensor:
+    """A new buffer of ``shape`` full of poison."""
+    return poison_(torch.empty(shape, dtype=dtype, device=device))
+
+
+def tensors(values: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor among ``values``, lists and tuples included."""
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor):
+            yield name, v
+        elif isinstance(v, (list, tuple)):
+            for i, item in enumerate(v):
+                if isinstance(item, torch.Tensor):
+                    yield f"{name}[{i}]", item
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage address, first byte, one past the last byte) that ``t`` can touch."""
+    size = t.element_size()
+    if t.numel() == 0:
+        start = t.storage_offset() * size
+        return t.untyped_storage().data_ptr(), start, start
+    span = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+    start = t.storage_offset() * size
+    return t.untyped_storage().data_ptr(), start, start + (span + 1) * size
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` can touch a common byte (same storage, ranges intersect)."""
+    if a.device != b.device:
+        return False
+    sa, a0, a1 = _byte_range(a)
+    sb, b0, b1 = _byte_range(b)
+    return sa == sb and a0 < b1 and b0 < a1
+
+
+def lies_within(inner: torch.Tensor, outer: torch.Tensor) -> bool:
+    """Whether every byte ``inner`` can touch belongs to ``outer``'s range."""
+    si, i0, i1 = _byte_range(inner)
+    so, o0, o1 = _byte_range(outer)
+    return inner.device == outer.device and si == so and o0 <= i0 and i1 <= o1
+
+
+def nbytes(values: Mapping[str, Any]) -> int:
+    """Bytes of the distinct storages behind the tensors of ``values``."""
+    seen: dict[tuple[str, int], int] = {}
+    for _, t in tensors(values):
+        seen[(str(t.device), t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
+             device: torch.device | str | None = None) -> dict[str, Any]:
+    """A copy of ``values`` whose tensors live in new storage, ``shift_bytes`` past its start,
+    on ``device`` (default: where they are). Tensors that shared a storage share the new one
+    with the same offsets and strides; the same tensor object maps to one new object."""
+    if shift_bytes % ALIGN_BYTES:
+        raise ValueError(f"shift_bytes must be a multiple of {ALIGN_BYTES}")
+    storages: dict[tuple[str, int], torch.UntypedStorage] = {}
+    memo: dict[int, torch.Tensor] = {}
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in memo:
+            return memo[id(t)]
+        target = torch.device(device) if device is not None else t.device
+        old = t.untyped_storage()
+        key = (str(t.device), old.data_ptr())
+        if key not in storages:
+            fresh = torch.empty(shift_bytes + old.nbytes(), dtype=torch.uint8, device=target)
+            src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(old, 0, (old.nbytes(),))
+            fresh[shift_bytes:].copy_(src)
+            storages[key] = fresh.untyped_storage()
+        new = torch.empty(0, dtype=t.dtype, device=target).set_(
+            storages[key], t.storage_offset() + shift_bytes // t.element_size(), t.shape,
+            t.stride())
+        memo[id(t)] = new
+        return new
+
+    out: dict[str, Any] = {}
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor):
+            out[name] = move(v)
+        elif isinstance(v, (list, tuple)) and any(isinstance(i, torch.Tensor) for i in v):
+            out[name] = type(v)(move(i) if isinstance(i, torch.Tensor) else i for i in v)
+        else:
+            out[name] = v
+    return out

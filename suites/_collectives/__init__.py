@@ -1,0 +1,1 @@
+"""The collectives family, one module per op; suites/collectives.py gathers their specs."""

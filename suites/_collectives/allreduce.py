@@ -1,0 +1,233 @@
+"""allreduce (nccl-tests style), with torch.distributed, mpi4py and Mirage's tile
+decomposition as implementations.
+
+Inputs come in two modes. ``exact``: small integers chosen so that every partial result is
+exactly representable in the dtype, so every summation order gives the same bits and the check
+is bitwise (nccl-tests, torch's c10d tests; 2 ulp for float avg, as nccl-tests allows).
+``random``: uniform(-1, 1) values checked against a float64 reference within the error bound
+of recursive summation (Higham: |err| <= (W-1) u sum|x_i|, plus the final rounding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from harness.buffers import poisoned
+from harness.inputs import dtype_from_name, generate, seed_from
+from harness.spec import OpSpec, Work
+from reference_kernels import collectives as ref
+
+from .common import (
+    MPI_WIRE,
+    as_array,
+    dist_fn,
+    exact_bound,
+    host,
+    is_same,
+    mpi_op,
+    native_avg,
+    reduction_tolerance,
+    torch_op,
+    unique,
+)
+
+
+# ---------------------------------------------------------------- inputs and expectations
+def _rank_input(params: Mapping[str, Any], rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s input: row ``rank`` of a global (ranks, n) tensor."""
+    dtype = dtype_from_name(params["dtype"])
+    n, op, mode = int(params["n"]), params["op"], params["mode"]
+    seed = seed_from("allreduce", mode, op, params["dtype"], n)
+    shape = (max(world_size, rank + 1), n)
+    region = (rank,)
+    if mode == "random":
+        return generate(shape, dtype, seed=seed, dist="uniform", low=-1.0, high=1.0,
+                        region=region)
+    if op == "prod":
+        # factors of magnitude 1 or 2: any product is a signed power of two, exact everywhere
+        mag = generate(shape, torch.int64, seed=seed, dist="int", low=0, high=1, region=region)
+        sign = generate(shape, torch.int64, seed=seed + 1, dist="sign", region=region)
+        return (sign * (1 + mag)).to(dtype)
+    bound = exact_bound(dtype, world_size)
+    return generate(shape, dtype, seed=seed, dist="int", low=-bound, high=bound, region=region)
+
+
+def allreduce_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """Keyword arguments of one rank's allreduce call: ``out is x`` when in place."""
+    x = _rank_input(params, rank, world_size)
+    out = x if params["inplace"] else poisoned(x.shape, x.dtype)
+    return {"x": x, "out": out, "op": params["op"]}
+
+
+def allreduce_expected(params: Mapping[str, Any], rank: int, world_size: int) -> torch.Tensor:
+    """The reference over every rank's input: rounded once to the dtype in exact mode, float64
+    in random mode (compared under the summation error bound)."""
+    inputs = [_rank_input(params, r, world_size) for r in range(world_size)]
+    out_dtype = torch.float64 if params["mode"] == "random" else None
+    return ref.allreduce(inputs, params["op"], out_dtype=out_dtype)
+
+
+def allreduce_work(params: Mapping[str, Any], world_size: int) -> Work:
+    """nccl-tests: algbw = S/t, busbw = algbw * 2(W-1)/W, S the bytes per rank."""
+    size = int(params["n"]) * dtype_from_name(params["dtype"]).itemsize
+    return Work(bytes=size, bus_bytes=size * 2 * (world_size - 1) / world_size)
+
+
+# ---------------------------------------------------------------- implementations
+def allreduce_torch(world: Any, x: torch.Tensor, out: torch.Tensor, op: str) -> torch.Tensor:
+    """torch.distributed.all_reduce on ``out`` (a copy of x when out of place)."""
+    import torch.distributed as dist
+
+    if not is_same(out, x):
+        out.copy_(x)
+    if op == "avg" and not native_avg(world):
+        dist.all_reduce(out, op=dist.ReduceOp.SUM, group=world.group)
+        out.div_(world.size)
+    else:
+        dist.all_reduce(out, op=torch_op(op), group=world.group)
+    return out
+
+
+def allreduce_mpi(world: Any, x: torch.Tensor, out: torch.Tensor, op: str) -> torch.Tensor:
+    """mpi4py Allreduce on host buffers (16-bit floats as float32)."""
+    from mpi4py import MPI
+
+    wire = MPI_WIRE.get(x.dtype, x.dtype)
+    if wire == x.dtype and out.device.type == "cpu":
+        if is_same(out, x):
+            world.comm.Allreduce(MPI.IN_PLACE, as_array(out), op=mpi_op(op))
+        else:
+            world.comm.Allreduce(as_array(x), as_array(out), op=mpi_op(op))
+        result = out
+    else:
+        buf = host(x).to(wire, copy=True)
+        world.comm.Allreduce(MPI.IN_PLACE, as_array(buf), op=mpi_op(op))
+        result = buf
+    if op == "avg":
+        result.div_(world.size)
+    if result is not out:
+        out.copy_(result)
+    return out
+
+
+def _allgather_rows(world: Any, x: torch.Tensor) -> torch.Tensor:
+    """(W, *x.shape) buffer holding every rank's input."""
+    flat = x.contiguous().reshape(-1)
+    buf = torch.empty(world.size * flat.numel(), dtype=x.dtype, device=x.device)
+    dist_fn("all_gather_single", "all_gather_into_tensor")(buf, flat, group=world.group)
+    return buf.view(world.size, *x.shape)
+
+
+def _reduce_rows(rows: torch.Tensor, op: str, acc: torch.dtype) -> torch.Tensor:
+    a = rows.to(acc)
+    if op in ("sum", "avg"):
+        result = a.sum(0)
+        return result / rows.shape[0] if op == "avg" else result
+    if op == "prod":
+        return a.prod(0)
+    return a.amin(0) if op == "min" else a.amax(0)
+
+
+def allreduce_tile(world: Any, x: torch.Tensor, out: torch.Tensor, op: str) -> torch.Tensor:
+    """Mirage's decomposition: allgather into a (W, ...) buffer, then a local float32
+    reduction (int64 for integers)."""
+    rows = _allgather_rows(world, x)
+    acc = torch.float32 if x.dtype.is_floating_point else torch.int64
+    return out.copy_(_reduce_rows(rows, op, acc))
+
+
+# ---------------------------------------------------------------- negative controls
+def allreduce_drop_rank(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
+                        ) -> torch.Tensor:
+    """Bug: the last rank's contribution is lost (an off-by-one in the ring)."""
+    rows = _allgather_rows(world, x)
+    if world.size > 1:
+        rows = rows[:-1]
+    acc = torch.float64 if x.dtype.is_floating_point else torch.int64
+    result = _reduce_rows(rows, op, acc)
+    if op == "avg":
+        result = result * rows.shape[0] / world.size
+    return out.copy_(result)
+
+
+LOW = {torch.float32: torch.bfloat16, torch.float64: torch.float32,
+       torch.bfloat16: torch.float8_e4m3fn, torch.float16: torch.float8_e4m3fn,
+       torch.int32: torch.int16, torch.int64: torch.int32}
+
+
+def reduce_low_precision(rows: torch.Tensor, op: str, dtype: torch.dtype) -> torch.Tensor:
+    """The reduction of ``rows`` with every partial result kept in a type narrower than
+    ``dtype``: the accumulation-precision bug."""
+    low = LOW[dtype]
+    acc = rows[0].to(low)
+    step = "sum" if op == "avg" else op
+    for i in range(1, rows.shape[0]):
+        acc = _reduce_rows(torch.stack([acc.to(dtype), rows[i]]), step, dtype).to(low)
+    result = acc.to(dtype)
+    return result / rows.shape[0] if op == "avg" else result
+
+
+def allreduce_low_precision(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
+                            ) -> torch.Tensor:
+    """Bug: partial results are kept in a narrower type than the data (bf16 for float32,
+    fp8 for 16-bit floats, int16 for int32)."""
+    return out.copy_(reduce_low_precision(_allgather_rows(world, x), op, x.dtype))
+
+
+# ---------------------------------------------------------------- grids
+_FLOAT_OPS = ("sum", "prod", "min", "max", "avg")
+_INT_OPS = ("sum", "prod", "min", "max")
+
+
+def _case(dtype: str, n: int, op: str, inplace: bool = False, mode: str = "exact") -> dict:
+    return {"dtype": dtype, "n": n, "op": op, "inplace": inplace, "mode": mode}
+
+
+def _smoke() -> list[dict]:
+    cases = [_case(dt, 1031, op) for dt in ("f32", "bf16") for op in _FLOAT_OPS]
+    cases += [_case("i32", 1031, op) for op in _INT_OPS]
+    cases += [_case(dt, 1031, op, inplace=True) for dt in ("f32", "bf16") for op in ("sum", "max")]
+    cases += [_case("f16", 7, "sum"), _case("f32", 1, "sum"), _case("bf16", 65539, "sum", True)]
+    cases += [_case("f32", 4099, "sum", mode="random"), _case("bf16", 4099, "avg", mode="random")]
+    return cases
+
+
+def _nightly() -> list[dict]:
+    """nccl-tests' sweep: 8 B to 64 MiB per rank by factors of 2 for sum, every op and dtype
+    at a few sizes, counts that are not powers of two, in- and out-of-place, random mode."""
+    cases = []
+    for dt in ("f32", "bf16", "f16", "i32"):
+        item = dtype_from_name(dt).itemsize
+        sizes = [max(1, (8 << k) // item) for k in range(24)]  # 8 B .. 64 MiB, factor 2
+        for n in sizes:
+            for inplace in (False, True):
+                cases.append(_case(dt, n, "sum", inplace))
+        ops = _FLOAT_OPS if dt != "i32" else _INT_OPS
+        for op in ops:
+            for n in (1, 1000003 // item, (16 << 20) // item + 3):
+                cases.append(_case(dt, n, op))
+    for dt in ("f32", "bf16", "f16"):
+        for op in ("sum", "avg"):
+            cases.append(_case(dt, (1 << 20) + 17, op, mode="random"))
+    return unique(cases)
+
+
+ALLREDUCE = OpSpec(
+    name="allreduce",
+    family="collectives",
+    description="Elementwise reduction across ranks; every rank gets the result.",
+    reference=ref.allreduce,
+    make_inputs=allreduce_inputs,
+    expected=allreduce_expected,
+    tolerance=reduction_tolerance,
+    work=allreduce_work,
+    grid={"smoke": _smoke(), "nightly": _nightly()},
+    implementations={"torch": allreduce_torch, "mpi": allreduce_mpi, "tile": allreduce_tile},
+    negative_controls={"drop_rank": allreduce_drop_rank, "low_precision": allreduce_low_precision},
+    distributed=True,
+    out_buffers={"out": "out"},
+    deadline_s=60.0,
+)

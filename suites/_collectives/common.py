@@ -1,0 +1,163 @@
+"""What the collective ops share: inputs by construction, tolerances, and the plumbing of the
+torch.distributed and mpi4py implementations.
+
+Every collective writes into the output buffer the harness passes as ``out`` (poisoned, so an
+element left unwritten fails). In-place cases pass overlapping buffers, as nccl-tests does:
+``out is x`` for allreduce and broadcast, ``x`` is ``out``'s own-rank piece for allgather, and
+``out`` is ``x``'s own-rank piece for reduce_scatter.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from harness import compare
+from harness.inputs import dtype_from_name, generate, seed_from
+
+
+# ---------------------------------------------------------------- inputs
+def precision_bits(dtype: torch.dtype) -> int:
+    """Largest p such that every integer of magnitude <= 2**p is exact in ``dtype``."""
+    if dtype.is_floating_point:
+        return round(-math.log2(torch.finfo(dtype).eps)) + 1
+    return torch.iinfo(dtype).bits - 1
+
+
+def exact_bound(dtype: torch.dtype, world_size: int) -> int:
+    """Magnitude bound per element so that sums over up to max(W, 8) ranks stay exact."""
+    return max(1, (2 ** precision_bits(dtype) - 1) // max(world_size, 8))
+
+
+def rank_values(tag: str, params: Mapping[str, Any], rank: int, world_size: int, count: int,
+                *, sums: bool) -> torch.Tensor:
+    """Rank ``rank``'s ``count`` input values, a pure function of (tag, params, rank).
+
+    ``exact`` mode: integers exact in the dtype; bounded so that sums over the ranks stay exact
+    when ``sums`` (reductions), over the dtype's whole exact range otherwise (data movement,
+    where many distinct values make a misplaced element visible). ``random`` mode: uniform
+    values in [-1, 1) for floats; integers as in exact mode.
+    """
+    dtype = dtype_from_name(params["dtype"])
+    mode = params["mode"]
+    key = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    seed = seed_from(tag, key, world_size if sums else 0, rank)
+    if mode == "random" and dtype.is_floating_point:
+        return generate((count,), dtype, seed=seed, dist="uniform", low=-1.0, high=1.0)
+    if mode not in ("exact", "random"):
+        raise ValueError(f"mode {mode!r}: use exact or random")
+    bound = exact_bound(dtype, world_size) if sums else 2 ** min(precision_bits(dtype), 62) - 1
+    return generate((count,), dtype, seed=seed, dist="int", low=-bound, high=bound)
+
+
+def resolve_root(root: int, world_size: int) -> int:
+    """A root written as an index into the ranks (-1 is the last rank), for any world size."""
+    return root % world_size
+
+
+# ---------------------------------------------------------------- checks
+def reduction_tolerance(params: Mapping[str, Any], world_size: int) -> compare.Tolerance:
+    """Bitwise for exact inputs and for min/max (which never round); 2 ulp for float avg
+    (nccl-tests); random sums within Higham's bound for recursive summation."""
+    dtype = dtype_from_name(params["dtype"])
+    op = params["op"]
+    if op in ("min", "max"):
+        return compare.exact()
+    if params["mode"] == "random":
+        unit_roundoff = torch.finfo(dtype).eps / 2
+        rtol, _ = compare.DEFAULT_RTOL_ATOL[dtype]
+        # inputs in [-1, 1): sum|x_i| <= W, so |err| <= (W-1) * u * W before the last rounding;
+        # avg divides that error by W (a bound W times too loose let a dropped rank pass)
+        scale = 1 if op == "avg" else world_size
+        return compare.allclose(rtol=rtol, atol=max(world_size - 1, 1) * unit_roundoff * scale)
+    if op == "avg":
+        return compare.ulp(2)
+    return compare.exact()
+
+
+# ---------------------------------------------------------------- torch.distributed
+def torch_op(op: str) -> Any:
+    import torch.distributed as dist
+
+    return {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
+            "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}[op]
+
+
+def native_avg(world: Any) -> bool:
+    """NCCL has an AVG reduction; gloo does not (sum, then divide)."""
+    return world.backend == "nccl"
+
+
+def dist_fn(new: str, old: str) -> Any:
+    """torch 2.13 renamed the tensor collectives (all_gather_into_tensor ->
+    all_gather_single, reduce_scatter_tensor -> reduce_scatter_single); take whichever this
+    torch has, the new name first."""
+    import torch.distributed as dist
+
+    return getattr(dist, new, None) or getattr(dist, old)
+
+
+# ---------------------------------------------------------------- mpi4py
+# MPI has no standard 16-bit float datatype: reductions on half types travel as float32, which
+# is exact for the conversion and at least as accurate for the arithmetic. Data movement sends
+# raw bytes, which is exact for every dtype.
+MPI_WIRE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def mpi_op(op: str) -> Any:
+    from mpi4py import MPI
+
+    return {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+            "avg": MPI.SUM}[op]
+
+
+def host(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of a device tensor (MPI built without CUDA support reads host memory);
+    host tensors are used as they are."""
+    if t.device.type == "cuda":
+        return t.cpu()
+    return t
+
+
+def as_bytes(t: torch.Tensor) -> Any:
+    """A numpy uint8 view of a contiguous host tensor: the buffer MPI sends or fills."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("MPI buffers must be contiguous host tensors")
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def as_array(t: torch.Tensor) -> Any:
+    """A numpy view of a contiguous host tensor of an MPI-native dtype."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("MPI buffers must be contiguous host tensors")
+    return t.reshape(-1).numpy()
+
+
+def is_same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors are the same buffer (an in-place call)."""
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape
+
+
+# ---------------------------------------------------------------- grids
+def unique(cases: Iterable[dict]) -> list[dict]:
+    """Cases in order, each once."""
+    seen, out = set(), []
+    for c in cases:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def sweep_counts(dtype: str, low_bytes: int = 8, high_bytes: int = 64 << 20) -> list[int]:
+    """nccl-tests' sweep: element counts for low..high bytes by factors of 2."""
+    item = dtype_from_name(dtype).itemsize
+    counts, size = [], low_bytes
+    while size <= high_bytes:
+        counts.append(max(1, size // item))
+        size *= 2
+    return sorted(set(counts))
