@@ -70,7 +70,7 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     sa, a0, a1 = _byte_range(a)
     sb, b0, b1 = _byte_range(b)
-    return sa == sb and a0 < b1 and b0 < a1
+    return sa == sb and a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
 
 
 def lies_within(inner: torch.Tensor, outer: torch.Tensor) -> bool:

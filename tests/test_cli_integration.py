@@ -40,46 +40,151 @@ def planned_items(tmp_path: Path, *args: str) -> list[dict]:
     return json.loads(out.stdout)
 
 
-def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(tmp_path):
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The whole smoke tier at 1, 4 and 8 ranks, once for the tests that read it."""
+    tmp_path = tmp_path_factory.mktemp("smoke")
     out = harness(tmp_path, "run", "--tier", "smoke", "--world-sizes", "1,4,8")
+    return tmp_path, out
+
+
+def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
+    tmp_path, out = smoke_run
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    for column in ("time us", "algbw GB/s", "busbw GB/s", "#wrong"):
-        assert column in out.stdout
     db = tmp_path / "h.db"
     runs = rows(db, "SELECT run_id, status, tier FROM runs")
     assert len(runs) == 1 and runs[0]["status"] == "complete" and runs[0]["tier"] == "smoke"
-    results = rows(db, "SELECT world_size, impl, status, median_ns, busbw_gbps, case_id "
+    results = rows(db, "SELECT world_size, op, impl, status, median_ns, busbw_gbps, case_id "
                        "FROM results")
     expected = planned_items(tmp_path, "--world-sizes", "1,4,8")
     assert {(r["world_size"], r["case_id"], r["impl"]) for r in results} == {
         (i["world_size"], i["case_id"], i["impl"]) for i in expected}
     assert {r["world_size"] for r in results} == {1, 4, 8}
-    assert {r["impl"] for r in results} == {"torch", "mpi", "tile"}
+    assert {r["op"] for r in results} >= {"allreduce", "allgather", "reduce_scatter",
+                                          "all_to_all", "broadcast"}
+    # every collective has torch and mpi implementations, and all of them pass
+    for op in ("allreduce", "allgather", "reduce_scatter", "all_to_all", "broadcast"):
+        assert {r["impl"] for r in results if r["op"] == op} >= {"torch", "mpi"}
+    assert {r["impl"] for r in results if r["op"] == "allgather"} == {
+        "torch", "mpi", "bulk", "sequential"}
     assert all(r["status"] == "pass" for r in results)
     assert all(r["median_ns"] and r["median_ns"] > 0 for r in results)
-    # busbw = algbw * 2(W-1)/W: zero at one rank, positive beyond
-    assert all(r["busbw_gbps"] == 0 for r in results if r["world_size"] == 1)
-    assert all(r["busbw_gbps"] > 0 for r in results if r["world_size"] > 1)
-    assert (tmp_path / "h.db").stat().st_size > 0
+    # nccl-tests' bus factors: 2(W-1)/W, (W-1)/W, and 1 for broadcast (busbw = algbw)
+    for r in results:
+        if r["op"] == "broadcast" or r["world_size"] > 1:
+            assert r["busbw_gbps"] > 0, r
+        else:
+            assert r["busbw_gbps"] == 0, r
+
+
+def test_collectives_print_like_nccl_tests(smoke_run):
+    tmp_path, out = smoke_run
+    blocks = {(r["op"], r["world_size"], r["impl"]) for r in rows(
+        tmp_path / "h.db", "SELECT op, world_size, impl FROM results")}
+    assert out.stdout.count("# Avg bus bandwidth    : ") == len(blocks)
+    assert out.stdout.count("# Wrong elements       : 0 OK") == len(blocks)
+    assert "time    algbw    busbw  #wrong" in out.stdout
+    header = "# allgather  world size 8  impl sequential"
+    block = out.stdout.split(header, 1)[1].split("# Avg bus bandwidth", 1)[0]
+    lines = [ln.split() for ln in block.splitlines() if ln.strip() and not ln.startswith("#")]
+    n_cases = len([i for i in planned_items(tmp_path, "allgather", "--world-sizes", "8")
+                   if i["impl"] == "sequential"])
+    # one line per size and variant: in-place cases share a line with their out-of-place twin
+    assert 0 < len(lines) < n_cases
+    # size column: allgather moves S * W bytes (S = count * 4 bytes for f32)
+    f32 = next(ln for ln in lines if ln[2] == "f32" and ln[1] == "1031")
+    assert int(f32[0]) == 1031 * 4 * 8
+
+
+def test_bulk_and_sequential_allgather_agree_bitwise_and_differ_in_peak_memory(smoke_run):
+    tmp_path, _ = smoke_run
+    results = rows(tmp_path / "h.db", "SELECT world_size, case_id, impl, output_hash, "
+                                      "peak_memory_bytes, peak_memory_kind FROM results "
+                                      "WHERE op = 'allgather'")
+    by = {}
+    for r in results:
+        by.setdefault((r["world_size"], r["case_id"]), {})[r["impl"]] = r
+    for (_, _), impls in by.items():
+        hashes = {r["output_hash"] for r in impls.values()}
+        assert len(hashes) == 1 and None not in hashes, impls
+        assert all(r["peak_memory_kind"] for r in impls.values())
+    big = "allgather[dtype=f32,inplace=false,mode=exact,n=262147,tensors=8]"
+    for w in (4, 8):
+        bulk, seq = by[(w, big)]["bulk"], by[(w, big)]["sequential"]
+        if bulk["peak_memory_kind"] == "not_measured":
+            # a system without per-call peak memory says so instead of reporting a number
+            assert bulk["peak_memory_bytes"] is None and seq["peak_memory_bytes"] is None
+            continue
+        assert bulk["peak_memory_kind"] in ("cpu_rss_peak", "cuda_allocated_peak")
+        # bulk's temporary is the whole gathered buffer, W * n * 4 bytes; sequential has none.
+        # RSS is page-granular and shared with gloo's threads, so ask for half of it.
+        temporary = w * 262147 * 4
+        assert bulk["peak_memory_bytes"] - seq["peak_memory_bytes"] > temporary // 2, (bulk, seq)
+
+
+# every negative control of the collectives, with where it must fail: "all" cases, the cases
+# a predicate picks, or "some" case; a bug invisible at one rank must pass there
+_COLLECTIVE_CONTROLS = {
+    ("allreduce", "drop_rank"): {1: "none", 4: "all", 8: "all"},
+    ("allreduce", "low_precision"): {1: "some", 4: "some", 8: "some"},
+    ("allgather", "rank_order"): {1: "none", 4: "all", 8: "all"},
+    ("allgather", "no_tail"): {1: "some", 4: "all", 8: "all"},
+    ("allgather", "stale_buffer"): {1: "all", 4: "all", 8: "all"},
+    ("reduce_scatter", "wrong_piece"): {1: "none", 4: "all", 8: "all"},
+    ("reduce_scatter", "low_precision"): {1: "all", 4: "all", 8: "all"},
+    ("reduce_scatter", "no_tail"): {1: "some", 4: "all", 8: "all"},
+    ("all_to_all", "rank_order"): {1: "none", 4: "all", 8: "all"},
+    ("all_to_all", "no_tail"): {1: "all", 4: "all", 8: "all"},
+    ("all_to_all", "splits_transposed"): {1: "none", 4: "splits=uneven", 8: "splits=uneven"},
+    ("broadcast", "root_zero"): {1: "none", 4: "root!=0", 8: "root!=0"},
+    ("broadcast", "no_tail"): {1: "some", 4: "all", 8: "all"},
+    ("broadcast", "root_out_unwritten"): {1: "inplace=false", 4: "inplace=false",
+                                          8: "inplace=false"},
+}
+
+
+def _must_fail(rule: str, case_id: str) -> bool | None:
+    if rule in ("all", "none"):
+        return rule == "all"
+    if rule == "some":
+        return None
+    if rule == "root!=0":
+        return "root=0" not in case_id
+    return rule in case_id
 
 
 def test_negative_controls_and_a_wrong_user_callable_fail_with_exit_1(tmp_path):
-    out = harness(tmp_path, "run", "allreduce", "--world-sizes", "1,4,8", "--no-bench",
-                  "--impl", "drop_rank", "--impl", "low_precision",
-                  "--impl", "harness_test_impls:off_by_one")
+    controls = sorted({impl for _, impl in _COLLECTIVE_CONTROLS})
+    args = [a for c in controls for a in ("--impl", c)]
+    out = harness(tmp_path, "run", "collectives", "--world-sizes", "1,4,8", "--no-bench",
+                  *args, "--impl", "harness_test_impls:off_by_one")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "FAIL w4 allreduce[" in out.stdout and "not bitwise equal" in out.stdout
-    results = rows(tmp_path / "h.db", "SELECT world_size, impl, status, wrong FROM results")
+    results = rows(tmp_path / "h.db", "SELECT world_size, op, case_id, impl, status, wrong, "
+                                      "reason FROM results ORDER BY started_at")
     by = {}
     for r in results:
-        by.setdefault((r["impl"], r["world_size"]), []).append(r)
-    # a dropped rank is invisible at one rank and must be caught at every larger world size
-    for w in (4, 8):
-        assert all(r["status"] == "fail" and r["wrong"] > 0 for r in by[("drop_rank", w)])
-    assert all(r["status"] == "pass" for r in by[("drop_rank", 1)])
+        by.setdefault((r["op"], r["impl"], r["world_size"]), []).append(r)
+    for (op, impl), rules in _COLLECTIVE_CONTROLS.items():
+        for w, rule in rules.items():
+            got = by[(op, impl, w)]
+            assert got, (op, impl, w)
+            for r in got:
+                must = _must_fail(rule, r["case_id"])
+                if must is not None:
+                    assert (r["status"] == "fail") == must, (impl, w, r)
+                if r["status"] == "fail":
+                    assert r["wrong"] > 0, r
+            if rule == "some":
+                assert any(r["status"] == "fail" for r in got), (op, impl, w)
+    # the stale buffer is caught by the call on moved memory, and says so (a later case of
+    # the same shape already reads the first case's poisoned buffer on its first call)
     for w in (1, 4, 8):
-        assert any(r["status"] == "fail" for r in by[("low_precision", w)])
-        assert all(r["status"] == "fail" for r in by[("harness_test_impls:off_by_one", w)])
+        stale = by[("allgather", "stale_buffer", w)]
+        assert stale[0]["reason"].startswith("with the inputs moved to fresh shifted memory")
+    for w in (1, 4, 8):
+        assert all(r["status"] == "fail"
+                   for r in by[("allreduce", "harness_test_impls:off_by_one", w)])
 
 
 def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(tmp_path):

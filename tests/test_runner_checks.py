@@ -1,0 +1,160 @@
+"""The runner's checks on one process: output buffers poisoned, inputs moved to shifted memory
+with the old buffers poisoned, the last timed repeat re-checked, read-only inputs guarded, and
+the peak memory of a call. Each check is shown catching the bug class it exists for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import memory
+from harness.buffers import poisoned
+from harness.inputs import generate
+from harness.runner import run_case
+from harness.runtime import World
+from harness.spec import Case, OpSpec
+from harness.timing import TimingConfig
+
+TIMING = TimingConfig(warmup=1, min_repeats=3, max_repeats=6, budget_s=0.01)
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World.from_mpi("cpu", timeout_s=60)
+
+
+def _inputs(params, rank, world_size):
+    n = params["n"]
+    x = generate((n,), torch.float32, seed=7, dist="uniform")
+    out = x if params.get("inplace") else poisoned(n, torch.float32)
+    return {"x": x, "out": out}
+
+
+def _reference(x, out):
+    return x * 2
+
+
+def doubled(x, out):
+    return torch.mul(x, 2, out=out)
+
+
+def _spec(**extra) -> OpSpec:
+    return OpSpec(name="toy_double", family="toy", reference=_reference, make_inputs=_inputs,
+                  grid={"smoke": [{"n": 1031}]}, implementations={"ok": doubled},
+                  out_buffers={"out": "out"}, **extra)
+
+
+def _run(world, fn, params=None, bench=True, **extra):
+    case = Case(_spec(**extra), params or {"n": 1031}, 1)
+    return run_case(world, case, fn.__name__, fn, bench=bench, timing=TIMING)
+
+
+def test_a_correct_implementation_passes_every_check(world):
+    r = _run(world, doubled)
+    assert r.status == "pass", r.reason
+    assert r.checks == ["poisoned_outputs", "shifted_buffers", "after_timing"]
+    assert r.timing["n"] >= 3 and r.output_hash
+
+
+def test_an_unwritten_element_stays_poisoned_and_fails(world):
+    def skips_last(x, out):
+        torch.mul(x[:-1], 2, out=out[:-1])
+        return out
+
+    r = _run(world, skips_last, bench=False)
+    assert r.status == "fail" and r.wrong == 1
+    assert r.outputs["out"]["metrics"]["n_nan"] == 1
+    assert "moved" not in r.reason  # caught by the first call already
+
+
+def test_a_new_tensor_instead_of_the_buffer_is_a_contract_error(world):
+    def allocates(x, out):
+        return x * 2
+
+    r = _run(world, allocates, bench=False)
+    assert r.status == "error" and "must be written into the buffer passed as 'out'" in r.reason
+
+
+_REGISTERED: dict = {}
+
+
+def test_reading_a_stale_registered_buffer_fails_only_after_the_move(world):
+    def stale(x, out):
+        source = _REGISTERED.setdefault((x.shape, x.dtype), x)
+        return torch.mul(source, 2, out=out)
+
+    r = _run(world, stale, bench=False)
+    assert r.status == "fail"
+    assert r.reason.startswith("with the inputs moved to fresh shifted memory")
+    assert r.wrong == 1031
+
+
+def test_an_implementation_that_breaks_after_warm_up_fails_the_check_after_timing(world):
+    calls = {"n": 0}
+
+    def autotuned(x, out):
+        # a tuner that switches to a faster config without the scalar tail after two calls
+        calls["n"] += 1
+        if calls["n"] <= 2:
+            return torch.mul(x, 2, out=out)
+        body = x.numel() - x.numel() % 4
+        torch.mul(x[:body], 2, out=out[:body])
+        return out
+
+    r = _run(world, autotuned)
+    assert r.status == "fail" and r.timing is not None
+    assert r.reason.startswith("after the timed repeats")
+    assert r.checks[-1] == "after_timing"
+
+
+def test_writing_a_read_only_input_is_an_error_and_nan_inputs_are_not_mistaken_for_it(world):
+    def clobbers(x, out):
+        torch.mul(x, 2, out=out)
+        x.zero_()
+        return out
+
+    r = _run(world, clobbers, bench=False)
+    assert r.status == "error" and "input 'x' was modified" in r.reason
+
+    def nan_inputs(params, rank, world_size):
+        inputs = _inputs(params, rank, world_size)
+        inputs["x"][3] = float("nan")
+        return inputs
+
+    spec = _spec()
+    spec.make_inputs = nan_inputs
+    r = run_case(world, Case(spec, {"n": 1031}, 1), "ok", doubled, bench=False)
+    assert r.status == "pass", r.reason
+
+
+def test_in_place_cases_skip_the_check_after_timing_and_must_alias(world):
+    r = _run(world, doubled, params={"n": 1031, "inplace": True}, inplace_inputs=("x",))
+    assert r.status == "pass", r.reason
+    assert r.checks == ["poisoned_outputs", "shifted_buffers"]
+
+
+def test_peak_memory_counts_the_temporaries_of_the_call(world):
+    def with_temporary(x, out):
+        scratch = torch.ones(8 << 20)  # 32 MiB, touched
+        torch.mul(x, scratch[: x.numel()] * 2, out=out)
+        return out
+
+    lean = _run(world, doubled, bench=False)
+    heavy = _run(world, with_temporary, bench=False)
+    assert heavy.status == lean.status == "pass"
+    if heavy.peak_memory_kind == memory.NOT_MEASURED:
+        pytest.skip("this system has no per-call peak memory (no /proc/self/clear_refs)")
+    assert heavy.peak_memory_kind == memory.CPU_KIND
+    assert heavy.peak_memory_bytes >= 30 << 20
+    assert lean.peak_memory_bytes < 4 << 20
+
+
+def test_without_the_proc_files_peak_memory_is_labelled_not_measured(tmp_path):
+    with memory.PeakMemory(torch.device("cpu"), proc=tmp_path / "missing") as mem:
+        torch.ones(1 << 20)
+    assert mem.bytes is None and mem.kind == memory.NOT_MEASURED
+
+
+def test_shift_buffers_off_skips_the_move(world):
+    r = _run(world, doubled, bench=False, shift_buffers=False)
+    assert r.status == "pass" and r.checks == ["poisoned_outputs"]
