@@ -65,8 +65,8 @@ def allgather(inputs: Sequence[torch.Tensor], splits: Sequence[int] | None = Non
         raise ValueError("allgather needs the input of at least one rank")
     flat = [x.reshape(-1) for x in inputs]
     n = flat[0].numel()
-    if any(f.numel() != n for f in flat):
-        raise ValueError("allgather needs the same count on every rank")
+    if any(f.numel() != n or f.dtype != flat[0].dtype for f in flat):
+        raise ValueError("allgather needs the same count and dtype on every rank")
     splits = [n] if splits is None else list(splits)
     if sum(splits) != n or any(s < 0 for s in splits):
         raise ValueError(f"splits {splits} do not add up to the per-rank count {n}")
@@ -86,8 +86,12 @@ def reduce_scatter(
 ) -> torch.Tensor:
     """Piece ``rank`` of the elementwise reduction of every rank's input: each input holds W
     equal pieces, and rank r receives the reduction of piece r (the allreduce, scattered)."""
+    if not inputs:
+        raise ValueError("reduce_scatter needs the input of at least one rank")
     world = len(inputs)
     numel = inputs[0].numel()
+    if any(x.numel() != numel for x in inputs):
+        raise ValueError("reduce_scatter needs the same count on every rank")
     if numel % world:
         raise ValueError(f"reduce_scatter input of {numel} elements does not split into "
                          f"{world} equal pieces")
@@ -109,6 +113,10 @@ def all_to_all(
     world = len(inputs)
     if len(send_counts) != world or any(len(row) != world for row in send_counts):
         raise ValueError(f"send_counts must be {world} x {world}")
+    if any(c < 0 for row in send_counts for c in row):
+        raise ValueError("send_counts must not be negative")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a world of {world}")
     received = []
     for j, x in enumerate(inputs):
         row = list(send_counts[j])
