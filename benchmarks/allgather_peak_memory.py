@@ -42,8 +42,8 @@ def main() -> int:
     peaks: dict[int, dict[str, tuple[int | None, str]]] = {}
     for world, impl, peak, kind in rows:
         peaks.setdefault(world, {})[impl] = (peak, kind)
-    print(f"| W | bulk peak (MB) | sequential peak (MB) | bulk / sequential | bulk temporary "
-          f"W*n*4 (MB) | measured as |")
+    print("| W | bulk peak (MB) | sequential peak (MB) | bulk / sequential | bulk temporary "
+          "W*n*4 (MB) | measured as |")
     print("|---|---|---|---|---|---|")
     for world, by in sorted(peaks.items()):
         (bulk, kind), (seq, _) = by["bulk"], by["sequential"]

@@ -21,7 +21,7 @@ from harness.inputs import dtype_from_name
 from harness.spec import OpSpec, Work
 from reference_kernels import collectives as ref
 
-from .common import as_bytes, dist_fn, host, rank_values, sweep_counts, unique
+from .common import as_bytes, dist_fn, gather_rows, host, rank_values, sweep_counts, unique
 
 
 def splits_for(n: int, tensors: int) -> tuple[int, ...]:
@@ -106,9 +106,7 @@ def allgather_bulk(world: Any, x: torch.Tensor, out: torch.Tensor, splits: Seque
                    ) -> torch.Tensor:
     """One coalesced allgather of the whole flat shard into a temporary (W, n) buffer, then
     a copy of each parameter into place (ZeRO-3's default)."""
-    flat = torch.empty(world.size * x.numel(), dtype=x.dtype, device=x.device)
-    dist_fn("all_gather_single", "all_gather_into_tensor")(flat, x, group=world.group)
-    rows = flat.view(world.size, x.numel())
+    rows = gather_rows(world, x)
     start = 0
     for (_, region), count in zip(_pieces(x, out, splits, world.size), splits, strict=True):
         region.view(world.size, count).copy_(rows[:, start : start + count])
@@ -142,9 +140,7 @@ def allgather_no_tail(world: Any, x: torch.Tensor, out: torch.Tensor, splits: Se
                       ) -> torch.Tensor:
     """Bug: a 4-wide vectorised copy-out without the scalar tail: the last count % 4 elements
     of every piece are never written."""
-    flat = torch.empty(world.size * x.numel(), dtype=x.dtype, device=x.device)
-    dist_fn("all_gather_single", "all_gather_into_tensor")(flat, x, group=world.group)
-    rows = flat.view(world.size, x.numel())
+    rows = gather_rows(world, x)
     start = 0
     for (_, region), count in zip(_pieces(x, out, splits, world.size), splits, strict=True):
         body = count - count % 4

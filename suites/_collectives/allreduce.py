@@ -23,8 +23,8 @@ from reference_kernels import collectives as ref
 from .common import (
     MPI_WIRE,
     as_array,
-    dist_fn,
     exact_bound,
+    gather_rows,
     host,
     is_same,
     mpi_op,
@@ -113,14 +113,6 @@ def allreduce_mpi(world: Any, x: torch.Tensor, out: torch.Tensor, op: str) -> to
     return out
 
 
-def _allgather_rows(world: Any, x: torch.Tensor) -> torch.Tensor:
-    """(W, *x.shape) buffer holding every rank's input."""
-    flat = x.contiguous().reshape(-1)
-    buf = torch.empty(world.size * flat.numel(), dtype=x.dtype, device=x.device)
-    dist_fn("all_gather_single", "all_gather_into_tensor")(buf, flat, group=world.group)
-    return buf.view(world.size, *x.shape)
-
-
 def _reduce_rows(rows: torch.Tensor, op: str, acc: torch.dtype) -> torch.Tensor:
     a = rows.to(acc)
     if op in ("sum", "avg"):
@@ -134,7 +126,7 @@ def _reduce_rows(rows: torch.Tensor, op: str, acc: torch.dtype) -> torch.Tensor:
 def allreduce_tile(world: Any, x: torch.Tensor, out: torch.Tensor, op: str) -> torch.Tensor:
     """Mirage's decomposition: allgather into a (W, ...) buffer, then a local float32
     reduction (int64 for integers)."""
-    rows = _allgather_rows(world, x)
+    rows = gather_rows(world, x)
     acc = torch.float32 if x.dtype.is_floating_point else torch.int64
     return out.copy_(_reduce_rows(rows, op, acc))
 
@@ -143,7 +135,7 @@ def allreduce_tile(world: Any, x: torch.Tensor, out: torch.Tensor, op: str) -> t
 def allreduce_drop_rank(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
                         ) -> torch.Tensor:
     """Bug: the last rank's contribution is lost (an off-by-one in the ring)."""
-    rows = _allgather_rows(world, x)
+    rows = gather_rows(world, x)
     if world.size > 1:
         rows = rows[:-1]
     acc = torch.float64 if x.dtype.is_floating_point else torch.int64
@@ -174,7 +166,7 @@ def allreduce_low_precision(world: Any, x: torch.Tensor, out: torch.Tensor, op: 
                             ) -> torch.Tensor:
     """Bug: partial results are kept in a narrower type than the data (bf16 for float32,
     fp8 for 16-bit floats, int16 for int32)."""
-    return out.copy_(reduce_low_precision(_allgather_rows(world, x), op, x.dtype))
+    return out.copy_(reduce_low_precision(gather_rows(world, x), op, x.dtype))
 
 
 # ---------------------------------------------------------------- grids

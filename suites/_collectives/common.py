@@ -100,6 +100,14 @@ def dist_fn(new: str, old: str) -> Any:
     return getattr(dist, new, None) or getattr(dist, old)
 
 
+def gather_rows(world: Any, x: torch.Tensor) -> torch.Tensor:
+    """(W, *x.shape): every rank's x, gathered through one flat buffer."""
+    flat = x.contiguous().reshape(-1)
+    buf = torch.empty(world.size * flat.numel(), dtype=x.dtype, device=x.device)
+    dist_fn("all_gather_single", "all_gather_into_tensor")(buf, flat, group=world.group)
+    return buf.view(world.size, *x.shape)
+
+
 # ---------------------------------------------------------------- mpi4py
 # MPI has no standard 16-bit float datatype: reductions on half types travel as float32, which
 # is exact for the conversion and at least as accurate for the arithmetic. Data movement sends

@@ -18,6 +18,7 @@ from .common import (
     MPI_WIRE,
     as_array,
     dist_fn,
+    gather_rows,
     host,
     mpi_op,
     native_avg,
@@ -84,13 +85,6 @@ def reduce_scatter_mpi(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
 
 
 # ---------------------------------------------------------------- negative controls
-def _all_rows(world: Any, x: torch.Tensor) -> torch.Tensor:
-    rows = torch.empty(world.size * x.numel(), dtype=x.dtype, device=x.device)
-    dist_fn("all_gather_single", "all_gather_into_tensor")(rows, x.contiguous(),
-                                                           group=world.group)
-    return rows.view(world.size, x.numel())
-
-
 def reduce_scatter_wrong_piece(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
                                ) -> torch.Tensor:
     """Bug: rank r keeps piece r+1 (a rotated ring schedule). Invisible at one rank."""
@@ -112,7 +106,7 @@ def reduce_scatter_low_precision(world: Any, x: torch.Tensor, out: torch.Tensor,
     """Bug: partial results kept in a narrower type than the data (bf16 for float32, fp8 for
     16-bit floats, int16 for int32)."""
     n = out.numel()
-    rows = _all_rows(world, x)[:, world.rank * n : (world.rank + 1) * n]
+    rows = gather_rows(world, x)[:, world.rank * n : (world.rank + 1) * n]
     return out.copy_(reduce_low_precision(rows, op, x.dtype))
 
 
