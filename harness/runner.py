@@ -33,7 +33,7 @@ from harness.buffers import ALIGN_BYTES, lies_within, nbytes, overlaps, poison_,
 from harness.memory import NOT_MEASURED, PeakMemory
 from harness.results import CaseResult
 from harness.runtime import World
-from harness.spec import Case
+from harness.spec import Case, OpSpec
 from harness.timing import TimingConfig, derived, time_call
 
 
@@ -120,7 +120,7 @@ def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
     """Inputs an implementation may write: the output buffers, the in-place inputs of an
     in-place case, and every input that overlaps one of them (x as a slice of out)."""
     spec = case.spec
-    roots = set(spec.out_buffers.values())
+    roots = set(spec.out_buffers.values()) | set(spec.readwrite_inputs)
     if case.params.get("inplace"):
         roots |= set(spec.inplace_inputs)
     root_tensors = [inputs[r] for r in roots if isinstance(inputs.get(r), torch.Tensor)]
@@ -286,9 +286,9 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                       cfg: TimingConfig, checks: list[str]) -> None:
     """Time over rotating shifted copies of the inputs, then check the last output again."""
     spec = case.spec
-    out_names = set(spec.out_buffers.values())
+    out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
     # in-place cases change their inputs on every repeat: their last output is not checkable
-    recheck = writable <= out_names
+    recheck = writable <= out_names | set(spec.readwrite_inputs)
     slots = [inputs]
     if spec.shift_buffers:
         size = max(nbytes(inputs), 1)
@@ -340,18 +340,20 @@ def _judge(gathered: list[tuple[str, dict[str, Any]]], case: Case
         return "error", f"rank {rank}: {msg}{more}", {}, 0
     verdict: tuple[str, str, dict[str, Any], int] = ("pass", "", {}, 0)
     for stage in gathered[0][1]:
-        verdict = _judge_stage([stages[stage] for _, stages in gathered], stage)
+        verdict = _judge_stage([stages[stage] for _, stages in gathered], stage, case.spec)
         if verdict[0] != "pass":
             break
     return verdict
 
 
-def _judge_stage(per_rank: list[dict[str, Any]], stage: str
+def _judge_stage(per_rank: list[dict[str, Any]], stage: str, spec: OpSpec
                  ) -> tuple[str, str, dict[str, Any], int]:
     outputs: dict[str, Any] = {}
     reasons: list[str] = []
+    failed: list[str] = []
     wrong = 0
-    for name in per_rank[0]:
+    order = {name: i for i, name in enumerate(spec.outputs)}
+    for name in sorted(per_rank[0], key=lambda n: order.get(n, len(order))):
         tol_dict = per_rank[0][name]["tolerance"]
         tol = compare.Tolerance.from_dict(tol_dict)
         merged = compare.Metrics.merge(
@@ -361,6 +363,11 @@ def _judge_stage(per_rank: list[dict[str, Any]], stage: str
         outputs[name] = {"metrics": merged.to_dict(), "tolerance": tol_dict, "passed": ok}
         if not ok:
             reasons.append(f"{name}: {why}")
+            failed.append(name)
     if not reasons:
         return "pass", "", outputs, wrong
-    return "fail", _STAGE_PREFIX.get(stage, "") + "; ".join(reasons), outputs, wrong
+    text = "; ".join(reasons)
+    if spec.pipeline:
+        later = f"; later stages diverging too: {', '.join(failed[1:])}" if failed[1:] else ""
+        text = f"first divergence at stage {failed[0]!r}: {reasons[0].split(': ', 1)[1]}{later}"
+    return "fail", _STAGE_PREFIX.get(stage, "") + text, outputs, wrong

@@ -91,6 +91,12 @@ class OpSpec:
     #: {output name: input name}: the implementation must write that output into the buffer
     #: the harness passes as that input (poisoned first, so unwritten elements fail)
     out_buffers: Mapping[str, str] = field(default_factory=dict)
+    #: inputs every call updates in place (a KV cache): writable, never poisoned; the update
+    #: must be idempotent (the same call twice leaves the same state)
+    readwrite_inputs: tuple[str, ...] = ()
+    #: the outputs are a pipeline's stages, in order: a failure names the first stage whose
+    #: output diverges
+    pipeline: bool = False
     #: re-run the check on inputs moved to fresh, shifted memory with the old buffers
     #: poisoned, and rotate shifted copies between timed repeats (off for inputs too big
     #: to copy)

@@ -1,0 +1,224 @@
+"""Reference semantics of the task types of a persistent megakernel on Hopper (Mirage).
+
+bf16 data, float32 arithmetic, one rounding to the output dtype at the end of each task (the
+task writes its output tile once). eps is 1e-6 in every norm. Weights use nn.Linear's layout
+(out_features, in_features). Every function is a plain torch function of its inputs, written
+for reading, not for speed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+EPS = 1e-6
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """out[b] = weight[ids[b, 0]] for ids of shape (B, 1); a negative id gives a zero row."""
+    flat = ids.reshape(-1).to(torch.int64)
+    out = torch.zeros(flat.numel(), weight.shape[1], dtype=weight.dtype)
+    valid = flat >= 0
+    out[valid] = weight[flat[valid]]
+    return out
+
+
+def _rms_scale(x32: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """bf16(x32 * rsqrt(mean(x32^2) + eps) * w32) over the last dim, rounded once."""
+    x32 = x.float()
+    return (x32 * _rms_scale(x32, eps) * weight.float()).to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T with float32 accumulation, rounded once."""
+    return (x.float() @ weight.float().T).to(x.dtype)
+
+
+def linear_with_residual(x: torch.Tensor, weight: torch.Tensor,
+                         residual: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T + residual, accumulated in float32, rounded once. Under tensor parallelism
+    only rank 0 adds the residual, so it counts once after the sum allreduce."""
+    return (x.float() @ weight.float().T + residual.float()).to(x.dtype)
+
+
+def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
+                   eps: float = EPS) -> torch.Tensor:
+    """rmsnorm(x) * norm_weight, kept in float32 inside the fused task, then @ weight.T."""
+    x32 = x.float()
+    normed = x32 * _rms_scale(x32, eps) * norm_weight.float()
+    return (normed @ weight.float().T).to(x.dtype)
+
+
+def interleave_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor, groups: int) -> torch.Tensor:
+    """The fused gate/up weight of the silu_mul tasks: cat over g of (w_gate.chunk(G)[g],
+    w_up.chunk(G)[g]), so each of the G task chunks holds its own [gate | up] rows."""
+    gates, ups = w_gate.chunk(groups), w_up.chunk(groups)
+    return torch.cat([t for g in range(groups) for t in (gates[g], ups[g])])
+
+
+def silu_mul(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """x (B, 2I) holds G interleaved [gate | up] chunks: out = bf16(silu(gate32)) * up, (B, I)."""
+    b = x.shape[0]
+    m = x.view(b, groups, 2, -1)
+    gate = torch.nn.functional.silu(m[:, :, 0].float()).to(x.dtype)
+    return (gate.float() * m[:, :, 1].float()).to(x.dtype).reshape(b, -1)
+
+
+def silu_mul_linear_with_residual(x: torch.Tensor, weight: torch.Tensor,
+                                  residual: torch.Tensor) -> torch.Tensor:
+    """(silu(x[:, :I]) * x[:, I:]) @ weight.T + residual: the product stays in float32 inside
+    the fused task; the residual is added by rank 0 only under tensor parallelism."""
+    half = x.shape[1] // 2
+    h = torch.nn.functional.silu(x[:, :half].float()) * x[:, half:].float()
+    return (h @ weight.float().T + residual.float()).to(x.dtype)
+
+
+def argmax_partial(logits: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per chunk of ``chunk`` columns: the max value and its chunk-relative index (the first
+    one on ties). The vocab is padded with zero columns to a multiple of the chunk, as the
+    LM head's weight is padded with zero rows (so a padded 0 can win over negative logits:
+    that is the kernel's behaviour, and the reference keeps it)."""
+    b, v = logits.shape
+    padded = math.ceil(v / chunk) * chunk
+    full = torch.zeros(b, padded, dtype=logits.dtype)
+    full[:, :v] = logits
+    values, index = full.view(b, -1, chunk).float().max(dim=-1)
+    # torch.max's index on ties is not documented to be the first: make it so
+    blocks = full.view(b, -1, chunk).float()
+    first = (blocks == values.unsqueeze(-1)).int().argmax(dim=-1)
+    return values.to(logits.dtype), first.to(torch.int64)
+
+
+def argmax_reduce(values: torch.Tensor, index: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Global index (B, 1) int64: the first chunk holding the max, offset by chunk * c."""
+    best = (values.float() == values.float().max(dim=-1, keepdim=True).values).int().argmax(-1)
+    return (best * chunk + index.gather(1, best.unsqueeze(1)).squeeze(1)).unsqueeze(1)
+
+
+def argmax(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """argmax over the (padded) vocab through the partial and reduce tasks: (B, 1) int64."""
+    values, index = argmax_partial(logits, chunk)
+    return argmax_reduce(values, index, chunk)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """NeoX RoPE's rotation: (x1, x2) -> (-x2, x1) over the two halves of the last dim."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def rope(x32: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with cos/sin rows for each token's absolute position."""
+    return x32 * cos.float() + rotate_half(x32) * sin.float()
+
+
+def rope_tables(max_pos: int, dim: int, base: float = 10000.0) -> tuple[torch.Tensor, ...]:
+    """NeoX cos/sin tables (max_pos, dim) in float32: angle p * base**(-2i/dim), repeated for
+    both halves."""
+    inv = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def paged_attention_decode(
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    q_norm_weight: torch.Tensor,
+    k_norm_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    tokens: int,
+    eps: float = EPS,
+) -> dict[str, torch.Tensor]:
+    """Decode attention over a paged KV cache, for R requests of ``tokens`` new tokens each.
+
+    qkv: (R*T, Hkv*(G+2)*D), per KV group g the row holds [G q heads | k | v] (G = Hq/Hkv).
+    Caches: (max_pages, page_size, Hkv, D); request r owns pages
+    kv_indices[kv_indptr[r]:kv_indptr[r+1]] and holds seq_len = (pages-1)*page_size +
+    last_page_len[r] tokens, its new ones included; new token t sits at position
+    seq_len - T + t. q and k get a per-head RMSNorm over D, then NeoX RoPE by absolute
+    position; the cache receives the normed and roped k (bf16) and the raw v. Key j is visible
+    to token t iff j <= seq_len - T + t; scale 1/sqrt(D). Returns {"out": (R*T, Hq*D),
+    "k_cache", "v_cache"} (new caches; the inputs are left alone).
+    """
+    page_size, hkv, dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    if hkv != num_kv_heads or num_q_heads % num_kv_heads:
+        raise ValueError("cache heads must equal num_kv_heads, which must divide num_q_heads")
+    group = num_q_heads // num_kv_heads
+    requests = kv_indptr.numel() - 1
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    rows = qkv.view(requests * tokens, num_kv_heads, group + 2, dim)
+    q = rows[:, :, :group].reshape(requests * tokens, num_q_heads, dim).float()
+    k, v = rows[:, :, group].float(), rows[:, :, group + 1]
+    q = q * _rms_scale(q, eps) * q_norm_weight.float()
+    k = k * _rms_scale(k, eps) * k_norm_weight.float()
+    out = torch.empty(requests * tokens, num_q_heads, dim, dtype=qkv.dtype)
+    for r in range(requests):
+        pages = kv_indices[kv_indptr[r] : kv_indptr[r + 1]].to(torch.int64)
+        seq_len = (pages.numel() - 1) * page_size + int(last_page_len[r])
+        first = seq_len - tokens
+        for t in range(tokens):
+            row, pos = r * tokens + t, first + t
+            q_t = rope(q[row], cos[pos], sin[pos]).to(qkv.dtype)
+            k_t = rope(k[row], cos[pos], sin[pos]).to(qkv.dtype)
+            page, slot = pages[pos // page_size], pos % page_size
+            k_cache[page, slot], v_cache[page, slot] = k_t, v[row]
+        keys = k_cache[pages].reshape(-1, hkv, dim)[:seq_len].float()  # (S, Hkv, D)
+        values = v_cache[pages].reshape(-1, hkv, dim)[:seq_len].float()
+        for t in range(tokens):
+            row, pos = r * tokens + t, first + t
+            q_t = rope(q[row], cos[pos], sin[pos]).to(qkv.dtype).float()  # (Hq, D)
+            kv_head = torch.arange(num_q_heads) // group
+            scores = torch.einsum("hd,shd->hs", q_t, keys[:, kv_head]) / math.sqrt(dim)
+            scores[:, pos + 1 :] = -math.inf  # causal: key j visible iff j <= pos
+            probs = torch.softmax(scores, dim=-1)
+            out[row] = torch.einsum("hs,shd->hd", probs, values[:, kv_head]).to(qkv.dtype)
+    return {"out": out.reshape(requests * tokens, num_q_heads * dim), "k_cache": k_cache,
+            "v_cache": v_cache}
+
+
+def attention_partial(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One KV chunk of split-KV attention for one token: q (Hq, D), k and v (S, Hq, D).
+    Returns the chunk's normalised output (Hq, D) in float32 and its log-sum-exp (Hq,)."""
+    scores = torch.einsum("hd,shd->hs", q.float(), k.float()) / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("hs,shd->hd", torch.exp(scores - lse[:, None]), v.float())
+    return out, lse
+
+
+def merge_attention(outs: list[torch.Tensor], lses: list[torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge chunk results: lse = logsumexp_c(lse_c), out = sum_c exp(lse_c - lse) * out_c."""
+    stacked = torch.stack(lses)  # (C, Hq)
+    lse = torch.logsumexp(stacked, dim=0)
+    weights = torch.exp(stacked - lse)  # (C, Hq)
+    out = sum(w[:, None] * o for w, o in zip(weights, outs, strict=True))
+    return out, lse
+
+
+def attention_split_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int
+                       ) -> dict[str, torch.Tensor]:
+    """Split-KV attention of one token over S keys in chunks of ``chunk``, merged by
+    log-sum-exp: {"out": (Hq, D) in q's dtype, "lse": (Hq,) float32}."""
+    parts = [attention_partial(q, k[s : s + chunk], v[s : s + chunk])
+             for s in range(0, k.shape[0], chunk)]
+    out, lse = merge_attention([p[0] for p in parts], [p[1] for p in parts])
+    return {"out": out.to(q.dtype), "lse": lse}
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """A copy: the task that captures an intermediate result of a pipeline."""
+    return x.clone()

@@ -1,0 +1,214 @@
+"""Attention tasks: paged decode attention (grouped-query, per-head qk RMSNorm, NeoX RoPE,
+paged KV cache written back) and split-KV attention merged by log-sum-exp.
+
+The ``torch`` implementations are vectorised (pages gathered at once, one masked softmax per
+request) where the reference loops token by token: two independent formulations."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from harness import compare
+from harness.inputs import hash32, seed_from
+from harness.spec import OpSpec, Work
+from reference_kernels import hopper_tasks as ref
+
+from .common import ATTENTION_TOLERANCE, BF16, norm_weight, tensor
+
+FAMILY = "hopper_tasks"
+
+
+# ---------------------------------------------------------------- paged decode attention
+def paged_layout(params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                     int]:
+    """kv_indptr, kv_indices (a shuffled, non-contiguous page assignment), last_page_len and
+    the pool size for ``requests`` requests of 1..max_pages pages each."""
+    requests, page_size, max_pages = params["requests"], params["page_size"], params["max_pages"]
+    seed = seed_from("paged_layout", requests, page_size, max_pages)
+    draws = hash32(torch.arange(2 * requests), seed).tolist()
+    pages = [1 + draws[r] % max_pages for r in range(requests)]
+    last = [1 + draws[requests + r] % page_size for r in range(requests)]
+    for r in range(requests):  # room for the new tokens
+        if (pages[r] - 1) * page_size + last[r] < params["tokens"]:
+            pages[r] = max(pages[r], 1 + math.ceil(params["tokens"] / page_size))
+    pool = sum(pages) + 3  # a few pages that belong to nobody (must stay untouched)
+    order = torch.argsort(hash32(torch.arange(pool), seed + 1))
+    indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+    return indptr, order[: sum(pages)].to(torch.int32), torch.tensor(last, dtype=torch.int32), pool
+
+
+def paged_attention_inputs(params: Mapping[str, Any], rank: int, world_size: int
+                           ) -> dict[str, Any]:
+    hq, hkv, d, t = params["hq"], params["hkv"], params["d"], params["tokens"]
+    indptr, indices, last, pool = paged_layout(params)
+    rows = (indptr.numel() - 1) * t
+    cos, sin = ref.rope_tables(pool * params["page_size"], d)
+    cache_shape = (pool, params["page_size"], hkv, d)
+    return {
+        "qkv": tensor("paged_attention", params, "qkv", (rows, hkv * (hq // hkv + 2) * d),
+                      -2.0, 2.0),
+        "k_cache": tensor("paged_attention", params, "k_cache", cache_shape),
+        "v_cache": tensor("paged_attention", params, "v_cache", cache_shape),
+        "kv_indptr": indptr, "kv_indices": indices, "last_page_len": last,
+        "q_norm_weight": norm_weight("paged_attention", params, "qn", d),
+        "k_norm_weight": norm_weight("paged_attention", params, "kn", d),
+        "cos": cos, "sin": sin, "num_q_heads": hq, "num_kv_heads": hkv, "tokens": t,
+    }
+
+
+def _head_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight.float(), eps=ref.EPS)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _paged_attention(qkv, k_cache, v_cache, kv_indptr, kv_indices, last_page_len,
+                     q_norm_weight, k_norm_weight, cos, sin, num_q_heads, num_kv_heads, tokens,
+                     *, rope_first: bool = False, see_self: bool = True):
+    """The torch implementation; the flags plant the negative controls' bugs."""
+    page_size, _, d = k_cache.shape[1:]
+    group = num_q_heads // num_kv_heads
+    rows = qkv.view(-1, num_kv_heads, group + 2, d).float()
+    q = rows[:, :, :group].flatten(1, 2)                       # (R*T, Hq, D)
+    k, v = rows[:, :, group], rows[:, :, group + 1]            # (R*T, Hkv, D)
+    out = torch.empty(qkv.shape[0], num_q_heads, d, dtype=qkv.dtype, device=qkv.device)
+    indptr, indices = kv_indptr.tolist(), kv_indices.to(torch.int64)
+    for r in range(len(indptr) - 1):
+        pages = indices[indptr[r] : indptr[r + 1]]
+        seq_len = (pages.numel() - 1) * page_size + int(last_page_len[r])
+        positions = torch.arange(seq_len - tokens, seq_len, device=qkv.device)
+        rows_r = slice(r * tokens, (r + 1) * tokens)
+        c, s = cos[positions].float()[:, None], sin[positions].float()[:, None]
+        if rope_first:  # bug: RoPE before the per-head norm
+            q_r = _head_norm(_rope(q[rows_r], c, s), q_norm_weight)
+            k_r = _head_norm(_rope(k[rows_r], c, s), k_norm_weight)
+        else:
+            q_r = _rope(_head_norm(q[rows_r], q_norm_weight), c, s)
+            k_r = _rope(_head_norm(k[rows_r], k_norm_weight), c, s)
+        flat_k = k_cache[pages].flatten(0, 1)                  # views of the pages, in order
+        flat_v = v_cache[pages].flatten(0, 1)
+        flat_k[positions] = k_r.to(k_cache.dtype)
+        flat_v[positions] = v[rows_r].to(v_cache.dtype)
+        k_cache[pages] = flat_k.view(-1, page_size, *flat_k.shape[1:])
+        v_cache[pages] = flat_v.view(-1, page_size, *flat_v.shape[1:])
+        keys = flat_k[:seq_len].float().repeat_interleave(group, dim=1)    # (S, Hq, D)
+        values = flat_v[:seq_len].float().repeat_interleave(group, dim=1)
+        key_pos = torch.arange(seq_len, device=qkv.device)
+        visible = (key_pos[None, :] <= positions[:, None]) if see_self else (
+            key_pos[None, :] < positions[:, None])
+        q_bf = q_r.to(qkv.dtype).float()
+        attn = F.scaled_dot_product_attention(
+            q_bf.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+            attn_mask=visible[None], scale=1.0 / math.sqrt(d))            # (Hq, T, D)
+        out[rows_r] = attn.transpose(0, 1).to(qkv.dtype)
+    return {"out": out.flatten(1), "k_cache": k_cache, "v_cache": v_cache}
+
+
+def paged_attention_torch(**inputs: Any) -> dict[str, torch.Tensor]:
+    return _paged_attention(**inputs)
+
+
+def paged_attention_rope_before_norm(**inputs: Any) -> dict[str, torch.Tensor]:
+    """Bug: RoPE is applied before the per-head RMSNorm of q and k."""
+    return _paged_attention(**inputs, rope_first=True)
+
+
+def paged_attention_visibility_off_by_one(**inputs: Any) -> dict[str, torch.Tensor]:
+    """Bug: the causal mask uses j < pos, so a new token does not see its own key."""
+    return _paged_attention(**inputs, see_self=False)
+
+
+def paged_attention_work(params: Mapping[str, Any], world_size: int) -> Work:
+    """Keys read per token: the mean sequence length; 4*S*Hq*D flops per token (qk and pv)."""
+    indptr, _, last, _ = paged_layout(params)
+    pages = (indptr[1:] - indptr[:-1]).float()
+    seq = ((pages - 1) * params["page_size"] + last.float()).sum().item()
+    hq, hkv, d = params["hq"], params["hkv"], params["d"]
+    return Work(flops=4.0 * seq * params["tokens"] * hq * d, bytes=2.0 * 2 * seq * hkv * d)
+
+
+def _attention_case(requests, tokens, hq, hkv, d, page_size, max_pages) -> dict:
+    return {"requests": requests, "tokens": tokens, "hq": hq, "hkv": hkv, "d": d,
+            "page_size": page_size, "max_pages": max_pages}
+
+
+PAGED_ATTENTION = OpSpec(
+    name="hopper_tasks.paged_attention", family=FAMILY, reference=ref.paged_attention_decode,
+    description="Decode attention over a paged KV cache (GQA, qk-norm, NeoX RoPE, write-back).",
+    make_inputs=paged_attention_inputs,
+    outputs=("out", "k_cache", "v_cache"),
+    tolerance={"out": ATTENTION_TOLERANCE, "k_cache": compare.default_for(BF16),
+               "v_cache": compare.exact()},
+    out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
+    readwrite_inputs=("k_cache", "v_cache"),
+    work=paged_attention_work,
+    grid={"smoke": [_attention_case(3, 1, 4, 2, 32, 16, 3), _attention_case(2, 3, 4, 4, 16, 8, 4)],
+          "nightly": [_attention_case(b, t, 32, 8, 128, 64, 64) for b in (1, 4, 16)
+                      for t in (1, 4)]},
+    implementations={"torch": paged_attention_torch},
+    negative_controls={"rope_before_norm": paged_attention_rope_before_norm,
+                       "visibility_off_by_one": paged_attention_visibility_off_by_one},
+)
+
+
+# ---------------------------------------------------------------- split-KV attention
+def split_kv_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    h, d, s = params["heads"], params["d"], params["seq"]
+    return {"q": tensor("split_kv", params, "q", (h, d), -2.0, 2.0),
+            "k": tensor("split_kv", params, "k", (s, h, d), -2.0, 2.0),
+            "v": tensor("split_kv", params, "v", (s, h, d)), "chunk": params["chunk"]}
+
+
+def _split_kv(q, k, v, chunk, *, rescale: bool = True) -> dict[str, torch.Tensor]:
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    outs, lses = [], []
+    for start in range(0, k.shape[0], chunk):
+        scores = torch.einsum("hd,shd->hs", q.float(), k[start : start + chunk].float()) * scale
+        top = scores.amax(-1, keepdim=True)
+        p = torch.exp(scores - top)
+        total = p.sum(-1, keepdim=True)
+        outs.append(torch.einsum("hs,shd->hd", p / total, v[start : start + chunk].float()))
+        lses.append((top + total.log()).squeeze(-1))
+    lse_all = torch.stack(lses)                                   # (C, H)
+    lse = torch.logsumexp(lse_all, dim=0)
+    weights = torch.exp(lse_all - lse) if rescale else torch.full_like(lse_all,
+                                                                       1.0 / len(outs))
+    out = (weights[..., None] * torch.stack(outs)).sum(0)
+    return {"out": out.to(q.dtype), "lse": lse}
+
+
+def split_kv_torch(q, k, v, chunk) -> dict[str, torch.Tensor]:
+    return _split_kv(q, k, v, chunk)
+
+
+def split_kv_merge_without_rescale(q, k, v, chunk) -> dict[str, torch.Tensor]:
+    """Bug: the merge averages the chunks' outputs instead of weighting them by
+    exp(lse_c - lse)."""
+    return _split_kv(q, k, v, chunk, rescale=False)
+
+
+SPLIT_KV = OpSpec(
+    name="hopper_tasks.attention_split_kv", family=FAMILY, reference=ref.attention_split_kv,
+    description="One token's attention in KV chunks, merged by log-sum-exp.",
+    make_inputs=split_kv_inputs, outputs=("out", "lse"),
+    tolerance={"out": ATTENTION_TOLERANCE, "lse": compare.allclose(rtol=1e-5, atol=1e-4)},
+    work=lambda p, w: Work(flops=4.0 * p["seq"] * p["heads"] * p["d"],
+                           bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"]),
+    grid={"smoke": [{"heads": 4, "d": 64, "seq": 300, "chunk": 64},
+                    {"heads": 2, "d": 32, "seq": 77, "chunk": 32}],
+          "nightly": [{"heads": 32, "d": 128, "seq": s, "chunk": 512}
+                      for s in (4096, 32768, 131072)]},
+    implementations={"torch": split_kv_torch},
+    negative_controls={"merge_without_rescale": split_kv_merge_without_rescale},
+)
+
+SPECS = [PAGED_ATTENTION, SPLIT_KV]

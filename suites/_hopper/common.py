@@ -1,0 +1,57 @@
+"""Inputs and tolerances shared by the Hopper task suites.
+
+Weights are scaled so that outputs have unit-order magnitude at every shape (x uniform in
+[-1, 1), a (N, K) weight uniform in [-sqrt(3/K), sqrt(3/K))), so one absolute tolerance means
+the same thing at hidden 256 and at hidden 7168.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from harness import compare
+from harness.inputs import generate, seed_from
+
+BF16 = torch.bfloat16
+
+#: GEMM-like outputs (a reduction over K): DeepGEMM's bf16 GEMM bound on calc_diff, and
+#: elementwise one bf16 ulp at unit magnitude (2**-7) plus the output's own rounding
+GEMM_TOLERANCE = compare.all_of(compare.cos_diff(1e-5), compare.allclose(rtol=1.6e-2, atol=8e-3))
+#: decode attention in bf16 (published threshold: rtol 2e-2, atol 8e-3)
+ATTENTION_TOLERANCE = compare.allclose(rtol=2e-2, atol=8e-3)
+
+
+def tensor(tag: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...],
+           low: float = -1.0, high: float = 1.0, dtype: torch.dtype = BF16,
+           region: object = None) -> torch.Tensor:
+    """A deterministic input named ``name`` of a case (or a region of it), uniform in
+    [low, high)."""
+    key = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return generate(shape, dtype, seed=seed_from(tag, key, name), dist="uniform", low=low,
+                    high=high, region=region)
+
+
+def weight(tag: str, params: Mapping[str, Any], name: str, out_features: int,
+           in_features: int, region: object = None) -> torch.Tensor:
+    """An (out, in) weight scaled so that x @ W.T has unit-order entries."""
+    bound = math.sqrt(3.0 / in_features)
+    return tensor(tag, params, name, (out_features, in_features), -bound, bound, region=region)
+
+
+def norm_weight(tag: str, params: Mapping[str, Any], name: str, size: int) -> torch.Tensor:
+    return tensor(tag, params, name, (size,), 0.5, 1.5)
+
+
+def linear_bf16_accumulation(x: torch.Tensor, weight: torch.Tensor, k_step: int = 16
+                             ) -> torch.Tensor:
+    """The bug of a kernel that keeps its K-loop accumulator in bf16: every k_step slice of
+    the product is added to a bf16 running sum."""
+    acc = torch.zeros(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    for k in range(0, x.shape[1], k_step):
+        part = x[:, k : k + k_step].float() @ weight[:, k : k + k_step].float().T
+        acc = (acc.float() + part).to(x.dtype)
+    return acc

@@ -1,0 +1,327 @@
+"""Single-device Hopper tasks: embedding, rmsnorm, the linear family, silu_mul, argmax and
+identity. ``torch`` implementations run on the harness's device in bf16 with torch's own ops
+(a different code path from the float32 reference); negative controls reproduce real bug
+classes of hand-written task kernels."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from harness import compare
+from harness.inputs import generate, hash32, seed_from
+from harness.spec import OpSpec, Work
+from reference_kernels import hopper_tasks as ref
+
+from .common import (
+    GEMM_TOLERANCE,
+    linear_bf16_accumulation,
+    norm_weight,
+    tensor,
+    weight,
+)
+
+FAMILY = "hopper_tasks"
+HIDDENS = (4096, 5120, 7168)
+BATCHES = (1, 4, 16)
+
+
+def _gemm_work(b: int, n: int, k: int, extra_bytes: int = 0) -> Work:
+    return Work(flops=2.0 * b * n * k, bytes=2.0 * (b * k + n * k + b * n) + extra_bytes)
+
+
+# ---------------------------------------------------------------- embedding
+def embedding_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    b, vocab = params["b"], params["vocab"]
+    ids = generate((b, 1), torch.int64, seed=seed_from("embedding", b, vocab), dist="int",
+                   low=0, high=vocab - 1)
+    ids[::3] = -1  # padding slots: a zero row
+    return {"ids": ids, "weight": tensor("embedding", params, "w", (vocab, params["hidden"]))}
+
+
+def embedding_torch(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    valid = (ids.reshape(-1) >= 0).unsqueeze(1)
+    rows = F.embedding(ids.reshape(-1).clamp_min(0), weight)
+    return torch.where(valid, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+
+def embedding_negative_wraps(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Bug: a negative id indexes from the end (Python-style), reading the last row."""
+    return weight[ids.reshape(-1)]
+
+
+EMBEDDING = OpSpec(
+    name="hopper_tasks.embedding", family=FAMILY, reference=ref.embedding,
+    description="Row gather; a negative id gives a zero row.",
+    make_inputs=embedding_inputs, tolerance=compare.exact(),
+    work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"] + 8 * p["b"]),
+    grid={"smoke": [{"b": 7, "vocab": 1000, "hidden": 256}, {"b": 1, "vocab": 17, "hidden": 64}],
+          "nightly": [{"b": b, "vocab": 152064, "hidden": h} for b in BATCHES for h in HIDDENS]},
+    implementations={"torch": embedding_torch},
+    negative_controls={"negative_wraps": embedding_negative_wraps},
+)
+
+
+# ---------------------------------------------------------------- rmsnorm
+def rmsnorm_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    b, h = params["b"], params["hidden"]
+    return {"x": tensor("rmsnorm", params, "x", (b, h), -2.0, 2.0),
+            "weight": norm_weight("rmsnorm", params, "w", h)}
+
+
+def rmsnorm_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.shape[-1],), weight, eps=ref.EPS)
+
+
+def rmsnorm_rms_of_weighted(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Bug: the fused kernel takes the mean square of x * w instead of x."""
+    y = x.float() * weight.float()
+    return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + ref.EPS)).to(x.dtype)
+
+
+RMSNORM = OpSpec(
+    name="hopper_tasks.rmsnorm", family=FAMILY, reference=ref.rmsnorm,
+    description="RMSNorm over the hidden dim, eps 1e-6, one rounding (H % 256 == 0 on Hopper).",
+    make_inputs=rmsnorm_inputs,
+    work=lambda p, w: Work(bytes=2.0 * (2 * p["b"] * p["hidden"] + p["hidden"])),
+    grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 1, "hidden": 512}],
+          "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]},
+    implementations={"torch": rmsnorm_torch},
+    negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted},
+)
+
+
+# ---------------------------------------------------------------- the linear family
+def linear_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    b, n, k = params["b"], params["n"], params["k"]
+    inputs = {"x": tensor("linear", params, "x", (b, k)), "weight": weight("linear", params, "w",
+                                                                          n, k)}
+    if params.get("residual"):
+        inputs["residual"] = tensor("linear", params, "r", (b, n))
+    return inputs
+
+
+def linear_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, weight)
+
+
+def linear_with_residual_torch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
+                               ) -> torch.Tensor:
+    return torch.addmm(residual.float(), x.float(), weight.float().T).to(x.dtype)
+
+
+def linear_bf16_acc(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Bug: the K loop accumulates in bf16."""
+    return linear_bf16_accumulation(x, weight)
+
+
+def linear_with_residual_bf16_acc(x: torch.Tensor, weight: torch.Tensor,
+                                  residual: torch.Tensor) -> torch.Tensor:
+    """Bug: the K loop accumulates in bf16, then adds the residual."""
+    return (linear_bf16_accumulation(x, weight).float() + residual.float()).to(x.dtype)
+
+
+def _linear_grid(residual: bool) -> dict[str, list[dict]]:
+    # K of 1024 and more: the bf16-accumulation control's error grows with K, and below that
+    # it hides under the GEMM tolerance
+    smoke = [{"b": 4, "n": 384, "k": 1024}, {"b": 1, "n": 100, "k": 2048}]
+    nightly = [{"b": b, "n": n, "k": h} for b in BATCHES for h in HIDDENS
+               for n in (6144, h)]
+    if residual:
+        for case in smoke + nightly:
+            case["residual"] = True
+    return {"smoke": smoke, "nightly": nightly}
+
+
+LINEAR = OpSpec(
+    name="hopper_tasks.linear", family=FAMILY, reference=ref.linear,
+    description="x @ W.T, float32 accumulation.",
+    make_inputs=linear_inputs, tolerance=GEMM_TOLERANCE,
+    work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"]), grid=_linear_grid(False),
+    implementations={"torch": linear_torch},
+    negative_controls={"bf16_accumulation": linear_bf16_acc},
+)
+
+LINEAR_WITH_RESIDUAL = OpSpec(
+    name="hopper_tasks.linear_with_residual", family=FAMILY, reference=ref.linear_with_residual,
+    description="x @ W.T + residual, float32 accumulation.",
+    make_inputs=linear_inputs, tolerance=GEMM_TOLERANCE,
+    work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"], 2 * p["b"] * p["n"]),
+    grid=_linear_grid(True),
+    implementations={"torch": linear_with_residual_torch},
+    negative_controls={"bf16_accumulation": linear_with_residual_bf16_acc},
+)
+
+
+def rmsnorm_linear_inputs(params: Mapping[str, Any], rank: int, world_size: int
+                          ) -> dict[str, Any]:
+    b, n, k = params["b"], params["n"], params["k"]
+    return {"x": tensor("rmsnorm_linear", params, "x", (b, k), -2.0, 2.0),
+            "norm_weight": norm_weight("rmsnorm_linear", params, "nw", k),
+            "weight": weight("rmsnorm_linear", params, "w", n, k)}
+
+
+def rmsnorm_linear_torch(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor
+                         ) -> torch.Tensor:
+    normed = F.rms_norm(x.float(), (x.shape[-1],), norm_weight.float(), eps=ref.EPS)
+    return F.linear(normed, weight.float()).to(x.dtype)
+
+
+def rmsnorm_linear_unweighted(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor
+                              ) -> torch.Tensor:
+    """Bug: the fused task forgets the norm's weight."""
+    normed = F.rms_norm(x.float(), (x.shape[-1],), None, eps=ref.EPS)
+    return F.linear(normed, weight.float()).to(x.dtype)
+
+
+RMSNORM_LINEAR = OpSpec(
+    name="hopper_tasks.rmsnorm_linear", family=FAMILY, reference=ref.rmsnorm_linear,
+    description="RMSNorm fused into the following linear.",
+    make_inputs=rmsnorm_linear_inputs, tolerance=GEMM_TOLERANCE,
+    work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"]),
+    grid={"smoke": [{"b": 4, "n": 384, "k": 256}],
+          "nightly": [{"b": b, "n": 6144, "k": h} for b in BATCHES for h in HIDDENS]},
+    implementations={"torch": rmsnorm_linear_torch},
+    negative_controls={"unweighted": rmsnorm_linear_unweighted},
+)
+
+
+# ---------------------------------------------------------------- silu_mul
+def silu_mul_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    b, inter = params["b"], params["inter"]
+    return {"x": tensor("silu_mul", params, "x", (b, 2 * inter), -4.0, 4.0),
+            "groups": params["groups"]}
+
+
+def silu_mul_torch(x: torch.Tensor, groups: int) -> torch.Tensor:
+    m = x.unflatten(1, (groups, 2, -1))
+    return (F.silu(m[:, :, 0]) * m[:, :, 1]).flatten(1)
+
+
+def silu_mul_not_interleaved(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Bug: the input is read as one [gate | up] pair, ignoring the grouped interleaving."""
+    gate, up = x.chunk(2, dim=1)
+    return F.silu(gate) * up
+
+
+SILU_MUL = OpSpec(
+    name="hopper_tasks.silu_mul", family=FAMILY, reference=ref.silu_mul,
+    description="silu(gate) * up over G interleaved [gate | up] chunks.",
+    make_inputs=silu_mul_inputs,
+    work=lambda p, w: Work(bytes=2.0 * 3 * p["b"] * p["inter"]),
+    grid={"smoke": [{"b": 4, "inter": 256, "groups": 4}, {"b": 3, "inter": 96, "groups": 2}],
+          "nightly": [{"b": b, "inter": i, "groups": 8} for b in BATCHES
+                      for i in (12288, 14336, 18432)]},
+    implementations={"torch": silu_mul_torch},
+    negative_controls={"not_interleaved": silu_mul_not_interleaved},
+)
+
+
+def silu_mul_linear_inputs(params: Mapping[str, Any], rank: int, world_size: int
+                           ) -> dict[str, Any]:
+    b, inter, n = params["b"], params["inter"], params["n"]
+    return {"x": tensor("silu_mul_linear", params, "x", (b, 2 * inter), -2.0, 2.0),
+            "weight": weight("silu_mul_linear", params, "w", n, inter),
+            "residual": tensor("silu_mul_linear", params, "r", (b, n))}
+
+
+def silu_mul_linear_torch(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
+                          ) -> torch.Tensor:
+    gate, up = x.float().chunk(2, dim=1)
+    return torch.addmm(residual.float(), F.silu(gate) * up, weight.float().T).to(x.dtype)
+
+
+def silu_mul_linear_bf16_acc(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
+                             ) -> torch.Tensor:
+    """Bug: the K loop of the down projection accumulates in bf16."""
+    gate, up = x.float().chunk(2, dim=1)
+    h = (F.silu(gate) * up).to(x.dtype)
+    return (linear_bf16_accumulation(h, weight).float() + residual.float()).to(x.dtype)
+
+
+SILU_MUL_LINEAR = OpSpec(
+    name="hopper_tasks.silu_mul_linear_with_residual", family=FAMILY,
+    reference=ref.silu_mul_linear_with_residual,
+    description="(silu(gate) * up) @ W.T + residual, fused.",
+    make_inputs=silu_mul_linear_inputs, tolerance=GEMM_TOLERANCE,
+    work=lambda p, w: _gemm_work(p["b"], p["n"], p["inter"], 2 * p["b"] * p["inter"]),
+    grid={"smoke": [{"b": 4, "inter": 1024, "n": 128}],
+          "nightly": [{"b": b, "inter": i, "n": h} for b in BATCHES
+                      for i, h in ((12288, 4096), (14336, 5120), (18432, 7168))]},
+    implementations={"torch": silu_mul_linear_torch},
+    negative_controls={"bf16_accumulation": silu_mul_linear_bf16_acc},
+)
+
+
+# ---------------------------------------------------------------- argmax
+def argmax_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """Logits in [-1, 1) with one planted maximum per row (so the answer is unique), placed
+    by a hash so that most rows have it past the first chunk."""
+    b, vocab = params["b"], params["vocab"]
+    logits = tensor("argmax", params, "logits", (b, vocab))
+    where = hash32(torch.arange(b), seed_from("argmax.max", b, vocab)) % vocab
+    logits[torch.arange(b), where] = 4.0
+    return {"logits": logits, "chunk": params["chunk"]}
+
+
+def argmax_torch(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    b, v = logits.shape
+    padded = F.pad(logits, (0, (-v) % chunk))
+    values, index = padded.view(b, -1, chunk).max(dim=-1)
+    best = values.argmax(dim=-1, keepdim=True)
+    return best * chunk + index.gather(1, best)
+
+
+def argmax_no_chunk_offset(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Bug: the reduce step returns the chunk-relative index without chunk * CHUNK."""
+    b, v = logits.shape
+    values, index = F.pad(logits, (0, (-v) % chunk)).view(b, -1, chunk).max(dim=-1)
+    return index.gather(1, values.argmax(dim=-1, keepdim=True))
+
+
+ARGMAX = OpSpec(
+    name="hopper_tasks.argmax", family=FAMILY, reference=ref.argmax,
+    description="Greedy sampling: per-chunk partial max, then the reduce over chunks.",
+    make_inputs=argmax_inputs, tolerance=compare.exact(),
+    work=lambda p, w: Work(bytes=2.0 * p["b"] * p["vocab"]),
+    grid={"smoke": [{"b": 5, "vocab": 1000, "chunk": 96}, {"b": 3, "vocab": 64, "chunk": 16}],
+          "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
+                      for v in (128256, 151936, 152064)]},
+    implementations={"torch": argmax_torch},
+    negative_controls={"no_chunk_offset": argmax_no_chunk_offset},
+)
+
+
+# ---------------------------------------------------------------- identity
+def identity_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    return {"x": tensor("identity", params, "x", (params["b"], params["hidden"]))}
+
+
+def identity_torch(x: torch.Tensor) -> torch.Tensor:
+    return x.clone()
+
+
+def identity_last_tile_dropped(x: torch.Tensor) -> torch.Tensor:
+    """Bug: the tile loop stops one 64-column tile early (range(0, H - 64, 64))."""
+    out = torch.zeros_like(x)
+    for start in range(0, x.shape[1] - 64, 64):
+        out[:, start : start + 64] = x[:, start : start + 64]
+    return out
+
+
+IDENTITY = OpSpec(
+    name="hopper_tasks.identity", family=FAMILY, reference=ref.identity,
+    description="A copy: captures an intermediate of a pipeline.",
+    make_inputs=identity_inputs, tolerance=compare.exact(),
+    work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"]),
+    grid={"smoke": [{"b": 4, "hidden": 256}],
+          "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]},
+    implementations={"torch": identity_torch},
+    negative_controls={"last_tile_dropped": identity_last_tile_dropped},
+)
+
+SPECS = [EMBEDDING, RMSNORM, LINEAR, LINEAR_WITH_RESIDUAL, RMSNORM_LINEAR, SILU_MUL,
+         SILU_MUL_LINEAR, ARGMAX, IDENTITY]
