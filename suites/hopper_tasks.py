@@ -8,8 +8,9 @@ One module per kind of task lives in suites/_hopper/; this family module gathers
 from __future__ import annotations
 
 from suites._hopper.attention import SPECS as ATTENTION_SPECS
+from suites._hopper.parallel import SPECS as PARALLEL_SPECS
 from suites._hopper.tasks import SPECS as TASK_SPECS
 
 FAMILY = "hopper_tasks"
 
-SPECS = [*TASK_SPECS, *ATTENTION_SPECS]
+SPECS = [*TASK_SPECS, *ATTENTION_SPECS, *PARALLEL_SPECS]
