@@ -40,6 +40,15 @@ def planned_items(tmp_path: Path, *args: str) -> list[dict]:
     return json.loads(out.stdout)
 
 
+COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all_to_all", "broadcast")
+HOPPER_PARALLEL = ("hopper_tasks.tp_mlp", "hopper_tasks.decoder_layer")
+HOPPER_TASKS = ("hopper_tasks.embedding", "hopper_tasks.rmsnorm", "hopper_tasks.linear",
+                "hopper_tasks.linear_with_residual", "hopper_tasks.rmsnorm_linear",
+                "hopper_tasks.silu_mul", "hopper_tasks.silu_mul_linear_with_residual",
+                "hopper_tasks.argmax", "hopper_tasks.paged_attention",
+                "hopper_tasks.attention_split_kv", "hopper_tasks.identity", *HOPPER_PARALLEL)
+
+
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     """The whole smoke tier at 1, 4 and 8 ranks, once for the tests that read it."""
@@ -60,10 +69,13 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
     assert {(r["world_size"], r["case_id"], r["impl"]) for r in results} == {
         (i["world_size"], i["case_id"], i["impl"]) for i in expected}
     assert {r["world_size"] for r in results} == {1, 4, 8}
-    assert {r["op"] for r in results} >= {"allreduce", "allgather", "reduce_scatter",
-                                          "all_to_all", "broadcast"}
+    assert {r["op"] for r in results} >= set(COLLECTIVES) | set(HOPPER_TASKS)
+    # every Hopper task runs at one rank; the tensor-parallel ones at 4 and 8 as well
+    for op in HOPPER_TASKS:
+        sizes = {r["world_size"] for r in results if r["op"] == op}
+        assert sizes == ({1, 4, 8} if op in HOPPER_PARALLEL else {1}), (op, sizes)
     # every collective has torch and mpi implementations, and all of them pass
-    for op in ("allreduce", "allgather", "reduce_scatter", "all_to_all", "broadcast"):
+    for op in COLLECTIVES:
         assert {r["impl"] for r in results if r["op"] == op} >= {"torch", "mpi"}
     assert {r["impl"] for r in results if r["op"] == "allgather"} == {
         "torch", "mpi", "bulk", "sequential"}
@@ -71,6 +83,8 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
     assert all(r["median_ns"] and r["median_ns"] > 0 for r in results)
     # nccl-tests' bus factors: 2(W-1)/W, (W-1)/W, and 1 for broadcast (busbw = algbw)
     for r in results:
+        if r["op"] not in COLLECTIVES:
+            continue
         if r["op"] == "broadcast" or r["world_size"] > 1:
             assert r["busbw_gbps"] > 0, r
         else:
@@ -80,7 +94,8 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
 def test_collectives_print_like_nccl_tests(smoke_run):
     tmp_path, out = smoke_run
     blocks = {(r["op"], r["world_size"], r["impl"]) for r in rows(
-        tmp_path / "h.db", "SELECT op, world_size, impl FROM results")}
+        tmp_path / "h.db", "SELECT op, world_size, impl FROM results WHERE family = ?",
+        "collectives")}
     assert out.stdout.count("# Avg bus bandwidth    : ") == len(blocks)
     assert out.stdout.count("# Wrong elements       : 0 OK") == len(blocks)
     assert "time    algbw    busbw  #wrong" in out.stdout
@@ -185,6 +200,55 @@ def test_negative_controls_and_a_wrong_user_callable_fail_with_exit_1(tmp_path):
     for w in (1, 4, 8):
         assert all(r["status"] == "fail"
                    for r in by[("allreduce", "harness_test_impls:off_by_one", w)])
+
+
+# every negative control of the Hopper tasks: (op, control) -> where it must fail, and for
+# the decoder layer the stage its report must name as the first divergence
+_HOPPER_CONTROLS = {
+    ("embedding", "negative_wraps"): {1: "all"},
+    ("rmsnorm", "rms_of_weighted"): {1: "all"},
+    ("linear", "bf16_accumulation"): {1: "all"},
+    ("linear_with_residual", "bf16_accumulation"): {1: "all"},
+    ("silu_mul_linear_with_residual", "bf16_accumulation"): {1: "all"},
+    ("rmsnorm_linear", "unweighted"): {1: "all"},
+    ("silu_mul", "not_interleaved"): {1: "all"},
+    ("argmax", "no_chunk_offset"): {1: "some"},
+    ("identity", "last_tile_dropped"): {1: "all"},
+    ("paged_attention", "rope_before_norm"): {1: "all"},
+    ("paged_attention", "visibility_off_by_one"): {1: "all"},
+    ("attention_split_kv", "merge_without_rescale"): {1: "all"},
+    ("tp_mlp", "residual_every_rank"): {1: "none", 4: "all", 8: "all"},
+    ("decoder_layer", "rope_before_norm"): {1: "attn", 4: "attn", 8: "attn"},
+    ("decoder_layer", "residual_every_rank"): {1: "none", 4: "attn_out", 8: "attn_out"},
+    ("decoder_layer", "down_bf16_accumulation"): {1: "out", 4: "out", 8: "out"},
+}
+
+
+def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_path):
+    controls = sorted({impl for _, impl in _HOPPER_CONTROLS})
+    args = [a for c in controls for a in ("--impl", c)]
+    out = harness(tmp_path, "run", "hopper_tasks", "--world-sizes", "1,4,8", "--no-bench",
+                  *args)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    results = rows(tmp_path / "h.db", "SELECT world_size, op, impl, status, reason FROM results")
+    by = {}
+    for r in results:
+        by.setdefault((r["op"].removeprefix("hopper_tasks."), r["impl"], r["world_size"]),
+                      []).append(r)
+    assert {k[:2] for k in by} == set(_HOPPER_CONTROLS)
+    for (op, impl), rules in _HOPPER_CONTROLS.items():
+        for w, rule in rules.items():
+            got = by[(op, impl, w)]
+            statuses = [r["status"] for r in got]
+            if rule == "none":
+                assert set(statuses) == {"pass"}, (op, impl, w, got)
+            elif rule == "some":
+                assert "fail" in statuses, (op, impl, w, got)
+            else:
+                assert set(statuses) == {"fail"}, (op, impl, w, got)
+            if op == "decoder_layer" and rule != "none":
+                assert all(r["reason"].startswith(f"first divergence at stage {rule!r}")
+                           for r in got), got
 
 
 def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(tmp_path):
