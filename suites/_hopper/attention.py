@@ -71,7 +71,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotated * sin
 
 
-def _paged_attention(qkv, k_cache, v_cache, kv_indptr, kv_indices, last_page_len,
+def torch_paged_attention(qkv, k_cache, v_cache, kv_indptr, kv_indices, last_page_len,
                      q_norm_weight, k_norm_weight, cos, sin, num_q_heads, num_kv_heads, tokens,
                      *, rope_first: bool = False, see_self: bool = True):
     """The torch implementation; the flags plant the negative controls' bugs."""
@@ -114,17 +114,17 @@ def _paged_attention(qkv, k_cache, v_cache, kv_indptr, kv_indices, last_page_len
 
 
 def paged_attention_torch(**inputs: Any) -> dict[str, torch.Tensor]:
-    return _paged_attention(**inputs)
+    return torch_paged_attention(**inputs)
 
 
 def paged_attention_rope_before_norm(**inputs: Any) -> dict[str, torch.Tensor]:
     """Bug: RoPE is applied before the per-head RMSNorm of q and k."""
-    return _paged_attention(**inputs, rope_first=True)
+    return torch_paged_attention(**inputs, rope_first=True)
 
 
 def paged_attention_visibility_off_by_one(**inputs: Any) -> dict[str, torch.Tensor]:
     """Bug: the causal mask uses j < pos, so a new token does not see its own key."""
-    return _paged_attention(**inputs, see_self=False)
+    return torch_paged_attention(**inputs, see_self=False)
 
 
 def paged_attention_work(params: Mapping[str, Any], world_size: int) -> Work:

@@ -18,7 +18,7 @@ from harness import compare
 from harness.spec import OpSpec, Work
 from reference_kernels import hopper_tasks as ref
 
-from .attention import _paged_attention, paged_layout
+from .attention import paged_layout, torch_paged_attention
 from .common import (
     ATTENTION_TOLERANCE,
     BF16,
@@ -194,7 +194,7 @@ def _decoder_layer(world: Any, x, w_in, wqkv, q_norm_weight, k_norm_weight, wo, 
     """The tensor-parallel layer in torch; ``bug`` plants a negative control in one stage."""
     out: dict[str, torch.Tensor] = {"norm1": F.rms_norm(x, (x.shape[-1],), w_in, eps=ref.EPS)}
     out["qkv"] = F.linear(out["norm1"], wqkv)
-    attn = _paged_attention(out["qkv"], k_cache, v_cache, kv_indptr, kv_indices, last_page_len,
+    attn = torch_paged_attention(out["qkv"], k_cache, v_cache, kv_indptr, kv_indices, last_page_len,
                             q_norm_weight, k_norm_weight, cos, sin, num_q_heads, num_kv_heads,
                             tokens, rope_first=bug == "rope_before_norm")
     out.update(attn=attn["out"], k_cache=attn["k_cache"], v_cache=attn["v_cache"])
