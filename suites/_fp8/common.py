@@ -1,0 +1,54 @@
+"""Inputs and tolerances of the FP8 suites.
+
+Distributions: ``uniform`` in [-1, 1); ``logmag``, magnitudes 10**U(-3, 3) with random signs
+(six decades: subnormals after scaling, values near the group max); ``edge``, logmag with the
+first 128x128 block all zero (the 1e-4 amax clamp); ``wide``, uniform in [-2 fmax, 2 fmax)
+for a static scale of 1 (saturation)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from harness import compare
+from harness.inputs import generate, seed_from
+from reference_kernels import fp8 as ref
+
+BF16 = torch.bfloat16
+OUT_DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def values(tag: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...]
+           ) -> torch.Tensor:
+    """A bf16 input of ``shape`` drawn from the case's ``dist`` (default uniform)."""
+    key = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    seed = seed_from(tag, key, name)
+    dist = params.get("dist", "uniform")
+    if dist == "uniform":
+        return generate(shape, BF16, seed=seed, low=-1.0, high=1.0)
+    if dist == "wide":
+        fmax = ref.FMAX[params.get("fmt", "e4m3")]
+        return generate(shape, BF16, seed=seed, low=-2 * fmax, high=2 * fmax)
+    if dist not in ("logmag", "edge"):
+        raise ValueError(f"dist {dist!r}: use uniform, logmag, edge or wide")
+    exponent = generate(shape, torch.float64, seed=seed, low=-3.0, high=3.0)
+    sign = generate(shape, torch.float64, seed=seed + 1, dist="sign")
+    x = (sign * torch.pow(10.0, exponent)).to(BF16)
+    if dist == "edge":
+        x[:128, :128] = 0  # an all-zero group
+    return x
+
+
+def unquantized_bound(fmt: str) -> float:
+    """calc_diff against the unquantized float32 product: DeepGEMM's 1e-3 for e4m3; e5m2 has
+    one mantissa bit less, so twice the rounding error and four times the bound."""
+    return 1e-3 if fmt == "e4m3" else 4e-3
+
+
+def gemm_tolerances(fmt: str = "e4m3") -> dict[str, compare.Tolerance]:
+    """allclose against the dequantized reference (gpu-mode fp8-mm: rtol 2e-2, atol 1e-3) and
+    calc_diff against the unquantized product."""
+    return {"out": compare.allclose(rtol=2e-2, atol=1e-3),
+            "out:unquantized": compare.cos_diff(unquantized_bound(fmt))}

@@ -1,0 +1,166 @@
+"""FP8 quantization (per tensor, per token 1x128, per block 128x128; UE8M0 scales; static
+scales that saturate) and Paddle's fused transpose-split-quant. Quantized values and scales
+are checked bitwise against the reference quantizer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from harness import compare
+from harness.spec import OpSpec, Work
+from reference_kernels import fp8 as ref
+
+from .common import values
+
+FAMILY = "fp8_gemm"
+
+
+def quantize_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    return {"x": values("quantize", params, "x", (params["m"], params["k"])),
+            "fmt": params["fmt"], "granularity": params["granularity"],
+            "ue8m0": params["ue8m0"], "scale": 1.0 if params.get("static") else None}
+
+
+def _grouped(x32: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(padded view as [M/rows, rows, K/cols, cols], amax per group)."""
+    m, k = x32.shape
+    padded = F.pad(x32, (0, (-k) % cols, 0, (-m) % rows))
+    blocks = padded.unflatten(0, (-1, rows)).unflatten(2, (-1, cols))
+    return blocks, blocks.abs().amax(dim=(1, 3))
+
+
+def _quantize(x, fmt, granularity, ue8m0, scale, *, group: int = 128, saturate: bool = True):
+    fmax = ref.FMAX[fmt]
+
+    def cast(v: torch.Tensor) -> torch.Tensor:
+        if saturate:
+            return v.clamp(-fmax, fmax).to(ref.FORMATS[fmt])
+        # a cvt without .satfinite: e4m3 has no infinity, so out-of-range becomes NaN
+        v = torch.where(v.abs() > fmax, torch.full_like(v, float("nan")), v) \
+            if fmt == "e4m3" else v
+        return v.to(ref.FORMATS[fmt])
+
+    x32 = x.float()
+    if granularity == "tensor":
+        if scale is not None:
+            s = torch.tensor(float(scale))
+        else:
+            s = x32.abs().max().clamp_min(ref.AMAX_FLOOR) / fmax
+            s = torch.exp2(torch.ceil(torch.log2(s))) if ue8m0 else s
+        return cast(x32 / s), s
+    rows = 1 if granularity == "token" else group
+    blocks, amax = _grouped(x32, rows, group)
+    s = amax.clamp_min(ref.AMAX_FLOOR) / fmax
+    if ue8m0:
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+    q = cast(blocks / s[:, None, :, None]).flatten(2, 3).flatten(0, 1)
+    return q[: x.shape[0], : x.shape[1]], s
+
+
+def quantize_torch(x, fmt, granularity, ue8m0, scale):
+    return _quantize(x, fmt, granularity, ue8m0, scale)
+
+
+def quantize_block_off_by_one(x, fmt, granularity, ue8m0, scale):
+    """Bug: groups of 127 instead of 128."""
+    return _quantize(x, fmt, granularity, ue8m0, scale, group=127)
+
+
+def quantize_saturation_ignored(x, fmt, granularity, ue8m0, scale):
+    """Bug: values beyond the format's max are cast without clamping (NaN in e4m3, inf in
+    e5m2) instead of saturating."""
+    return _quantize(x, fmt, granularity, ue8m0, scale, saturate=False)
+
+
+def _qcase(fmt, granularity, m, k, ue8m0=False, dist="logmag", static=False) -> dict:
+    case = {"fmt": fmt, "granularity": granularity, "m": m, "k": k, "ue8m0": ue8m0,
+            "dist": dist}
+    if static:
+        case["static"] = True
+    return case
+
+
+QUANTIZE = OpSpec(
+    name="fp8_gemm.quantize", family=FAMILY, reference=ref.quantize,
+    description="FP8 quantization per tensor, per token (1x128) or per block (128x128).",
+    make_inputs=quantize_inputs, outputs=("q", "scales"), tolerance=compare.exact(),
+    work=lambda p, w: Work(bytes=3.0 * p["m"] * p["k"]),
+    grid={
+        "smoke": [
+            *[_qcase(f, g, 130, 300) for f in ("e4m3", "e5m2") for g in ("tensor", "token",
+                                                                         "block")],
+            _qcase("e4m3", "token", 130, 300, ue8m0=True),
+            _qcase("e4m3", "block", 256, 256, ue8m0=True, dist="edge"),
+            _qcase("e4m3", "token", 129, 384, dist="edge"),
+            _qcase("e4m3", "tensor", 64, 100, dist="wide", static=True),
+            _qcase("e5m2", "tensor", 64, 100, dist="wide", static=True),
+            _qcase("e4m3", "token", 7, 128, dist="uniform"),
+        ],
+        "nightly": [_qcase(f, g, m, k, ue8m0=u) for f in ("e4m3", "e5m2")
+                    for g in ("token", "block") for m, k in ((4096, 7168), (16384, 2048))
+                    for u in (False, True)],
+    },
+    implementations={"torch": quantize_torch},
+    negative_controls={"block_off_by_one": quantize_block_off_by_one,
+                       "saturation_ignored": quantize_saturation_ignored},
+)
+
+
+# ---------------------------------------------------------------- transpose-split-quant
+def tsq_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    tokens = tuple(params["tokens"])
+    return {"x": values("tsq", params, "x", (sum(tokens), params["k"])),
+            "tokens_per_expert": tokens, "fmt": params["fmt"], "ue8m0": params["ue8m0"]}
+
+
+def tsq_expected(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    outs, scales = ref.transpose_split_quant(**tsq_inputs(params, rank, world_size))
+    return {"q": torch.cat(outs, dim=1), "scales": torch.cat(scales, dim=0)}
+
+
+def _tsq(x, tokens_per_expert: Sequence[int], fmt, ue8m0, *, per_row_scale: bool = False):
+    """Every piece at once: groups of 128 tokens never straddle two experts."""
+    fmax = ref.FMAX[fmt]
+    blocks = x.float().unflatten(0, (-1, 128))               # (M/128, 128, K)
+    amax = blocks.abs().amax(dim=1)                           # (M/128, K)
+    if per_row_scale:  # bug: one scale per 128-token block, over every column
+        amax = amax.amax(dim=1, keepdim=True).expand_as(amax)
+    s = amax.clamp_min(ref.AMAX_FLOOR) / fmax
+    if ue8m0:
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+    q = (blocks / s[:, None, :]).clamp(-fmax, fmax).to(ref.FORMATS[fmt])
+    return q.flatten(0, 1).T.contiguous(), s
+
+
+def tsq_torch(x, tokens_per_expert, fmt, ue8m0):
+    return _tsq(x, tokens_per_expert, fmt, ue8m0)
+
+
+def tsq_scale_per_block_row(x, tokens_per_expert, fmt, ue8m0):
+    """Bug: one scale per 128-token block for all K columns instead of one per column."""
+    return _tsq(x, tokens_per_expert, fmt, ue8m0, per_row_scale=True)
+
+
+TRANSPOSE_SPLIT_QUANT = OpSpec(
+    name="fp8_gemm.transpose_split_quant", family=FAMILY, reference=ref.transpose_split_quant,
+    description="Paddle's fused transpose-split-quant: pieces by expert, each (K, M_i), "
+                "128-token groups per column (pieces concatenated along M).",
+    make_inputs=tsq_inputs, expected=tsq_expected, outputs=("q", "scales"),
+    tolerance=compare.exact(),
+    work=lambda p, w: Work(bytes=3.0 * sum(p["tokens"]) * p["k"]),
+    grid={"smoke": [{"tokens": (128, 0, 256), "k": 200, "fmt": "e4m3", "ue8m0": False,
+                     "dist": "logmag"},
+                    {"tokens": (384,), "k": 64, "fmt": "e4m3", "ue8m0": True,
+                     "dist": "uniform"}],
+          "nightly": [{"tokens": tuple(128 * ((7 * e) % 11) for e in range(n)), "k": 7168,
+                       "fmt": "e4m3", "ue8m0": u, "dist": "uniform"}
+                      for n in (8, 64) for u in (False, True)]},
+    implementations={"torch": tsq_torch},
+    negative_controls={"scale_per_block_row": tsq_scale_per_block_row},
+)
+
+SPECS = [QUANTIZE, TRANSPOSE_SPLIT_QUANT]
