@@ -6,8 +6,9 @@ One module per kind lives in suites/_fp8/; this family module gathers their spec
 
 from __future__ import annotations
 
+from suites._fp8.gemm import SPECS as GEMM_SPECS
 from suites._fp8.quant import SPECS as QUANT_SPECS
 
 FAMILY = "fp8_gemm"
 
-SPECS = [*QUANT_SPECS]
+SPECS = [*QUANT_SPECS, *GEMM_SPECS]

@@ -1,7 +1,9 @@
 """Inputs and tolerances of the FP8 suites.
 
 Distributions: ``uniform`` in [-1, 1); ``logmag``, magnitudes 10**U(-3, 3) with random signs
-(six decades: subnormals after scaling, values near the group max); ``edge``, logmag with the
+(six decades: subnormals after scaling, values near the group max); ``blocky``, uniform
+times a power of two in [2**-8, 2**8] per 128x128 block (so block scales differ and a scale
+read from the wrong block shows); ``edge``, logmag with the
 first 128x128 block all zero (the 1e-4 amax clamp); ``wide``, uniform in [-2 fmax, 2 fmax)
 for a static scale of 1 (saturation)."""
 
@@ -13,7 +15,7 @@ from typing import Any
 import torch
 
 from harness import compare
-from harness.inputs import generate, seed_from
+from harness.inputs import generate, hash32, seed_from
 from reference_kernels import fp8 as ref
 
 BF16 = torch.bfloat16
@@ -31,8 +33,14 @@ def values(tag: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...
     if dist == "wide":
         fmax = ref.FMAX[params.get("fmt", "e4m3")]
         return generate(shape, BF16, seed=seed, low=-2 * fmax, high=2 * fmax)
+    if dist == "blocky":
+        rows = torch.arange(shape[0])[:, None] // 128
+        cols = torch.arange(shape[1])[None, :] // 128
+        exponent = hash32(rows * 4096 + cols, seed + 2) % 17 - 8
+        base = generate(shape, torch.float32, seed=seed, low=-1.0, high=1.0)
+        return (base * torch.exp2(exponent.float())).to(BF16)
     if dist not in ("logmag", "edge"):
-        raise ValueError(f"dist {dist!r}: use uniform, logmag, edge or wide")
+        raise ValueError(f"dist {dist!r}: use uniform, blocky, logmag, edge or wide")
     exponent = generate(shape, torch.float64, seed=seed, low=-3.0, high=3.0)
     sign = generate(shape, torch.float64, seed=seed + 1, dist="sign")
     x = (sign * torch.pow(10.0, exponent)).to(BF16)

@@ -1,0 +1,305 @@
+"""FP8 GEMMs: per-tensor scaled, blockwise scaled (1x128 activations by 128x128 weights),
+and the grouped GEMMs of an MoE layer (contiguous layout with padding rows, masked layout).
+
+Every output is compared twice: allclose with the dequantized reference (the same arithmetic,
+float32) and calc_diff with the product of the unquantized inputs (the quantization's own
+error must stay small). TFLOP/s counts 2*M*N*K."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from harness.buffers import poisoned
+from harness.spec import OpSpec, Work
+from reference_kernels import fp8 as ref
+
+from .common import OUT_DTYPES, gemm_tolerances, values
+
+FAMILY = "fp8_gemm"
+
+
+def _quantized_pair(tag: str, params: Mapping[str, Any], m: int, n: int, k: int,
+                    a_grouping: str, b_grouping: str, g: int | None = None,
+                    zero_rows: torch.Tensor | None = None):
+    """bf16 a (M, K) and b (N, K) (or (G, N, K)), and their quantized forms; ``zero_rows``
+    of a are zeros (the padding rows a permute leaves)."""
+    fmt, ue8m0 = params.get("fmt", "e4m3"), params.get("ue8m0", False)
+    a = values(tag, params, "a", (m, k))
+    if zero_rows is not None:
+        a[zero_rows] = 0
+    b = values(tag, params, "b", (n, k) if g is None else (g * n, k))
+    qa, sa = ref.quantize(a, fmt, a_grouping, ue8m0)
+    if g is None:
+        qb, sb = ref.quantize(b, fmt, b_grouping, ue8m0)
+    else:
+        pairs = [ref.quantize(bg, fmt, b_grouping, ue8m0) for bg in b.view(g, n, k)]
+        qb, sb = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+        b = b.view(g, n, k)
+    return a, b, qa, sa, qb, sb
+
+
+def _bf16_acc_matmul(a32: torch.Tensor, b32: torch.Tensor, step: int = 128) -> torch.Tensor:
+    """The bug of a kernel whose K loop keeps its accumulator in bf16 (one bf16 add per
+    128-wide K block, as a WGMMA pipeline promoting partials would)."""
+    acc = torch.zeros(a32.shape[0], b32.shape[0], dtype=torch.bfloat16)
+    for k in range(0, a32.shape[1], step):
+        acc = (acc.float() + a32[:, k : k + step] @ b32[:, k : k + step].T).to(torch.bfloat16)
+    return acc.float()
+
+
+# ---------------------------------------------------------------- per-tensor
+def per_tensor_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    _, _, qa, sa, qb, sb = _quantized_pair("gemm_pt", params, params["m"], params["n"],
+                                           params["k"], "tensor", "tensor")
+    return {"a": qa, "scale_a": sa, "b": qb, "scale_b": sb,
+            "out_dtype": OUT_DTYPES[params["out"]]}
+
+
+def per_tensor_expected(params: Mapping[str, Any], rank: int, world_size: int
+                        ) -> dict[str, torch.Tensor]:
+    a, b, *_ = _quantized_pair("gemm_pt", params, params["m"], params["n"], params["k"],
+                               "tensor", "tensor")
+    return {"out": ref.gemm_per_tensor(**per_tensor_inputs(params, rank, world_size)),
+            "out:unquantized": a.float() @ b.float().T}
+
+
+def per_tensor_torch(a, scale_a, b, scale_b, out_dtype):
+    """Dequantize, then one float32 matmul."""
+    return ((a.float() * scale_a) @ (b.float() * scale_b).T).to(out_dtype)
+
+
+def per_tensor_scaled_mm(a, scale_a, b, scale_b, out_dtype):
+    """torch._scaled_mm, the vendor path (b passed column-major)."""
+    return torch._scaled_mm(a, b.t(), scale_a=scale_a.float().to(a.device),
+                            scale_b=scale_b.float().to(a.device), out_dtype=out_dtype)
+
+
+def per_tensor_bf16_accumulation(a, scale_a, b, scale_b, out_dtype):
+    """Bug: partial products over K are accumulated in bf16."""
+    return (_bf16_acc_matmul(a.float() * scale_a, b.float() * scale_b)).to(out_dtype)
+
+
+def _mnk(m, n, k, **extra) -> dict:
+    return {"m": m, "n": n, "k": k, **extra}
+
+
+NIGHTLY_MNK = [(4096, 7168, 2048), (4096, 2112, 7168), (128, 7168, 16384), (64, 4096, 7168)]
+
+GEMM_PER_TENSOR = OpSpec(
+    name="fp8_gemm.per_tensor", family=FAMILY, reference=ref.gemm_per_tensor,
+    description="(a8 * sa) @ (b8 * sb).T, float32 accumulation.",
+    make_inputs=per_tensor_inputs, expected=per_tensor_expected,
+    tolerance=lambda p, w: gemm_tolerances(p["fmt"]),
+    work=lambda p, w: Work(flops=2.0 * p["m"] * p["n"] * p["k"],
+                           bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"]),
+    grid={"smoke": [_mnk(130, 200, 300, fmt="e4m3", out="bf16"),
+                    _mnk(64, 96, 1024, fmt="e4m3", out="f32"),
+                    _mnk(33, 64, 512, fmt="e5m2", out="bf16")],
+          "nightly": [_mnk(m, n, k, fmt="e4m3", out="bf16") for m, n, k in NIGHTLY_MNK]},
+    implementations={"torch": per_tensor_torch, "scaled_mm": per_tensor_scaled_mm},
+    negative_controls={"bf16_accumulation": per_tensor_bf16_accumulation},
+)
+
+
+# ---------------------------------------------------------------- blockwise
+def blockwise_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    _, _, qa, sa, qb, sb = _quantized_pair("gemm_bw", params, params["m"], params["n"],
+                                           params["k"], "token", "block")
+    return {"a": qa, "scale_a": sa, "b": qb, "scale_b": sb,
+            "out_dtype": OUT_DTYPES[params["out"]]}
+
+
+def blockwise_expected(params: Mapping[str, Any], rank: int, world_size: int
+                       ) -> dict[str, torch.Tensor]:
+    a, b, *_ = _quantized_pair("gemm_bw", params, params["m"], params["n"], params["k"],
+                               "token", "block")
+    return {"out": ref.gemm_blockwise(**blockwise_inputs(params, rank, world_size)),
+            "out:unquantized": a.float() @ b.float().T}
+
+
+def _dequant(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    full = scales.float().repeat_interleave(rows, 0).repeat_interleave(cols, 1)
+    return q.float() * full[: q.shape[0], : q.shape[1]]
+
+
+def blockwise_torch(a, scale_a, b, scale_b, out_dtype):
+    return (_dequant(a, scale_a, 1, 128) @ _dequant(b, scale_b, 128, 128).T).to(out_dtype)
+
+
+def blockwise_scales_transposed(a, scale_a, b, scale_b, out_dtype):
+    """Bug: the weight scales are read as if stored K-block-major ([K/128, N/128])."""
+    wrong = scale_b.T.contiguous().view(scale_b.shape)
+    return (_dequant(a, scale_a, 1, 128) @ _dequant(b, wrong, 128, 128).T).to(out_dtype)
+
+
+def blockwise_block_off_by_one(a, scale_a, b, scale_b, out_dtype):
+    """Bug: the activation scale of column k is taken from group k // 127."""
+    groups = torch.arange(a.shape[1]) // 127
+    sa = scale_a.float()[:, groups.clamp_max(scale_a.shape[1] - 1)]
+    return ((a.float() * sa) @ _dequant(b, scale_b, 128, 128).T).to(out_dtype)
+
+
+def blockwise_bf16_accumulation(a, scale_a, b, scale_b, out_dtype):
+    """Bug: the 128-wide K blocks are accumulated in bf16."""
+    return _bf16_acc_matmul(_dequant(a, scale_a, 1, 128),
+                            _dequant(b, scale_b, 128, 128)).to(out_dtype)
+
+
+GEMM_BLOCKWISE = OpSpec(
+    name="fp8_gemm.blockwise", family=FAMILY, reference=ref.gemm_blockwise,
+    description="DeepGEMM's 1x128 by 128x128 block-scaled GEMM.",
+    make_inputs=blockwise_inputs, expected=blockwise_expected,
+    tolerance=lambda p, w: gemm_tolerances(p["fmt"]),
+    work=lambda p, w: Work(flops=2.0 * p["m"] * p["n"] * p["k"],
+                           bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"]),
+    grid={"smoke": [_mnk(130, 200, 300, fmt="e4m3", ue8m0=False, out="bf16", dist="blocky"),
+                    _mnk(64, 384, 1024, fmt="e4m3", ue8m0=True, out="bf16", dist="blocky"),
+                    _mnk(17, 256, 640, fmt="e4m3", ue8m0=False, out="f32", dist="logmag")],
+          "nightly": [_mnk(m, n, k, fmt="e4m3", ue8m0=u, out="bf16") for m, n, k in NIGHTLY_MNK
+                      for u in (False, True)]},
+    implementations={"torch": blockwise_torch},
+    negative_controls={"scales_transposed": blockwise_scales_transposed,
+                       "block_off_by_one": blockwise_block_off_by_one,
+                       "bf16_accumulation": blockwise_bf16_accumulation},
+)
+
+
+# ---------------------------------------------------------------- grouped, contiguous layout
+def contiguous_layout(tokens: Sequence[int], align: int) -> torch.Tensor:
+    """Per-row expert index of the stacked, aligned segments; -1 on padding rows."""
+    index = []
+    for g, m in enumerate(tokens):
+        padded = -(-m // align) * align
+        index += [g] * m + [-1] * (padded - m)
+    return torch.tensor(index, dtype=torch.int64)
+
+
+def contiguous_inputs(params: Mapping[str, Any], rank: int, world_size: int
+                      ) -> dict[str, Any]:
+    tokens, n, k = params["tokens"], params["n"], params["k"]
+    index = contiguous_layout(tokens, params["align"])
+    _, _, qa, sa, qb, sb = _quantized_pair("grouped_c", params, index.numel(), n, k, "token",
+                                           "block", g=len(tokens), zero_rows=index < 0)
+    return {"a": qa, "scale_a": sa, "b": qb, "scale_b": sb, "group_index": index,
+            "out": poisoned((index.numel(), n), torch.bfloat16)}
+
+
+def contiguous_reference(a, scale_a, b, scale_b, group_index, out):
+    return ref.grouped_gemm_contiguous(a, scale_a, b, scale_b, group_index, out.dtype)
+
+
+def contiguous_expected(params: Mapping[str, Any], rank: int, world_size: int
+                        ) -> dict[str, torch.Tensor]:
+    inputs = contiguous_inputs(params, rank, world_size)
+    index = inputs["group_index"]
+    a, b, *_ = _quantized_pair("grouped_c", params, index.numel(), params["n"], params["k"],
+                               "token", "block", g=len(params["tokens"]), zero_rows=index < 0)
+    unquantized = torch.zeros(index.numel(), params["n"])
+    for g in range(b.shape[0]):
+        rows = index == g
+        unquantized[rows] = a[rows].float() @ b[g].float().T
+    return {"out": contiguous_reference(**inputs), "out:unquantized": unquantized}
+
+
+def contiguous_torch(a, scale_a, b, scale_b, group_index, out, *, skip_padding=False):
+    a32 = _dequant(a, scale_a, 1, 128)
+    if not skip_padding:
+        out[group_index < 0] = 0
+    for g in range(b.shape[0]):
+        rows = (group_index == g).nonzero().squeeze(1)
+        if rows.numel():
+            out[rows] = (a32[rows] @ _dequant(b[g], scale_b[g], 128, 128).T).to(out.dtype)
+    return out
+
+
+def contiguous_padding_unwritten(a, scale_a, b, scale_b, group_index, out):
+    """Bug: rows whose group index is -1 are skipped, so they keep whatever was there."""
+    return contiguous_torch(a, scale_a, b, scale_b, group_index, out, skip_padding=True)
+
+
+def _grouped_work(p: Mapping[str, Any]) -> Work:
+    m = sum(p["tokens"]) if "tokens" in p else sum(p["masked"])
+    g = len(p.get("tokens", p.get("masked", ())))
+    return Work(flops=2.0 * m * p["n"] * p["k"], bytes=m * p["k"] + g * p["n"] * p["k"])
+
+
+def _moe_tokens(experts: int, mean: int) -> tuple[int, ...]:
+    """Uneven tokens per expert (some experts get none), like a router's output."""
+    return tuple((mean * ((5 * e) % 7)) // 3 for e in range(experts))
+
+
+GROUPED_CONTIGUOUS = OpSpec(
+    name="fp8_gemm.grouped_contiguous", family=FAMILY, reference=contiguous_reference,
+    description="Grouped GEMM, contiguous layout: expert segments padded to the alignment; "
+                "padding rows must come out 0.",
+    make_inputs=contiguous_inputs, expected=contiguous_expected,
+    tolerance=lambda p, w: gemm_tolerances("e4m3"), out_buffers={"out": "out"},
+    work=lambda p, w: _grouped_work(p),
+    grid={"smoke": [{"tokens": (5, 0, 130, 17), "n": 192, "k": 256, "align": 128,
+                     "dist": "blocky"},
+                    {"tokens": (128, 1), "n": 64, "k": 384, "align": 128, "dist": "logmag"}],
+          "nightly": [{"tokens": _moe_tokens(e, 4096 * 8 // e), "n": n, "k": k, "align": 128}
+                      for e in (8, 32, 256) for n, k in ((4096, 7168), (7168, 2048))]},
+    implementations={"torch": contiguous_torch},
+    negative_controls={"padding_unwritten": contiguous_padding_unwritten},
+)
+
+
+# ---------------------------------------------------------------- grouped, masked layout
+def masked_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    masked, max_m, n, k = params["masked"], params["max_m"], params["n"], params["k"]
+    g = len(masked)
+    a = values("grouped_m", params, "a", (g * max_m, k))
+    qa, sa = zip(*[ref.quantize(ag, "e4m3", "token") for ag in a.view(g, max_m, k)],
+                 strict=True)
+    _, b, _, _, qb, sb = _quantized_pair("grouped_m", params, 1, n, k, "token", "block", g=g)
+    return {"a": torch.stack(qa), "scale_a": torch.stack(sa), "b": qb, "scale_b": sb,
+            "masked_m": torch.tensor(masked, dtype=torch.int32),
+            "out": poisoned((g, max_m, n), torch.bfloat16)}
+
+
+def masked_expected(params: Mapping[str, Any], rank: int, world_size: int
+                    ) -> dict[str, torch.Tensor]:
+    inputs = masked_inputs(params, rank, world_size)
+    g, max_m, k = len(params["masked"]), params["max_m"], params["k"]
+    a = values("grouped_m", params, "a", (g * max_m, k)).view(g, max_m, k)
+    _, b, *_ = _quantized_pair("grouped_m", params, 1, params["n"], k, "token", "block", g=g)
+    unquantized = torch.full((g, max_m, params["n"]), float("nan"))
+    for i, m in enumerate(params["masked"]):
+        unquantized[i, :m] = a[i, :m].float() @ b[i].float().T
+    return {"out": ref.grouped_gemm_masked(**inputs), "out:unquantized": unquantized}
+
+
+def masked_torch(a, scale_a, b, scale_b, masked_m, out, *, all_rows=False):
+    for g in range(a.shape[0]):
+        m = a.shape[1] if all_rows else int(masked_m[g])
+        if m:
+            prod = _dequant(a[g, :m], scale_a[g, :m], 1, 128) @ _dequant(
+                b[g], scale_b[g], 128, 128).T
+            out[g, :m] = prod.to(out.dtype)
+    return out
+
+
+def masked_writes_past_mask(a, scale_a, b, scale_b, masked_m, out):
+    """Bug: every one of the max_m rows is computed and written, past masked_m."""
+    return masked_torch(a, scale_a, b, scale_b, masked_m, out, all_rows=True)
+
+
+GROUPED_MASKED = OpSpec(
+    name="fp8_gemm.grouped_masked", family=FAMILY, reference=ref.grouped_gemm_masked,
+    description="Grouped GEMM, masked layout: only the first masked_m[g] rows of each group "
+                "are valid; rows beyond must not be written.",
+    make_inputs=masked_inputs, expected=masked_expected,
+    tolerance=lambda p, w: gemm_tolerances("e4m3"), out_buffers={"out": "out"},
+    work=lambda p, w: _grouped_work(p),
+    grid={"smoke": [{"masked": (3, 0, 64, 17), "max_m": 64, "n": 192, "k": 256}],
+          "nightly": [{"masked": _moe_tokens(e, 128), "max_m": 256, "n": n, "k": k}
+                      for e in (8, 32) for n, k in ((4096, 7168), (7168, 2048))]},
+    implementations={"torch": masked_torch},
+    negative_controls={"writes_past_mask": masked_writes_past_mask},
+)
+
+SPECS = [GEMM_PER_TENSOR, GEMM_BLOCKWISE, GROUPED_CONTIGUOUS, GROUPED_MASKED]
