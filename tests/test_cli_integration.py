@@ -42,6 +42,8 @@ def planned_items(tmp_path: Path, *args: str) -> list[dict]:
 
 COLLECTIVES = ("allreduce", "allgather", "reduce_scatter", "all_to_all", "broadcast")
 HOPPER_PARALLEL = ("hopper_tasks.tp_mlp", "hopper_tasks.decoder_layer")
+FP8 = ("fp8_gemm.quantize", "fp8_gemm.transpose_split_quant", "fp8_gemm.per_tensor",
+       "fp8_gemm.blockwise", "fp8_gemm.grouped_contiguous", "fp8_gemm.grouped_masked")
 HOPPER_TASKS = ("hopper_tasks.embedding", "hopper_tasks.rmsnorm", "hopper_tasks.linear",
                 "hopper_tasks.linear_with_residual", "hopper_tasks.rmsnorm_linear",
                 "hopper_tasks.silu_mul", "hopper_tasks.silu_mul_linear_with_residual",
@@ -69,7 +71,8 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
     assert {(r["world_size"], r["case_id"], r["impl"]) for r in results} == {
         (i["world_size"], i["case_id"], i["impl"]) for i in expected}
     assert {r["world_size"] for r in results} == {1, 4, 8}
-    assert {r["op"] for r in results} >= set(COLLECTIVES) | set(HOPPER_TASKS)
+    assert {r["op"] for r in results} >= set(COLLECTIVES) | set(HOPPER_TASKS) | set(FP8)
+    assert {r["world_size"] for r in results if r["op"] in FP8} == {1}
     # every Hopper task runs at one rank; the tensor-parallel ones at 4 and 8 as well
     for op in HOPPER_TASKS:
         sizes = {r["world_size"] for r in results if r["op"] == op}
@@ -249,6 +252,46 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_
             if op == "decoder_layer" and rule != "none":
                 assert all(r["reason"].startswith(f"first divergence at stage {rule!r}")
                            for r in got), got
+
+
+# every negative control of the FP8 suite and the cases it must fail: all of them, or some
+# (a bug that only shows on some inputs: a group size off by one is invisible per tensor)
+_FP8_CONTROLS = {
+    ("quantize", "block_off_by_one"): "some",
+    ("quantize", "saturation_ignored"): "some",
+    ("transpose_split_quant", "scale_per_block_row"): "some",
+    ("per_tensor", "bf16_accumulation"): "all",
+    ("blockwise", "scales_transposed"): "all",
+    ("blockwise", "block_off_by_one"): "all",
+    ("blockwise", "bf16_accumulation"): "all",
+    ("grouped_contiguous", "padding_unwritten"): "all",
+    ("grouped_masked", "writes_past_mask"): "all",
+}
+
+
+def test_fp8_implementations_pass_and_every_control_fails(tmp_path):
+    controls = sorted({impl for _, impl in _FP8_CONTROLS})
+    args = [a for c in controls for a in ("--impl", c)]
+    out = harness(tmp_path, "run", "fp8_gemm", "--world-sizes", "1", "--no-bench",
+                  "--impl", "torch", "--impl", "scaled_mm", *args)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    results = rows(tmp_path / "h.db", "SELECT op, case_id, impl, status FROM results")
+    by = {}
+    for r in results:
+        by.setdefault((r["op"].removeprefix("fp8_gemm."), r["impl"]), []).append(r)
+    for (op, impl), got in by.items():
+        if impl in ("torch", "scaled_mm"):
+            assert {r["status"] for r in got} == {"pass"}, got
+            continue
+        rule = _FP8_CONTROLS[(op, impl)]
+        statuses = [r["status"] for r in got]
+        assert "fail" in statuses and set(statuses) <= {"pass", "fail"}, (op, impl, got)
+        if rule == "all":
+            assert set(statuses) == {"fail"}, (op, impl, got)
+    assert {k for k in by if k[1] not in ("torch", "scaled_mm")} == set(_FP8_CONTROLS)
+    # static scaling saturates: the unclamped cast must fail exactly there, in both formats
+    static = [r for r in by[("quantize", "saturation_ignored")] if "static=true" in r["case_id"]]
+    assert len(static) == 2 and all(r["status"] == "fail" for r in static)
 
 
 def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(tmp_path):
