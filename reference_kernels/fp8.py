@@ -26,7 +26,10 @@ def scale_from_amax(amax: torch.Tensor, fmt: str, ue8m0: bool = False) -> torch.
     """amax (clamped to >= 1e-4) / fmax in float32; rounded up to a power of two for UE8M0."""
     scale = amax.float().clamp_min(AMAX_FLOOR) / FMAX[fmt]
     if ue8m0:
-        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+        # the smallest power of two >= scale, exactly: scale = m * 2**e with m in [0.5, 1);
+        # (float32 log2 of a value one ulp above a power of two rounds to an integer)
+        mantissa, exponent = torch.frexp(scale)
+        scale = torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).int())
     return scale
 
 

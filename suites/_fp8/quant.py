@@ -19,6 +19,12 @@ from .common import values
 FAMILY = "fp8_gemm"
 
 
+def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
+    """The smallest power of two >= s (log2 in float64, where a float32 value just above a
+    power of two does not round to an integer)."""
+    return torch.exp2(torch.ceil(torch.log2(s.double()))).float()
+
+
 def quantize_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     return {"x": values("quantize", params, "x", (params["m"], params["k"])),
             "fmt": params["fmt"], "granularity": params["granularity"],
@@ -50,13 +56,13 @@ def _quantize(x, fmt, granularity, ue8m0, scale, *, group: int = 128, saturate: 
             s = torch.tensor(float(scale))
         else:
             s = x32.abs().max().clamp_min(ref.AMAX_FLOOR) / fmax
-            s = torch.exp2(torch.ceil(torch.log2(s))) if ue8m0 else s
+            s = _pow2_ceil(s) if ue8m0 else s
         return cast(x32 / s), s
     rows = 1 if granularity == "token" else group
     blocks, amax = _grouped(x32, rows, group)
     s = amax.clamp_min(ref.AMAX_FLOOR) / fmax
     if ue8m0:
-        s = torch.exp2(torch.ceil(torch.log2(s)))
+        s = _pow2_ceil(s)
     q = cast(blocks / s[:, None, :, None]).flatten(2, 3).flatten(0, 1)
     return q[: x.shape[0], : x.shape[1]], s
 
@@ -131,7 +137,7 @@ def _tsq(x, tokens_per_expert: Sequence[int], fmt, ue8m0, *, per_row_scale: bool
         amax = amax.amax(dim=1, keepdim=True).expand_as(amax)
     s = amax.clamp_min(ref.AMAX_FLOOR) / fmax
     if ue8m0:
-        s = torch.exp2(torch.ceil(torch.log2(s)))
+        s = _pow2_ceil(s)
     q = (blocks / s[:, None, :]).clamp(-fmax, fmax).to(ref.FORMATS[fmt])
     return q.flatten(0, 1).T.contiguous(), s
 
