@@ -226,10 +226,11 @@ def print_results(results: Sequence[Any]) -> None:
     everything else as a table, one row per case."""
     from harness.nccl_table import format_blocks
 
-    collective = [r for r in results if r.family == "collectives" and "n" in r.params]
+    collective, others = [], []
+    for r in results:
+        (collective if r.family == "collectives" and "n" in r.params else others).append(r)
     if collective:
         click.echo(format_blocks(collective, _work_of))
-    others = [r for r in results if r not in collective]
     if not others:
         return
     table = Table(title="results", show_lines=False, header_style="bold")

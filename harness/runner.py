@@ -315,10 +315,9 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     if result.timing and spec.work is not None:
         result.derived = derived(spec.work(case.params, case.world_size),
                                  result.timing.get("median"))
-    if not recheck and not local_error:
-        return
+    # every rank takes part in this verdict, so a timing error on one rank reaches them all
     stages: dict[str, dict[str, Any]] = {}
-    if not local_error:
+    if recheck and not local_error:
         try:
             outputs = normalize_outputs(last["value"], spec.outputs)
             stages["after_timing"] = _measure(outputs, expected, tols, world.rank)
@@ -351,8 +350,7 @@ def _judge(gathered: list[tuple[str, dict[str, Any]]], case: Case
 def _judge_stage(per_rank: list[dict[str, Any]], stage: str, spec: OpSpec
                  ) -> tuple[str, str, dict[str, Any], int]:
     outputs: dict[str, Any] = {}
-    reasons: list[str] = []
-    failed: list[str] = []
+    failed: list[tuple[str, str]] = []  # (output, why), in pipeline order
     wrong = 0
     order = {name: i for i, name in enumerate(spec.outputs)}
     for name in sorted(per_rank[0], key=lambda n: order.get(n.split(":")[0], len(order))):
@@ -364,12 +362,13 @@ def _judge_stage(per_rank: list[dict[str, Any]], stage: str, spec: OpSpec
         wrong += merged.n_mismatch
         outputs[name] = {"metrics": merged.to_dict(), "tolerance": tol_dict, "passed": ok}
         if not ok:
-            reasons.append(f"{name}: {why}")
-            failed.append(name)
-    if not reasons:
+            failed.append((name, why))
+    if not failed:
         return "pass", "", outputs, wrong
-    text = "; ".join(reasons)
+    text = "; ".join(f"{name}: {why}" for name, why in failed)
     if spec.pipeline:
-        later = f"; later stages diverging too: {', '.join(failed[1:])}" if failed[1:] else ""
-        text = f"first divergence at stage {failed[0]!r}: {reasons[0].split(': ', 1)[1]}{later}"
+        (first, why), later = failed[0], [name for name, _ in failed[1:]]
+        text = f"first divergence at stage {first!r}: {why}"
+        if later:
+            text += f"; later stages diverging too: {', '.join(later)}"
     return "fail", _STAGE_PREFIX.get(stage, "") + text, outputs, wrong

@@ -87,9 +87,9 @@ def argmax_partial(logits: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torc
     padded = math.ceil(v / chunk) * chunk
     full = torch.zeros(b, padded, dtype=logits.dtype)
     full[:, :v] = logits
-    values, index = full.view(b, -1, chunk).float().max(dim=-1)
-    # torch.max's index on ties is not documented to be the first: make it so
     blocks = full.view(b, -1, chunk).float()
+    values = blocks.amax(dim=-1)
+    # torch.max's index on ties is not documented to be the first; argmax's is
     first = (blocks == values.unsqueeze(-1)).int().argmax(dim=-1)
     return values.to(logits.dtype), first.to(torch.int64)
 
@@ -171,7 +171,6 @@ def paged_attention_decode(
         first = seq_len - tokens
         for t in range(tokens):
             row, pos = r * tokens + t, first + t
-            q_t = rope(q[row], cos[pos], sin[pos]).to(qkv.dtype)
             k_t = rope(k[row], cos[pos], sin[pos]).to(qkv.dtype)
             page, slot = pages[pos // page_size], pos % page_size
             k_cache[page, slot], v_cache[page, slot] = k_t, v[row]

@@ -30,6 +30,7 @@ from .common import (
     mpi_op,
     native_avg,
     reduction_tolerance,
+    sweep_counts,
     torch_op,
     unique,
 )
@@ -193,8 +194,7 @@ def _nightly() -> list[dict]:
     cases = []
     for dt in ("f32", "bf16", "f16", "i32"):
         item = dtype_from_name(dt).itemsize
-        sizes = [max(1, (8 << k) // item) for k in range(24)]  # 8 B .. 64 MiB, factor 2
-        for n in sizes:
+        for n in sweep_counts(dt):
             for inplace in (False, True):
                 cases.append(_case(dt, n, "sum", inplace))
         ops = _FLOAT_OPS if dt != "i32" else _INT_OPS

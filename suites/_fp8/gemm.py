@@ -51,19 +51,29 @@ def _bf16_acc_matmul(a32: torch.Tensor, b32: torch.Tensor, step: int = 128) -> t
 
 
 # ---------------------------------------------------------------- per-tensor
+def _gemm_case(tag: str, params: Mapping[str, Any], a_grouping: str, b_grouping: str
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """The unquantized a and b, and the GEMM's inputs (quantized once)."""
+    a, b, qa, sa, qb, sb = _quantized_pair(tag, params, params["m"], params["n"], params["k"],
+                                           a_grouping, b_grouping)
+    return a, b, {"a": qa, "scale_a": sa, "b": qb, "scale_b": sb,
+                  "out_dtype": OUT_DTYPES[params["out"]]}
+
+
+def _gemm_expected(reference, tag: str, params: Mapping[str, Any], a_grouping: str,
+                   b_grouping: str) -> dict[str, torch.Tensor]:
+    """The reference on the quantized inputs, and the product of the unquantized ones."""
+    a, b, inputs = _gemm_case(tag, params, a_grouping, b_grouping)
+    return {"out": reference(**inputs), "out:unquantized": a.float() @ b.float().T}
+
+
 def per_tensor_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
-    _, _, qa, sa, qb, sb = _quantized_pair("gemm_pt", params, params["m"], params["n"],
-                                           params["k"], "tensor", "tensor")
-    return {"a": qa, "scale_a": sa, "b": qb, "scale_b": sb,
-            "out_dtype": OUT_DTYPES[params["out"]]}
+    return _gemm_case("gemm_pt", params, "tensor", "tensor")[2]
 
 
 def per_tensor_expected(params: Mapping[str, Any], rank: int, world_size: int
                         ) -> dict[str, torch.Tensor]:
-    a, b, *_ = _quantized_pair("gemm_pt", params, params["m"], params["n"], params["k"],
-                               "tensor", "tensor")
-    return {"out": ref.gemm_per_tensor(**per_tensor_inputs(params, rank, world_size)),
-            "out:unquantized": a.float() @ b.float().T}
+    return _gemm_expected(ref.gemm_per_tensor, "gemm_pt", params, "tensor", "tensor")
 
 
 def per_tensor_torch(a, scale_a, b, scale_b, out_dtype):
@@ -106,18 +116,12 @@ GEMM_PER_TENSOR = OpSpec(
 
 # ---------------------------------------------------------------- blockwise
 def blockwise_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
-    _, _, qa, sa, qb, sb = _quantized_pair("gemm_bw", params, params["m"], params["n"],
-                                           params["k"], "token", "block")
-    return {"a": qa, "scale_a": sa, "b": qb, "scale_b": sb,
-            "out_dtype": OUT_DTYPES[params["out"]]}
+    return _gemm_case("gemm_bw", params, "token", "block")[2]
 
 
 def blockwise_expected(params: Mapping[str, Any], rank: int, world_size: int
                        ) -> dict[str, torch.Tensor]:
-    a, b, *_ = _quantized_pair("gemm_bw", params, params["m"], params["n"], params["k"],
-                               "token", "block")
-    return {"out": ref.gemm_blockwise(**blockwise_inputs(params, rank, world_size)),
-            "out:unquantized": a.float() @ b.float().T}
+    return _gemm_expected(ref.gemm_blockwise, "gemm_bw", params, "token", "block")
 
 
 def _dequant(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -177,14 +181,20 @@ def contiguous_layout(tokens: Sequence[int], align: int) -> torch.Tensor:
     return torch.tensor(index, dtype=torch.int64)
 
 
-def contiguous_inputs(params: Mapping[str, Any], rank: int, world_size: int
-                      ) -> dict[str, Any]:
+def _contiguous_case(params: Mapping[str, Any]
+                     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """The unquantized a and b, and the grouped GEMM's inputs (quantized once)."""
     tokens, n, k = params["tokens"], params["n"], params["k"]
     index = contiguous_layout(tokens, params["align"])
-    _, _, qa, sa, qb, sb = _quantized_pair("grouped_c", params, index.numel(), n, k, "token",
+    a, b, qa, sa, qb, sb = _quantized_pair("grouped_c", params, index.numel(), n, k, "token",
                                            "block", g=len(tokens), zero_rows=index < 0)
-    return {"a": qa, "scale_a": sa, "b": qb, "scale_b": sb, "group_index": index,
-            "out": poisoned((index.numel(), n), torch.bfloat16)}
+    return a, b, {"a": qa, "scale_a": sa, "b": qb, "scale_b": sb, "group_index": index,
+                  "out": poisoned((index.numel(), n), torch.bfloat16)}
+
+
+def contiguous_inputs(params: Mapping[str, Any], rank: int, world_size: int
+                      ) -> dict[str, Any]:
+    return _contiguous_case(params)[2]
 
 
 def contiguous_reference(a, scale_a, b, scale_b, group_index, out):
@@ -193,10 +203,8 @@ def contiguous_reference(a, scale_a, b, scale_b, group_index, out):
 
 def contiguous_expected(params: Mapping[str, Any], rank: int, world_size: int
                         ) -> dict[str, torch.Tensor]:
-    inputs = contiguous_inputs(params, rank, world_size)
+    a, b, inputs = _contiguous_case(params)
     index = inputs["group_index"]
-    a, b, *_ = _quantized_pair("grouped_c", params, index.numel(), params["n"], params["k"],
-                               "token", "block", g=len(params["tokens"]), zero_rows=index < 0)
     unquantized = torch.zeros(index.numel(), params["n"])
     for g in range(b.shape[0]):
         rows = index == g
@@ -249,24 +257,27 @@ GROUPED_CONTIGUOUS = OpSpec(
 
 
 # ---------------------------------------------------------------- grouped, masked layout
-def masked_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+def _masked_case(params: Mapping[str, Any]
+                 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    """The unquantized a (G, max_m, K) and b, and the masked GEMM's inputs."""
     masked, max_m, n, k = params["masked"], params["max_m"], params["n"], params["k"]
     g = len(masked)
-    a = values("grouped_m", params, "a", (g * max_m, k))
-    qa, sa = zip(*[ref.quantize(ag, "e4m3", "token") for ag in a.view(g, max_m, k)],
-                 strict=True)
+    a = values("grouped_m", params, "a", (g * max_m, k)).view(g, max_m, k)
+    qa, sa = zip(*[ref.quantize(ag, "e4m3", "token") for ag in a], strict=True)
     _, b, _, _, qb, sb = _quantized_pair("grouped_m", params, 1, n, k, "token", "block", g=g)
-    return {"a": torch.stack(qa), "scale_a": torch.stack(sa), "b": qb, "scale_b": sb,
-            "masked_m": torch.tensor(masked, dtype=torch.int32),
-            "out": poisoned((g, max_m, n), torch.bfloat16)}
+    return a, b, {"a": torch.stack(qa), "scale_a": torch.stack(sa), "b": qb, "scale_b": sb,
+                  "masked_m": torch.tensor(masked, dtype=torch.int32),
+                  "out": poisoned((g, max_m, n), torch.bfloat16)}
+
+
+def masked_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    return _masked_case(params)[2]
 
 
 def masked_expected(params: Mapping[str, Any], rank: int, world_size: int
                     ) -> dict[str, torch.Tensor]:
-    inputs = masked_inputs(params, rank, world_size)
-    g, max_m, k = len(params["masked"]), params["max_m"], params["k"]
-    a = values("grouped_m", params, "a", (g * max_m, k)).view(g, max_m, k)
-    _, b, *_ = _quantized_pair("grouped_m", params, 1, params["n"], k, "token", "block", g=g)
+    a, b, inputs = _masked_case(params)
+    g, max_m = len(params["masked"]), params["max_m"]
     unquantized = torch.full((g, max_m, params["n"]), float("nan"))
     for i, m in enumerate(params["masked"]):
         unquantized[i, :m] = a[i, :m].float() @ b[i].float().T
