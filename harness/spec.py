@@ -89,7 +89,8 @@ class OpSpec:
     #: output names, in the order of a returned tuple
     outputs: tuple[str, ...] = ("out",)
     #: {output name: input name}: the implementation must write that output into the buffer
-    #: the harness passes as that input (poisoned first, so unwritten elements fail)
+    #: the harness passes as that input (poisoned first, so unwritten elements fail); a case
+    #: that passes None for that input has no such output
     out_buffers: Mapping[str, str] = field(default_factory=dict)
     #: inputs every call updates in place (a KV cache): writable, never poisoned; the update
     #: must be idempotent (the same call twice leaves the same state)

@@ -124,32 +124,33 @@ def blockwise_expected(params: Mapping[str, Any], rank: int, world_size: int
     return _gemm_expected(ref.gemm_blockwise, "gemm_bw", params, "token", "block")
 
 
-def _dequant(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+def dequant(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """float32 values of q, each (rows x cols) group times its scale."""
     full = scales.float().repeat_interleave(rows, 0).repeat_interleave(cols, 1)
     return q.float() * full[: q.shape[0], : q.shape[1]]
 
 
 def blockwise_torch(a, scale_a, b, scale_b, out_dtype):
-    return (_dequant(a, scale_a, 1, 128) @ _dequant(b, scale_b, 128, 128).T).to(out_dtype)
+    return (dequant(a, scale_a, 1, 128) @ dequant(b, scale_b, 128, 128).T).to(out_dtype)
 
 
 def blockwise_scales_transposed(a, scale_a, b, scale_b, out_dtype):
     """Bug: the weight scales are read as if stored K-block-major ([K/128, N/128])."""
     wrong = scale_b.T.contiguous().view(scale_b.shape)
-    return (_dequant(a, scale_a, 1, 128) @ _dequant(b, wrong, 128, 128).T).to(out_dtype)
+    return (dequant(a, scale_a, 1, 128) @ dequant(b, wrong, 128, 128).T).to(out_dtype)
 
 
 def blockwise_block_off_by_one(a, scale_a, b, scale_b, out_dtype):
     """Bug: the activation scale of column k is taken from group k // 127."""
     groups = torch.arange(a.shape[1]) // 127
     sa = scale_a.float()[:, groups.clamp_max(scale_a.shape[1] - 1)]
-    return ((a.float() * sa) @ _dequant(b, scale_b, 128, 128).T).to(out_dtype)
+    return ((a.float() * sa) @ dequant(b, scale_b, 128, 128).T).to(out_dtype)
 
 
 def blockwise_bf16_accumulation(a, scale_a, b, scale_b, out_dtype):
     """Bug: the 128-wide K blocks are accumulated in bf16."""
-    return _bf16_acc_matmul(_dequant(a, scale_a, 1, 128),
-                            _dequant(b, scale_b, 128, 128)).to(out_dtype)
+    return _bf16_acc_matmul(dequant(a, scale_a, 1, 128),
+                            dequant(b, scale_b, 128, 128)).to(out_dtype)
 
 
 GEMM_BLOCKWISE = OpSpec(
@@ -213,13 +214,13 @@ def contiguous_expected(params: Mapping[str, Any], rank: int, world_size: int
 
 
 def contiguous_torch(a, scale_a, b, scale_b, group_index, out, *, skip_padding=False):
-    a32 = _dequant(a, scale_a, 1, 128)
+    a32 = dequant(a, scale_a, 1, 128)
     if not skip_padding:
         out[group_index < 0] = 0
     for g in range(b.shape[0]):
         rows = (group_index == g).nonzero().squeeze(1)
         if rows.numel():
-            out[rows] = (a32[rows] @ _dequant(b[g], scale_b[g], 128, 128).T).to(out.dtype)
+            out[rows] = (a32[rows] @ dequant(b[g], scale_b[g], 128, 128).T).to(out.dtype)
     return out
 
 
@@ -288,7 +289,7 @@ def masked_torch(a, scale_a, b, scale_b, masked_m, out, *, all_rows=False):
     for g in range(a.shape[0]):
         m = a.shape[1] if all_rows else int(masked_m[g])
         if m:
-            prod = _dequant(a[g, :m], scale_a[g, :m], 1, 128) @ _dequant(
+            prod = dequant(a[g, :m], scale_a[g, :m], 1, 128) @ dequant(
                 b[g], scale_b[g], 128, 128).T
             out[g, :m] = prod.to(out.dtype)
     return out

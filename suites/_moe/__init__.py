@@ -1,0 +1,1 @@
+"""The moe family; suites/moe.py gathers the specs."""

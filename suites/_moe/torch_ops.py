@@ -1,0 +1,174 @@
+"""The ``torch`` implementations of the MoE ops: vectorised candidates (sorts, scatters,
+index_add), written independently of the loop-per-expert reference. Keyword switches plant
+the bugs the negative controls need, so each control differs from the real thing in one place.
+
+fp8 rows move as uint8 views: index_put has no float8 kernel on every device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from suites._fp8.gemm import dequant
+from suites._fp8.quant import quantize_torch
+
+from .common import FMT
+
+BF16 = torch.bfloat16
+
+
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A byte view of 8-bit float data (index_put-able everywhere), else ``t``."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
+
+
+def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token (1x128) e4m3 quantization: (fp8 rows, float32 scales [S, ceil(H/128)])."""
+    return quantize_torch(x, FMT, "token", False, None)
+
+
+def route(logits: torch.Tensor, topk: int, renormalize: bool
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs [S, topk] float32, routemap [S, topk] int32): softmax, then torch.topk."""
+    probs, experts = torch.topk(torch.softmax(logits.float(), dim=-1), topk, dim=-1)
+    if renormalize:
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs, experts.to(torch.int32)
+
+
+def segment_offsets(tokens_per_expert: Sequence[int] | torch.Tensor, align: int,
+                    device: torch.device) -> tuple[torch.Tensor, int]:
+    """(start row of each expert's padded segment, total rows)."""
+    counts = torch.as_tensor(tokens_per_expert, dtype=torch.int64, device=device)
+    padded = (counts + align - 1) // align * align
+    return torch.cumsum(padded, 0) - padded, int(padded.sum())
+
+
+def sort_by_expert(routemap: torch.Tensor, *, reverse_one_expert: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The routed (token, slot) pairs ordered by expert, ascending token within an expert:
+    (flat slot positions, experts, tokens)."""
+    topk = routemap.shape[1]
+    flat = routemap.reshape(-1).long()
+    pos = (flat >= 0).nonzero().flatten()
+    order = torch.argsort(flat[pos], stable=True)
+    pos = pos[order]
+    experts = flat[pos]
+    if reverse_one_expert:
+        # bug: the first expert with two or more tokens lists them in descending order
+        counts = torch.bincount(experts)
+        e = int((counts >= 2).nonzero()[0])
+        start = int(counts[:e].sum())
+        pos[start : start + int(counts[e])] = pos[start : start + int(counts[e])].flip(0)
+    return pos, experts, pos // topk
+
+
+def permute_into(hidden, scale, routemap, probs, num_experts, tokens_per_expert,
+                 padding_alignment, out, out_rowmap, out_probs, out_scale, *,
+                 reverse_one_expert: bool = False, zero_padding: bool = True,
+                 copy_scales: bool = True):
+    """moe_permute writing into the given buffers: sort the routed pairs by expert, compute
+    each pair's destination row, scatter rows, probs and scales, zero the padding rows."""
+    pos, experts, tokens = sort_by_expert(routemap, reverse_one_expert=reverse_one_expert)
+    offsets, _ = segment_offsets(tokens_per_expert, padding_alignment, routemap.device)
+    counts = torch.bincount(experts, minlength=num_experts)
+    first = torch.cumsum(counts, 0) - counts           # first sorted pair of each expert
+    dest = offsets[experts] + torch.arange(pos.numel(), device=pos.device) - first[experts]
+    if zero_padding:
+        raw_bytes(out).zero_()
+        out_probs.zero_()
+        if out_scale is not None:
+            out_scale.zero_()
+    raw_bytes(out)[dest] = raw_bytes(hidden)[tokens]
+    out_probs[dest] = probs.reshape(-1)[pos].float()
+    if out_scale is not None and copy_scales:
+        out_scale[dest] = scale[tokens]
+    out_rowmap.fill_(-1)
+    out_rowmap[tokens, experts] = dest.to(torch.int32)
+    return out, out_rowmap, out_probs, out_scale
+
+
+def unpermute(permuted, rowmap, routemap, permuted_probs, num_tokens, num_experts, *,
+              reweight: bool = False, bf16_accumulation: bool = False):
+    """moe_unpermute: gather each token's rows and index_add them in float32; give back each
+    slot's prob."""
+    rows = rowmap.long()
+    tokens, experts = (rows >= 0).nonzero(as_tuple=True)
+    src = rows[tokens, experts]
+    gathered = permuted[src].float()
+    if reweight:  # bug: the caller already multiplied by the probs
+        gathered = gathered * permuted_probs[src].float()[:, None]
+    if bf16_accumulation:  # bug: a bf16 running sum, one expert at a time
+        acc = torch.zeros(num_tokens, permuted.shape[1], dtype=BF16, device=permuted.device)
+        for e in range(num_experts):
+            pick = experts == e
+            acc[tokens[pick]] += gathered[pick].to(BF16)
+        out = acc.to(permuted.dtype)
+    else:
+        acc = torch.zeros(num_tokens, permuted.shape[1], dtype=torch.float32,
+                          device=permuted.device)
+        out = acc.index_add_(0, tokens, gathered).to(permuted.dtype)
+    used = routemap >= 0
+    slot_tokens = used.nonzero()[:, 0]
+    probs = torch.zeros(routemap.shape, dtype=torch.float32, device=routemap.device)
+    probs[used] = permuted_probs.float()[rows[slot_tokens, routemap[used].long()]]
+    return out, probs
+
+
+def expert_ffn(x, x_scale, w13, w13_scale, w2, w2_scale, tokens_per_expert, padding_alignment,
+               out, *, fused_epilogue: bool = False, gate_up_swapped: bool = False,
+               zero_padding: bool = True):
+    """SwiGLU per expert over its segment of rows; FP8 inputs are dequantized per block and
+    the activation is requantized per token before the down projection.
+    ``fused_epilogue`` keeps gate and up in float32 (an epilogue-fused SwiGLU), a legitimate
+    variant whose rounding differs from the reference's."""
+    quantized = x_scale is not None
+    if zero_padding:
+        out.zero_()
+    starts, _ = segment_offsets(tokens_per_expert, padding_alignment, torch.device("cpu"))
+    for e, (start, count) in enumerate(zip(starts.tolist(), tokens_per_expert, strict=True)):
+        if count == 0:
+            continue
+        rows = slice(start, start + count)
+        if quantized:
+            xe = dequant(x[rows], x_scale[rows], 1, 128)
+            we13 = dequant(w13[e], w13_scale[e], 128, 128)
+            we2 = dequant(w2[e], w2_scale[e], 128, 128)
+        else:
+            xe, we13, we2 = x[rows].float(), w13[e].float(), w2[e].float()
+        gu = xe @ we13.T
+        if not fused_epilogue:
+            gu = gu.to(BF16).float()
+        gate, up = gu.chunk(2, dim=-1)
+        if gate_up_swapped:  # bug: silu applied to the up half
+            gate, up = up, gate
+        h = F.silu(gate) * up
+        h = dequant(*quantize_tokens(h), 1, 128) if quantized else h.to(BF16).float()
+        out[rows] = (h @ we2.T).to(out.dtype)
+    return out
+
+
+def layer(hidden, logits, w13, w13_scale, w2, w2_scale, topk, renormalize, padding_alignment,
+          *, probs_twice: bool = False, skip_renormalize: bool = False):
+    """Route, permute, FFN, weight by probs, unpermute."""
+    s, h = hidden.shape
+    num_experts = logits.shape[1]
+    probs, routemap = route(logits, topk, renormalize and not skip_renormalize)
+    tpe = torch.bincount(routemap.reshape(-1).long(), minlength=num_experts).tolist()
+    x, x_scale = quantize_tokens(hidden) if w13_scale is not None else (hidden, None)
+    _, rows = segment_offsets(tpe, padding_alignment, torch.device("cpu"))
+    dev = hidden.device
+    permuted, rowmap, pprobs, pscale = permute_into(
+        x, x_scale, routemap, probs, num_experts, tpe, padding_alignment,
+        torch.empty(rows, h, dtype=x.dtype, device=dev),
+        torch.empty(s, num_experts, dtype=torch.int32, device=dev),
+        torch.empty(rows, dtype=torch.float32, device=dev),
+        None if x_scale is None else torch.empty(rows, x_scale.shape[1], device=dev))
+    y = expert_ffn(permuted, pscale, w13, w13_scale, w2, w2_scale, tpe, padding_alignment,
+                   torch.empty(rows, h, dtype=BF16, device=dev))
+    weighted = (y.float() * pprobs[:, None]).to(BF16)
+    return unpermute(weighted, rowmap, routemap, pprobs, s, num_experts,
+                     reweight=probs_twice)[0]
