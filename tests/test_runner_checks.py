@@ -158,3 +158,31 @@ def test_without_the_proc_files_peak_memory_is_labelled_not_measured(tmp_path):
 def test_shift_buffers_off_skips_the_move(world):
     r = _run(world, doubled, bench=False, shift_buffers=False)
     assert r.status == "pass" and r.checks == ["poisoned_outputs"]
+
+
+def test_an_out_buffer_passed_as_none_is_an_output_the_case_lacks(world):
+    # fp8 rows have scales and bf16 rows do not: one spec, the scale buffer None for bf16
+    def inputs(params, rank, world_size):
+        x = generate((8,), torch.float32, seed=3)
+        scale = poisoned(8, torch.float32) if params["scaled"] else None
+        return {"x": x, "out": poisoned(8, torch.float32), "out_scale": scale}
+
+    def reference(x, out, out_scale):
+        return x * 2, (None if out_scale is None else torch.ones(8))
+
+    def impl(x, out, out_scale):
+        if out_scale is not None:
+            out_scale.fill_(1)
+        return torch.mul(x, 2, out=out), out_scale
+
+    def expected(params, rank, world_size):
+        out, scale = reference(**inputs(params, rank, world_size))
+        return {"out": out} if scale is None else {"out": out, "scale": scale}
+
+    spec = OpSpec(name="toy_scaled", family="toy", reference=reference, make_inputs=inputs,
+                  expected=expected, grid={}, implementations={"ok": impl},
+                  outputs=("out", "scale"), out_buffers={"out": "out", "scale": "out_scale"})
+    for scaled in (False, True):
+        r = run_case(world, Case(spec, {"scaled": scaled}, 1), "ok", impl, timing=TIMING)
+        assert r.status == "pass", r.reason
+        assert set(r.outputs) == ({"out", "scale"} if scaled else {"out"})
