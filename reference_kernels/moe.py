@@ -46,6 +46,8 @@ def router(logits: torch.Tensor, topk: int, renormalize: bool = False
 
 def tokens_per_expert(routemap: torch.Tensor, num_experts: int) -> list[int]:
     """How many tokens each expert receives (slots of -1 are unused)."""
+    if (routemap < -1).any():
+        raise ValueError(f"routemap holds {int(routemap.min())}; unused slots are -1")
     used = routemap[routemap >= 0].long()
     if used.numel() and int(used.max()) >= num_experts:
         raise ValueError(f"routemap names expert {int(used.max())} of only {num_experts}")
@@ -122,7 +124,10 @@ def moe_unpermute(permuted: torch.Tensor, rowmap: torch.Tensor, routemap: torch.
     probs = torch.zeros(routemap.shape, dtype=torch.float32)
     used = routemap >= 0
     tokens = used.nonzero()[:, 0]
-    probs[used] = permuted_probs.float()[rowmap[tokens, routemap[used].long()].long()]
+    rows = rowmap[tokens, routemap[used].long()].long()
+    if (rows < 0).any():
+        raise ValueError("the routemap names an expert whose rowmap entry is -1")
+    probs[used] = permuted_probs.float()[rows]
     return acc.to(permuted.dtype), probs
 
 
@@ -145,6 +150,10 @@ def expert_ffn(x: torch.Tensor, x_scale: torch.Tensor | None, w13: torch.Tensor,
     FP8 (scales given): x is fp8 with 1x128 scales, the weights fp8 with 128x128 block scales
     [E, ceil(N/128), ceil(K/128)], dequantized before each float32 GEMM."""
     quantized = x_scale is not None
+    if x.shape[0] != sum(padded_counts(tokens_per_expert_, padding_alignment)):
+        raise ValueError(f"x has {x.shape[0]} rows; the padded layout of {list(tokens_per_expert_)}"
+                         f" at alignment {padding_alignment} has "
+                         f"{sum(padded_counts(tokens_per_expert_, padding_alignment))}")
     inter = w13.shape[1] // 2
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=BF16)
     for e, rows in enumerate(segments(tokens_per_expert_, padding_alignment)):
