@@ -337,6 +337,9 @@ def _measure_chunk(
     offset: int,
     rank: int,
 ) -> None:
+    if a_raw.dtype == e_raw.dtype and torch.equal(_int_view(a_raw), _int_view(e_raw)):
+        _measure_identical(m, e_raw)
+        return
     a = a_raw.to(torch.float64)
     e = e_raw.to(torch.float64)
     a_nan, e_nan = torch.isnan(a), torch.isnan(e)
@@ -391,6 +394,23 @@ def _measure_chunk(
             m.first_bad_rank = rank
             m.first_bad_actual = float(a[i])
             m.first_bad_expected = float(e[i])
+
+
+def _measure_identical(m: Metrics, e_raw: torch.Tensor) -> None:
+    """What ``_measure_chunk`` finds for a bitwise-identical chunk, in a few passes instead
+    of two dozen (a 2**31-element copy is compared in seconds, not minutes): no differences,
+    and the same sums of squares it would add."""
+    e = e_raw.to(torch.float64)
+    if e_raw.dtype.is_floating_point:
+        nan, inf = torch.isnan(e), torch.isinf(e)
+        m.n_nan += int(nan.sum())
+        m.n_inf += int(inf.sum())
+        e = torch.where(nan | inf, torch.zeros_like(e), e)
+    sq = float((e * e).sum())
+    m.sum_sq_diff += 0.0
+    m.sum_sq_expected += sq
+    m.sum_sq_actual += sq
+    m.sum_dot += sq
 
 
 def verdict(m: Metrics, tolerance: Tolerance) -> tuple[bool, str]:

@@ -83,3 +83,17 @@ class PeakMemory:
             return
         if peak is not None:
             self.bytes, self.kind = max(0, peak - self._base), CPU_KIND
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory free for a new allocation on ``device``: CUDA's free device memory, a Linux CPU's
+    MemAvailable; None where it cannot be known."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -204,6 +204,17 @@ def _gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None,
     return max(p for p, _ in everyone), kind
 
 
+def _skip_reason(world: World, case: Case) -> str:
+    """Why this case cannot run here (the first rank's reason, agreed by all), or ''."""
+    requires = case.spec.requires
+    if requires is None:
+        return ""
+    why = requires(case.params, case.world_size, world.device) or ""
+    if world.size > 1:
+        why = next((r for r in world.comm.allgather(why) if r), "")
+    return why
+
+
 def run_case(
     world: World,
     case: Case,
@@ -232,6 +243,11 @@ def run_case(
     expected: dict[str, torch.Tensor] = {}
     tols: dict[str, compare.Tolerance] = {}
     writable: set[str] = set()
+    skip = _skip_reason(world, case)
+    if skip:
+        result.status, result.reason = "skip", skip
+        result.duration_s = time.perf_counter() - t0
+        return result
     mem = PeakMemory(world.device)
     checks = ["poisoned_outputs"] if spec.out_buffers else []
     try:

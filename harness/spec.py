@@ -84,6 +84,8 @@ class OpSpec:
     distributed: bool = False
     #: None: any world size; otherwise the ones the op runs at
     world_sizes: tuple[int, ...] | None = None
+    #: the one world size a case runs at, from its params (a device mesh's size); None: any
+    world_size_of: Callable[[Mapping[str, Any]], int] | None = None
     #: inputs an implementation may overwrite (all others are checked untouched)
     inplace_inputs: tuple[str, ...] = ()
     #: output names, in the order of a returned tuple
@@ -106,6 +108,10 @@ class OpSpec:
     deterministic: bool = True
     #: relative slowdown that counts as a regression for this op
     regression_threshold: float = 0.05
+    #: ``requires(params, world_size, device)``: why a case cannot run here (too little
+    #: memory for a large-tensor case), or None; a reason makes the result a ``skip`` that
+    #: says so, never a silent omission
+    requires: Callable[[Mapping[str, Any], int, Any], str | None] | None = None
     #: per-case deadline in seconds (watchdog)
     deadline_s: float = 120.0
     description: str = ""
@@ -129,7 +135,8 @@ class OpSpec:
         if not self.distributed and world_size != 1:
             # a single-device op runs the same on every rank: run it at world size 1 only
             return []
-        return [Case(self, dict(p), world_size) for p in self.grid.get(tier, ())]
+        return [Case(self, dict(p), world_size) for p in self.grid.get(tier, ())
+                if self.world_size_of is None or self.world_size_of(p) == world_size]
 
     def all_impls(self) -> dict[str, Callable[..., Any]]:
         """Implementations and negative controls by name."""

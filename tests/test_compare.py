@@ -487,3 +487,17 @@ def test_verdict_reasons_name_the_metric_and_place():
     assert "cos_diff" in compare.check(a, e, compare.cos_diff(0.1)).reason
     ok = compare.check(e.clone(), e, compare.exact())
     assert ok.passed and ok.reason == ""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.uint8,
+                                   torch.float8_e4m3fn])
+def test_identical_chunks_take_a_fast_path_with_the_same_metrics(dtype):
+    # the fast path (bitwise-identical chunk) must report exactly what the full path does:
+    # an expected of another dtype holding the same values forces the full path
+    x = (torch.arange(-500, 500, dtype=torch.float64) * 0.37).to(dtype)
+    if dtype.is_floating_point and dtype != torch.float8_e4m3fn:
+        x[3], x[7] = float("nan"), float("inf")
+    tol = compare.allclose(rtol=1e-3, atol=0.0)
+    fast = compare.measure(x, x.clone(), tol, chunk_elems=64).to_dict()
+    full = compare.measure(x, x.to(torch.float64), tol, chunk_elems=64).to_dict()
+    assert fast == full

@@ -1,0 +1,70 @@
+"""Reference strided copy: ``storage.as_strided(size, stride, offset)`` made contiguous,
+computed with explicit int64 index arithmetic rather than torch's own strided copy.
+
+Output element i (row-major over ``size``) has coordinates c_d = (i // prod(size[d+1:])) %
+size[d] and reads ``storage[offset + sum_d c_d * stride_d]``. Every product and sum is int64,
+so views with more than 2**31 elements, or strides and offsets beyond 2**31 (the large-tensor
+class, where 32-bit index arithmetic wraps) come out right. The work is done in chunks of
+output elements, so the index tensors stay small whatever the view's size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+CHUNK = 1 << 22
+
+
+def source_span(size: Sequence[int], stride: Sequence[int], offset: int) -> int:
+    """Elements of storage the view can touch: offset + sum (size_d - 1) * stride_d + 1
+    (0 for an empty view)."""
+    if any(s == 0 for s in size):
+        return 0
+    return offset + sum((s - 1) * st for s, st in zip(size, stride, strict=True)) + 1
+
+
+def strided_copy(storage: torch.Tensor, size: Sequence[int], stride: Sequence[int],
+                 offset: int = 0, chunk: int = CHUNK) -> torch.Tensor:
+    """A new contiguous tensor of shape ``size`` holding the strided view of the 1-D
+    ``storage``."""
+    size, stride = [int(s) for s in size], [int(s) for s in stride]
+    if storage.dim() != 1:
+        raise ValueError(f"storage must be 1-D, got shape {tuple(storage.shape)}")
+    if len(size) != len(stride):
+        raise ValueError(f"size {size} and stride {stride} differ in length")
+    if any(s < 0 for s in size) or any(s < 0 for s in stride) or offset < 0:
+        raise ValueError(f"negative size, stride or offset: {size}, {stride}, {offset}")
+    if source_span(size, stride, offset) > storage.numel():
+        raise ValueError(f"the view reaches element {source_span(size, stride, offset) - 1} "
+                         f"of a storage of {storage.numel()}")
+    numel = math.prod(size)
+    out = torch.empty(numel, dtype=storage.dtype)
+    if numel == 0:
+        return out.view(size)
+    if not size:  # 0-d: the one element at the offset
+        return storage[offset].clone()
+    # The outer coordinates are worked out once per row of the innermost dim, and each row's
+    # elements are that row's start plus j * stride[-1]; a row longer than a chunk is split.
+    *outer_size, inner = size
+    *outer_stride, inner_step = stride
+    rows = numel // inner
+    piece = min(inner, chunk)
+    rows_per_chunk = max(1, chunk // inner)
+    for row0 in range(0, rows, rows_per_chunk):
+        row = torch.arange(row0, min(rows, row0 + rows_per_chunk), dtype=torch.int64)
+        start = torch.full_like(row, offset)
+        rest = row
+        for extent, step in zip(reversed(outer_size), reversed(outer_stride), strict=True):
+            start += (rest % extent) * step
+            rest = rest // extent
+        for j0 in range(0, inner, piece):
+            j = torch.arange(j0, min(inner, j0 + piece), dtype=torch.int64)
+            source = start[:, None] + j[None, :] * inner_step           # [rows, piece]
+            if piece == inner:  # whole rows: one contiguous run of the output
+                out[row0 * inner : row0 * inner + source.numel()] = storage[source.reshape(-1)]
+            else:  # one row, split
+                out[row0 * inner + j0 : row0 * inner + j0 + j.numel()] = storage[source[0]]
+    return out.view(size)

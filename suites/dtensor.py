@@ -1,0 +1,266 @@
+"""DTensor redistribution (torch.distributed.tensor) on 1-D, 2-D and 3-D device meshes.
+
+Every rank starts from its local tensor of a global ``x`` under the source placements (made
+by the reference ``local_shard``), the implementation redistributes it, and the check is
+twofold: this rank's new local tensor against ``local_shard`` under the target placements,
+and the full tensor gathered back from the result against ``x`` (the round trip). Values are
+multiples of 8 with small magnitudes, so Partial(sum) locals (x / n) and every reduction are
+exact: the checks are bitwise.
+
+A case runs at the world size its mesh needs. Placements are written ``R``, ``S<d>``,
+``P[sum|avg|min|max]`` and ``SS<d>sf<k>`` (_StridedShard), one per mesh dim: ``S0,R``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from itertools import product
+from typing import Any
+
+import torch
+
+from harness import compare
+from harness.inputs import dtype_from_name, generate, seed_from
+from harness.spec import OpSpec, Work
+from reference_kernels import dtensor as ref
+
+FAMILY = "dtensor"
+
+
+def mesh_shape(params: Mapping[str, Any]) -> tuple[int, ...]:
+    return tuple(int(n) for n in str(params["mesh"]).split("x"))
+
+
+def global_tensor(params: Mapping[str, Any]) -> torch.Tensor:
+    """x: multiples of 8 in [-128, 128], so x / n (n <= 8) and sums over ranks are exact."""
+    seed = seed_from("dtensor", *map(str, params["shape"]), params["dtype"])
+    ints = generate(tuple(params["shape"]), torch.int32, seed=seed, dist="int", low=-16,
+                    high=16)
+    return (ints * 8).to(dtype_from_name(params["dtype"]))
+
+
+def redistribute_inputs(params: Mapping[str, Any], rank: int, world_size: int
+                        ) -> dict[str, Any]:
+    shape = mesh_shape(params)
+    x = global_tensor(params)
+    return {"local": ref.local_shard(x, shape, params["src"], ref.coordinate(rank, shape)),
+            "global_shape": tuple(x.shape), "mesh_shape": shape, "src": params["src"],
+            "dst": params["dst"]}
+
+
+def redistribute_expected(params: Mapping[str, Any], rank: int, world_size: int
+                          ) -> dict[str, torch.Tensor]:
+    shape = mesh_shape(params)
+    x = global_tensor(params)
+    return {"local": ref.local_shard(x, shape, params["dst"], ref.coordinate(rank, shape)),
+            "full": x}
+
+
+# ---------------------------------------------------------------- implementations
+_MESHES: dict[tuple[str, tuple[int, ...]], Any] = {}
+
+
+def device_mesh(world: Any, shape: tuple[int, ...]) -> Any:
+    """The DeviceMesh of this shape over all ranks (made once: creating one is collective)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    world.group  # noqa: B018  (makes sure the default process group exists)
+    key = (world.device.type, shape)
+    if key not in _MESHES:
+        _MESHES[key] = init_device_mesh(world.device.type, shape)
+    return _MESHES[key]
+
+
+def torch_placements(placements: Sequence[ref.Placement] | str, *, strided_as_plain=False):
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(placements, str):
+        placements = ref.parse(placements)
+    out = []
+    for p in placements:
+        if p.kind == "R":
+            out.append(Replicate())
+        elif p.kind == "S" or (p.kind == "SS" and strided_as_plain):
+            out.append(Shard(p.dim))
+        elif p.kind == "SS":
+            out.append(_StridedShard(p.dim, split_factor=p.split_factor))
+        else:
+            out.append(Partial(p.op))
+    return out
+
+
+def _source(world: Any, local: torch.Tensor, global_shape: Sequence[int],
+            mesh_shape: tuple[int, ...], src: str, *, strided_as_plain: bool = False) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    mesh = device_mesh(world, mesh_shape)
+    stride = tuple(math.prod(global_shape[d + 1:]) for d in range(len(global_shape)))
+    return DTensor.from_local(local, mesh, torch_placements(src,
+                              strided_as_plain=strided_as_plain),
+                              run_check=False, shape=torch.Size(global_shape), stride=stride)
+
+
+def _redistribute(world: Any, local, global_shape, mesh_shape, src, dst, *, graph: bool,
+                  strided_as_plain: bool = False):
+    from torch.distributed.tensor._redistribute import (
+        _gen_transform_infos,
+        use_min_cost_redistribution_plan,
+    )
+
+    source = _source(world, local, global_shape, mesh_shape, src,
+                     strided_as_plain=strided_as_plain)
+    mesh = device_mesh(world, mesh_shape)
+    # the planner caches plans by spec: clear it so each planner makes its own
+    _gen_transform_infos.cache_clear()
+    target = torch_placements(dst)
+    with use_min_cost_redistribution_plan(graph):
+        if any(t.is_partial() and t != p for t, p in zip(target, source.placements,
+                                                         strict=True)):
+            result = _to_partial(source, mesh, target)
+        else:
+            result = source.redistribute(mesh, target)
+        full = result.full_tensor()
+    _gen_transform_infos.cache_clear()
+    return result.to_local().contiguous(), full
+
+
+def _to_partial(source: Any, mesh: Any, target: list) -> Any:
+    """Replicate -> Partial is refused by the public ``redistribute`` ("for internal use
+    only"); torch's own tests reach it through the planner directly, as here."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    from torch.distributed.tensor._redistribute import redistribute_local_tensor
+
+    spec = DTensorSpec(mesh, tuple(target), tensor_meta=source._spec.tensor_meta)
+    local = redistribute_local_tensor(source._local_tensor, source._spec, spec)
+    return DTensor(local, spec, requires_grad=False)
+
+
+def redistribute_torch(world, local, global_shape, mesh_shape, src, dst):
+    """DTensor.redistribute with the default (greedy) planner."""
+    return _redistribute(world, local, global_shape, mesh_shape, src, dst, graph=False)
+
+
+def redistribute_torch_graph(world, local, global_shape, mesh_shape, src, dst):
+    """DTensor.redistribute with the min-cost graph (Dijkstra) planner."""
+    return _redistribute(world, local, global_shape, mesh_shape, src, dst, graph=True)
+
+
+def redistribute_floor_chunks(world, local, global_shape, mesh_shape, src, dst):
+    """Bug: shards sized with floor(L / n) (the last rank takes the remainder) instead of
+    torch.chunk's ceil. Right whenever every sharded length divides evenly."""
+    full = _source(world, local, global_shape, mesh_shape, src).full_tensor()
+    t = full
+    coord = ref.coordinate(world.rank, mesh_shape)
+    for n, p, i in zip(mesh_shape, ref.parse(dst), coord, strict=True):
+        if p.kind == "P" and p.op == "sum":
+            t = t / n
+        elif p.kind == "S":
+            size = t.shape[p.dim] // n
+            stop = t.shape[p.dim] if i == n - 1 else (i + 1) * size
+            t = t.narrow(p.dim, i * size, stop - i * size)
+    return t.contiguous(), full
+
+
+def redistribute_strided_as_plain(world, local, global_shape, mesh_shape, src, dst):
+    """Bug: a _StridedShard source is taken for a plain Shard of the same dim, so its pieces
+    are stitched back in the wrong order."""
+    return _redistribute(world, local, global_shape, mesh_shape, src, dst, graph=False,
+                         strided_as_plain=True)
+
+
+# ---------------------------------------------------------------- grids
+def _case(mesh: str, src: str, dst: str, shape: Sequence[int], dtype: str = "f32") -> dict:
+    return {"mesh": mesh, "src": src, "dst": dst, "shape": tuple(shape), "dtype": dtype}
+
+
+def _one_d(n: int, lengths: Sequence[int] | None = None) -> list[dict]:
+    """torch's 1-D cases: S<->R, P->R, P->S, S0<->S1, R->P, the no-op, every partial op,
+    strided-shard sources; lengths n*k, n*k+1, n*k+2 and L < n by default."""
+    mesh = str(n)
+    lengths = sorted(set(lengths or (n * 3, n * 3 + 1, n * 3 + 2, max(1, n - 1))))
+    cases = []
+    for length in lengths:
+        shape = (length, 5)
+        cases += [_case(mesh, "S0", "R", shape), _case(mesh, "R", "S0", shape),
+                  _case(mesh, "P", "R", shape), _case(mesh, "P", "S0", shape),
+                  _case(mesh, "S0", "S1", shape), _case(mesh, "S1", "S0", (5, length)),
+                  _case(mesh, "R", "P", shape), _case(mesh, "S0", "S0", shape)]
+    shape = (n * 2 + 1, 3)
+    cases += [_case(mesh, f"P{op}", dst, shape) for op in ("avg", "min", "max")
+              for dst in ("R", "S0")]
+    cases += [_case(mesh, "SS0sf2", dst, (n * 4 + 2, 3)) for dst in ("R", "S0", "S1")]
+    cases += [_case(mesh, "S0", "R", (n * 3 + 1, 5), "bf16")]
+    return cases
+
+
+def _two_d_exhaustive(mesh: str, shape: Sequence[int]) -> list[dict]:
+    """{R, S0, S1, P}^2 -> {R, S0, S1}^2."""
+    src = [",".join(p) for p in product(("R", "S0", "S1", "P"), repeat=2)]
+    dst = [",".join(p) for p in product(("R", "S0", "S1"), repeat=2)]
+    return [_case(mesh, s, d, shape) for s in src for d in dst]
+
+
+def _special() -> list[dict]:
+    """Nested sharding, the 3-D mesh, strided-shard sources on 2-D meshes, uneven shapes."""
+    return [
+        _case("2x2", "S0,S0", "R,S0", (9, 4)), _case("4x2", "S0,S0", "R,S0", (17, 3)),
+        _case("2x4", "S0,S0", "R,S0", (7, 5)),                    # L < product of the mesh
+        _case("2x2", "SS0sf2,S0", "R,R", (8, 3)), _case("2x2", "SS0sf2,S0", "S0,R", (10, 3)),
+        _case("4x2", "SS0sf2,S0", "R,S1", (18, 4)), _case("2x4", "SS1sf4,S1", "R,R", (3, 34)),
+        _case("2x2x2", "S0,S1,R", "R,R,S0", (9, 7)), _case("2x2x2", "P,S0,S1", "S1,R,S0", (8, 6)),
+        _case("2x2x2", "S0,S0,S0", "R,R,R", (13, 2)), _case("2x2x2", "R,P,S0", "S0,S1,R", (5, 9)),
+        _case("2x2x2", "SS0sf2,S0,R", "R,S1,S0", (16, 4)),
+    ]
+
+
+def _smoke() -> list[dict]:
+    cases = _one_d(1, [3]) + _one_d(4, [13, 3]) + _one_d(8, [25, 7])
+    for mesh, shape in (("2x2", (9, 7)), ("4x2", (9, 7)), ("2x4", (9, 7))):
+        exhaustive = _two_d_exhaustive(mesh, shape)
+        cases += exhaustive[::13]  # a spread of the 144
+    return _unique(cases + _special())
+
+
+def _nightly() -> list[dict]:
+    cases = _one_d(1) + _one_d(4) + _one_d(8)
+    for mesh, shape in (("2x2", (9, 7)), ("4x2", (9, 7)), ("2x4", (9, 7))):
+        cases += _two_d_exhaustive(mesh, shape)
+    cases += [_case(m, s, d, (1024 * 8 + 3, 1031)) for m in ("8", "4x2")
+              for s, d in (("S0", "R"), ("P", "S1"), ("R", "S0"))]
+    return _unique(cases + _special())
+
+
+def _unique(cases: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for c in cases:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def _work(params: Mapping[str, Any], world_size: int) -> Work:
+    item = dtype_from_name(params["dtype"]).itemsize
+    return Work(bytes=math.prod(params["shape"]) * item)
+
+
+REDISTRIBUTE = OpSpec(
+    name="dtensor.redistribute", family=FAMILY, reference=ref.local_shard,
+    description="DTensor.redistribute(src -> dst placements): every rank's local tensor and "
+                "the gathered full tensor, bitwise.",
+    make_inputs=redistribute_inputs, expected=redistribute_expected,
+    tolerance=compare.exact(), work=_work, outputs=("local", "full"),
+    grid={"smoke": _smoke(), "nightly": _nightly()},
+    implementations={"torch": redistribute_torch, "torch-graph": redistribute_torch_graph},
+    negative_controls={"floor_chunks": redistribute_floor_chunks,
+                       "strided_as_plain": redistribute_strided_as_plain},
+    distributed=True,
+    world_size_of=lambda p: math.prod(mesh_shape(p)),
+    deadline_s=120.0,
+)
+
+SPECS = [REDISTRIBUTE]
