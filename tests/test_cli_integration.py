@@ -7,7 +7,9 @@ Each test launches MPI jobs once per world size and runs all its cases inside th
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -74,7 +76,12 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
     assert {r["world_size"] for r in results} == {1, 4, 8}
     assert {r["op"] for r in results} >= set(COLLECTIVES) | set(HOPPER_TASKS) | set(FP8)
     assert {r["world_size"] for r in results if r["op"] in FP8} == {1}
-    assert {r["op"] for r in results} >= set(MOE)
+    assert {r["op"] for r in results} >= set(MOE) | {"strided_copy", "dtensor.redistribute"}
+    # a DTensor case runs at exactly the world size of its mesh
+    for r in results:
+        if r["op"] == "dtensor.redistribute":
+            mesh = r["case_id"].split("mesh=")[1].split(",")[0]
+            assert math.prod(int(n) for n in mesh.split("x")) == r["world_size"], r
     for op in MOE:  # only the expert-parallel layer is distributed
         sizes = {r["world_size"] for r in results if r["op"] == op}
         assert sizes == ({1, 4, 8} if op == "moe.layer_ep" else {1}), (op, sizes)
@@ -346,6 +353,100 @@ def test_moe_implementations_pass_and_every_control_fails(tmp_path):
     assert {r["world_size"] for r in by[("layer_ep", "dropped_token")]} == {1, 4, 8}
     # a padding row left unwritten shows as the poison the buffer was filled with
     assert all("nan vs 0.0" in r["reason"] for r in by[("permute", "padding_not_zeroed")])
+
+
+def _params(case_id: str) -> dict[str, str]:
+    """A case id's params as text (values may hold commas: ``src=S0,R``)."""
+    inner = case_id[case_id.index("[") + 1 : -1]
+    return dict(kv.split("=", 1) for kv in re.split(r",(?=[a-z_]+=)", inner))
+
+
+def test_strided_copy_controls_fail_where_their_bug_shows(tmp_path):
+    out = harness(tmp_path, "run", "strided_copy", "--world-sizes", "1", "--no-bench",
+                  "--impl", "torch", "--impl", "stride_ignored", "--impl", "int32_index")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    results = rows(tmp_path / "h.db", "SELECT case_id, impl, status FROM results")
+    assert len({r["case_id"] for r in results}) >= 60
+    for r in results:
+        p = _params(r["case_id"])
+        size = [int(v) for v in p["size"].split("x") if v]
+        stride = [int(v) for v in p["stride"].split("x") if v]
+        if r["impl"] == "stride_ignored":
+            # the innermost stride matters when it is not 1 and the dim has 2+ elements
+            shows = bool(size) and size[-1] > 1 and stride[-1] != 1 and 0 not in size
+            assert r["status"] == ("fail" if shows else "pass"), r
+        else:
+            # indices below 2**31 never wrap: only the stress tier exposes int32_index
+            assert r["status"] == "pass", r
+    dtypes = {_params(r["case_id"])["dtype"] for r in results}
+    assert len(dtypes) == 12  # every dtype the harness knows
+
+
+def _dtensor_uneven_1d_shard(case_id: str) -> bool:
+    p = _params(case_id)
+    mesh, dst = p["mesh"], p["dst"]
+    if "x" in mesh or not dst.startswith("S") or dst.startswith("SS"):
+        return False
+    return int(p["shape"].split("x")[int(dst[1:])]) % int(mesh) != 0
+
+
+def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(tmp_path):
+    out = harness(tmp_path, "run", "dtensor", "--world-sizes", "1,4,8", "--no-bench",
+                  "--impl", "torch", "--impl", "torch-graph", "--impl", "floor_chunks",
+                  "--impl", "strided_as_plain")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    results = rows(tmp_path / "h.db", "SELECT world_size, case_id, impl, status FROM results")
+    assert {r["world_size"] for r in results} == {1, 4, 8}
+    by = {}
+    for r in results:
+        by.setdefault(r["impl"], []).append(r)
+    assert {r["status"] for r in by["torch"] + by["torch-graph"]} == {"pass"}
+    meshes = {_params(r["case_id"])["mesh"] for r in by["torch"]}
+    assert meshes >= {"1", "4", "8", "2x2", "4x2", "2x4", "2x2x2"}
+    for r in by["strided_as_plain"]:  # exactly the _StridedShard sources (on one rank a
+        shows = "src=SS" in r["case_id"] and r["world_size"] > 1  # strided shard is plain)
+        assert r["status"] == ("fail" if shows else "pass"), r
+    floor = by["floor_chunks"]
+    for r in floor:
+        dst = _params(r["case_id"])["dst"]
+        if "S" not in dst:  # nothing is chunked on the way to a replica or a partial
+            assert r["status"] == "pass", r
+        if r["world_size"] > 1 and _dtensor_uneven_1d_shard(r["case_id"]):
+            assert r["status"] == "fail", r
+    assert sum(r["status"] == "fail" for r in floor) >= 20
+
+
+# the strided-copy stress tier on this machine (about 2 GiB of inputs per case, so one job
+# per check and no timing): a transposed int8 view of more than 2**31 elements copies right,
+# a storage offset beyond 2**31 exposes 32-bit index arithmetic, and a case too big for the
+# free memory is skipped with a reason that says so, never silently
+def _results(tmp_path):
+    return rows(tmp_path / "h.db", "SELECT case_id, impl, status, reason FROM results")
+
+
+def test_an_int8_view_of_more_than_2_31_elements_copies_right(tmp_path):
+    out = harness(tmp_path, "run", "strided_copy[*view=numel_over_2_31*]", "--tier", "stress",
+                  "--world-sizes", "1", "--no-bench", "--impl", "torch", timeout=1500)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    got = {r["case_id"].split("dtype=")[1][:3]: r for r in _results(tmp_path)}
+    i8, f32 = got["i8,"], got["f32"]
+    if i8["status"] == "skip":
+        pytest.skip(f"this machine cannot hold the int8 case: {i8['reason']}")
+    assert i8["status"] == "pass", i8
+    # the float32 one needs ~43 GiB: it runs where that is free, else it says why not
+    assert f32["status"] == "pass" or (f32["status"] == "skip" and "GiB free" in f32["reason"])
+
+
+def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
+    out = harness(tmp_path, "run", "strided_copy[*view=offset_over_2_31*]", "--tier", "stress",
+                  "--world-sizes", "1", "--no-bench", "--impl", "int32_index", "--impl", "torch",
+                  timeout=1500)
+    results = {r["impl"]: r for r in _results(tmp_path)}
+    if results["torch"]["status"] == "skip":
+        pytest.skip(results["torch"]["reason"])
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert results["torch"]["status"] == "pass"
+    assert results["int32_index"]["status"] == "fail"
 
 
 def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(tmp_path):
