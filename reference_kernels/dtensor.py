@@ -48,8 +48,8 @@ class Placement:
 def parse(text: str) -> list[Placement]:
     """Placements from text like ``"S0,R"``, ``"Pmax"`` or ``"SS0sf2,S0"``."""
     out = []
-    for token in text.split(","):
-        m = _TOKEN.match(token.strip())
+    for token in (t.strip() for t in text.split(",")):
+        m = _TOKEN.match(token)
         if m is None:
             raise ValueError(f"placement {token!r}: use R, S<d>, P[sum|avg|min|max] or "
                              f"SS<d>sf<k>")

@@ -31,6 +31,8 @@ def strided_copy(storage: torch.Tensor, size: Sequence[int], stride: Sequence[in
     """A new contiguous tensor of shape ``size`` holding the strided view of the 1-D
     ``storage``."""
     size, stride = [int(s) for s in size], [int(s) for s in stride]
+    if chunk < 1:
+        raise ValueError(f"chunk={chunk} must be >= 1")
     if storage.dim() != 1:
         raise ValueError(f"storage must be 1-D, got shape {tuple(storage.shape)}")
     if len(size) != len(stride):
