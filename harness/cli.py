@@ -261,6 +261,9 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
             reason = r.reason.splitlines()[0] if r.reason else ""
             console.print(f"[red]{r.status.upper()}[/red] "
                           + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"))
+        elif r.status == "skip":  # a case that cannot run here says why, never silently
+            console.print("[yellow]SKIP[/yellow] "
+                          + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {r.reason}"))
     if missing:
         console.print(f"[yellow]{len(missing)} case(s) did not run[/yellow]: "
                       + escape(", ".join(sorted(missing)[:5]))
