@@ -228,8 +228,10 @@ def _nightly() -> list[dict]:
     cases = _one_d(1) + _one_d(4) + _one_d(8)
     for mesh, shape in (("2x2", (9, 7)), ("4x2", (9, 7)), ("2x4", (9, 7))):
         cases += _two_d_exhaustive(mesh, shape)
-    cases += [_case(m, s, d, (1024 * 8 + 3, 1031)) for m in ("8", "4x2")
-              for s, d in (("S0", "R"), ("P", "S1"), ("R", "S0"))]
+    big = (1024 * 8 + 3, 1031)
+    cases += [_case("8", s, d, big) for s, d in (("S0", "R"), ("P", "S1"), ("R", "S0"))]
+    cases += [_case("4x2", s, d, big) for s, d in (("S0,R", "R,R"), ("P,R", "S1,S0"),
+                                                   ("R,R", "S0,S1"))]
     return _unique(cases + _special())
 
 
