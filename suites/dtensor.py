@@ -24,6 +24,7 @@ from harness import compare
 from harness.inputs import dtype_from_name, generate, seed_from
 from harness.spec import OpSpec, Work
 from reference_kernels import dtensor as ref
+from suites._grid import unique
 
 FAMILY = "dtensor"
 
@@ -221,7 +222,7 @@ def _smoke() -> list[dict]:
     for mesh, shape in (("2x2", (9, 7)), ("4x2", (9, 7)), ("2x4", (9, 7))):
         exhaustive = _two_d_exhaustive(mesh, shape)
         cases += exhaustive[::13]  # a spread of the 144
-    return _unique(cases + _special())
+    return unique(cases + _special())
 
 
 def _nightly() -> list[dict]:
@@ -232,17 +233,7 @@ def _nightly() -> list[dict]:
     cases += [_case("8", s, d, big) for s, d in (("S0", "R"), ("P", "S1"), ("R", "S0"))]
     cases += [_case("4x2", s, d, big) for s, d in (("S0,R", "R,R"), ("P,R", "S1,S0"),
                                                    ("R,R", "S0,S1"))]
-    return _unique(cases + _special())
-
-
-def _unique(cases: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for c in cases:
-        key = tuple(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
+    return unique(cases + _special())
 
 
 def _work(params: Mapping[str, Any], world_size: int) -> Work:

@@ -10,13 +10,14 @@ element left unwritten fails). In-place cases pass overlapping buffers, as nccl-
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from harness import compare
 from harness.inputs import dtype_from_name, generate, seed_from
+from suites._grid import unique  # noqa: F401  (the collectives' grids import it here)
 
 
 # ---------------------------------------------------------------- inputs
@@ -150,15 +151,6 @@ def is_same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 # ---------------------------------------------------------------- grids
-def unique(cases: Iterable[dict]) -> list[dict]:
-    """Cases in order, each once."""
-    seen, out = set(), []
-    for c in cases:
-        key = tuple(sorted(c.items()))
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
 
 
 def sweep_counts(dtype: str, low_bytes: int = 8, high_bytes: int = 64 << 20) -> list[int]:
