@@ -406,8 +406,7 @@ def _measure_identical(m: Metrics, e_raw: torch.Tensor) -> None:
         m.n_nan += int(nan.sum())
         m.n_inf += int(inf.sum())
         e = torch.where(nan | inf, torch.zeros_like(e), e)
-    sq = float((e * e).sum())
-    m.sum_sq_diff += 0.0
+    sq = float((e * e).sum())  # sum_sq_diff gains nothing
     m.sum_sq_expected += sq
     m.sum_sq_actual += sq
     m.sum_dot += sq

@@ -150,28 +150,28 @@ def expert_ffn(x: torch.Tensor, x_scale: torch.Tensor | None, w13: torch.Tensor,
     FP8 (scales given): x is fp8 with 1x128 scales, the weights fp8 with 128x128 block scales
     [E, ceil(N/128), ceil(K/128)], dequantized before each float32 GEMM."""
     quantized = x_scale is not None
-    if x.shape[0] != sum(padded_counts(tokens_per_expert_, padding_alignment)):
+    rows = sum(padded_counts(tokens_per_expert_, padding_alignment))
+    if x.shape[0] != rows:
         raise ValueError(f"x has {x.shape[0]} rows; the padded layout of {list(tokens_per_expert_)}"
-                         f" at alignment {padding_alignment} has "
-                         f"{sum(padded_counts(tokens_per_expert_, padding_alignment))}")
+                         f" at alignment {padding_alignment} has {rows}")
     inter = w13.shape[1] // 2
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=BF16)
-    for e, rows in enumerate(segments(tokens_per_expert_, padding_alignment)):
-        if rows.stop == rows.start:
+    for e, seg in enumerate(segments(tokens_per_expert_, padding_alignment)):
+        if seg.stop == seg.start:
             continue
         if quantized:
-            xe = fp8.dequantize(x[rows], x_scale[rows], "token")
+            xe = fp8.dequantize(x[seg], x_scale[seg], "token")
             we13 = fp8.dequantize(w13[e], w13_scale[e], "block")
             we2 = fp8.dequantize(w2[e], w2_scale[e], "block")
         else:
-            xe, we13, we2 = x[rows].float(), w13[e].float(), w2[e].float()
+            xe, we13, we2 = x[seg].float(), w13[e].float(), w2[e].float()
         gu = (xe @ we13.T).to(BF16).float()
         h = F.silu(gu[:, :inter]) * gu[:, inter:]
         if quantized:
             h = fp8.dequantize(*fp8.quantize(h, fmt, "token"), "token")
         else:
             h = h.to(BF16).float()
-        out[rows] = (h @ we2.T).to(BF16)
+        out[seg] = (h @ we2.T).to(BF16)
     return out
 
 

@@ -65,11 +65,7 @@ def layer_ep(world: Any, hidden, logits, w13, w13_scale, w2, w2_scale, topk, ren
         recv_counts.flatten())
     regroup = torch.argsort(row_expert, stable=True)
     tpe = recv_counts.sum(0).tolist()
-    offsets, rows = torch_ops.segment_offsets(tpe, padding_alignment, dev)
-    grouped_expert = row_expert[regroup]
-    first = torch.cumsum(recv_counts.sum(0), 0) - recv_counts.sum(0)
-    dest = offsets[grouped_expert] + torch.arange(regroup.numel(), device=dev) - first[
-        grouped_expert]
+    dest, rows = torch_ops.padded_destinations(row_expert[regroup], tpe, padding_alignment)
     xin = torch.zeros(rows, h, dtype=torch_ops.raw_bytes(rx).dtype, device=dev)
     xin[dest] = torch_ops.raw_bytes(rx)[regroup]
     xin = xin.view(rx.dtype)

@@ -111,25 +111,28 @@ def _global_rows(params: Mapping[str, Any], world_size: int) -> int:
     return rank_tokens(params, world_size - 1, world_size).stop
 
 
+def _ep_tokens(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+    """This rank's hidden rows and router logits, with the layer's scalar arguments."""
+    rows = rank_tokens(params, rank, world_size)
+    total = _global_rows(params, world_size)
+    return {"hidden": hidden("layer_ep", params, total, params["hidden"], region=(rows,)),
+            "logits": logits("layer_ep", params, total, region=(rows,)), **_args(params)}
+
+
 def ep_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     experts = params["experts"]
     if experts % world_size:
         raise ValueError(f"experts={experts} do not split over {world_size} ranks; use a "
                          f"multiple of the world size")
     local = experts // world_size
-    rows = rank_tokens(params, rank, world_size)
-    total = _global_rows(params, world_size)
-    x = hidden("layer_ep", params, total, params["hidden"], region=(rows,))
-    return {"hidden": x, "logits": logits("layer_ep", params, total, region=(rows,)),
-            **expert_weights("layer_ep", params, slice(rank * local, (rank + 1) * local)),
-            **_args(params)}
+    return {**_ep_tokens(params, rank, world_size),
+            **expert_weights("layer_ep", params, slice(rank * local, (rank + 1) * local))}
 
 
 def ep_expected(params: Mapping[str, Any], rank: int, world_size: int) -> torch.Tensor:
     """The single-device layer on this rank's tokens, with every expert's weights."""
-    mine = ep_inputs(params, rank, world_size)
-    everything = expert_weights("layer_ep", params)
-    return layer_reference(**{**mine, **everything})
+    return layer_reference(**_ep_tokens(params, rank, world_size),
+                           **expert_weights("layer_ep", params))
 
 
 def ep_torch(world: Any, **kw):

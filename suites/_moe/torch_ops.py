@@ -47,6 +47,17 @@ def segment_offsets(tokens_per_expert: Sequence[int] | torch.Tensor, align: int,
     return torch.cumsum(padded, 0) - padded, int(padded.sum())
 
 
+def padded_destinations(experts: torch.Tensor, tokens_per_expert: Sequence[int], align: int
+                        ) -> tuple[torch.Tensor, int]:
+    """The row of each expert-sorted pair in the padded layout (its expert's segment start
+    plus its place within the expert), and the layout's total rows."""
+    offsets, rows = segment_offsets(tokens_per_expert, align, experts.device)
+    counts = torch.bincount(experts, minlength=offsets.numel())
+    first = torch.cumsum(counts, 0) - counts           # first sorted pair of each expert
+    place = torch.arange(experts.numel(), device=experts.device) - first[experts]
+    return offsets[experts] + place, rows
+
+
 def sort_by_expert(routemap: torch.Tensor, *, reverse_one_expert: bool = False
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The routed (token, slot) pairs ordered by expert, ascending token within an expert:
@@ -73,10 +84,7 @@ def permute_into(hidden, scale, routemap, probs, num_experts, tokens_per_expert,
     """moe_permute writing into the given buffers: sort the routed pairs by expert, compute
     each pair's destination row, scatter rows, probs and scales, zero the padding rows."""
     pos, experts, tokens = sort_by_expert(routemap, reverse_one_expert=reverse_one_expert)
-    offsets, _ = segment_offsets(tokens_per_expert, padding_alignment, routemap.device)
-    counts = torch.bincount(experts, minlength=num_experts)
-    first = torch.cumsum(counts, 0) - counts           # first sorted pair of each expert
-    dest = offsets[experts] + torch.arange(pos.numel(), device=pos.device) - first[experts]
+    dest, _ = padded_destinations(experts, tokens_per_expert, padding_alignment)
     if zero_padding:
         raw_bytes(out).zero_()
         out_probs.zero_()
