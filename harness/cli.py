@@ -17,41 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REGRESSION, EXIT_INFRA = 0, 1, 2, 3, 4
-
-# logs (CI, pipes) get wide lines so case ids are never folded; terminals keep their width
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, highlight=False,
-                      width=None if sys.stderr.isatty() else 200)
-
-
-class HarnessExit(Exception):
-    """A user-facing error: one line and an exit code."""
-
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _fail(message: str, code: int) -> None:
-    raise HarnessExit(message, code)
-
-
-def parse_world_sizes(text: str) -> list[int]:
-    """``1,4,8`` -> [1, 4, 8]; anything else is a usage error."""
-    try:
-        sizes = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or any(s < 1 for s in sizes):
-        _fail(f"--world-sizes {text!r} is not a comma-separated list of positive integers "
-              "(e.g. 1,4,8)", EXIT_USAGE)
-    return sorted(dict.fromkeys(sizes))
+from harness.cli_common import (  # noqa: F401 - re-exported for callers
+    EXIT_FAIL,
+    EXIT_INFRA,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_USAGE,
+    HarnessExit,
+    _fail,
+    console,
+    err_console,
+    parse_world_sizes,
+)
 
 
 def resolve_plans(selectors: Sequence[str], tier: str, sizes: Sequence[int],
@@ -329,6 +310,21 @@ def env(as_json: bool, launcher: str | None) -> None:
                      f"{value['memory_gb']} GB; fingerprint {value['fingerprint']})")
         table.add_row(f"[bold]{key}[/bold]", escape("-" if value in (None, "") else str(value)))
     console.print(table)
+
+
+# ----------------------------------------------------------- commands of their own modules
+def _register_commands() -> None:
+    # each module defines plain click commands and imports only cli_common, never this module
+    from harness.cli_calibrate import calibrate
+    from harness.cli_compare import compare
+    from harness.cli_exchange import export, ingest
+    from harness.cli_golden import golden
+
+    for command in (golden, calibrate, compare, ingest, export):
+        cli.add_command(command)
+
+
+_register_commands()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
