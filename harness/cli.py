@@ -86,11 +86,15 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--hostfile", default=None, type=click.Path(exists=True, dir_okay=False))
 @click.option("--grace", type=float, default=30.0, show_default=True,
               help="Seconds past a case's deadline before the launcher kills a hung job.")
+@click.option("--golden-dir", default=None, type=click.Path(file_okay=False),
+              help="Golden directory (default $HARNESS_GOLDEN_DIR or suites/golden).")
+@click.option("--golden/--no-golden", "use_golden", default=True, show_default=True,
+              help="Also compare every implementation with the stored golden.")
 @click.pass_context
 def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: str,
         impls: tuple[str, ...], device: str, bench: bool, db: str | None, out_dir: str | None,
         timeout: float | None, fail_on: str, launcher: str | None, launcher_args: str,
-        hostfile: str | None, grace: float) -> None:
+        hostfile: str | None, grace: float, golden_dir: str | None, use_golden: bool) -> None:
     """Run, check and time the selected cases at each world size; record them in the DB.
 
     SELECTORS are families (collectives), ops (allreduce) or globs over case ids
@@ -132,7 +136,8 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
                        selectors=selectors, impls=impls, device=device, bench=bench,
                        timeout=timeout, env_id=envinfo.env_id(env),
                        launcher_args=shlex.split(launcher_args), hostfile=hostfile,
-                       grace_s=grace)
+                       grace_s=grace, golden=use_golden,
+                       golden_dir=str(Path(golden_dir).resolve()) if golden_dir else None)
     err_console.print(f"run {run_id}  tier={tier}  world sizes={sizes}  -> {run_dir}")
 
     infra_errors: list[str] = []
@@ -241,7 +246,8 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
         if r.status in ("fail", "error", "timeout", "crash"):
             reason = r.reason.splitlines()[0] if r.reason else ""
             console.print(f"[red]{r.status.upper()}[/red] "
-                          + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"))
+                          + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"),
+                          soft_wrap=True)
         elif r.status == "skip":  # a case that cannot run here says why, never silently
             console.print("[yellow]SKIP[/yellow] "
                           + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {r.reason}"))

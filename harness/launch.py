@@ -45,6 +45,9 @@ class LaunchConfig:
     bench: bool = True
     timeout: float | None = None
     env_id: str = ""
+    #: golden directory (None: the default), or no golden comparison at all
+    golden_dir: str | None = None
+    golden: bool = True
     launcher_args: Sequence[str] = ()
     hostfile: str | None = None
     pytest_args: Sequence[str] = ()
@@ -90,6 +93,10 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
         cmd += ["--harness-impl", impl]
     if not cfg.bench:
         cmd.append("--harness-no-bench")
+    if not cfg.golden:
+        cmd.append("--harness-no-golden")
+    elif cfg.golden_dir:
+        cmd += ["--harness-golden-dir", cfg.golden_dir]
     if cfg.timeout:
         cmd += ["--harness-timeout", str(cfg.timeout)]
     return cmd + list(cfg.pytest_args)

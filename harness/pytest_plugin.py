@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from harness import results as results_mod
+from harness.golden import GoldenStore
 from harness.results import CaseResult
 from harness.spec import TIERS, PlannedItem, Registry, SpecError, registry
 from harness.timing import TimingConfig
@@ -43,6 +44,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--harness-timeout", type=float, default=None,
                 help="per-case deadline in seconds (default: each op's own)")
     g.addoption("--harness-env-id", default="", help="environment fingerprint for results")
+    g.addoption("--harness-golden-dir", default=None,
+                help="golden directory (default $HARNESS_GOLDEN_DIR or suites/golden)")
+    g.addoption("--harness-no-golden", action="store_true",
+                help="do not compare with the stored goldens")
 
 
 class HarnessSession:
@@ -74,6 +79,7 @@ class HarnessSession:
             raise pytest.UsageError(str(exc)) from exc
         self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code))
         self.timing = TimingConfig.for_tier(self.tier)
+        self.golden = None if opt.harness_no_golden else GoldenStore(opt.harness_golden_dir)
 
     def _group_timeout(self) -> float:
         # collectives must outlive the watchdog: the watchdog, not gloo, decides a timeout
@@ -95,7 +101,8 @@ class HarnessSession:
         on_expire = (lambda: self._record_timeout(item, deadline)) if root else None
         self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire)
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
-                          bench=self.bench, timing=self.timing, env_id=self.env_id)
+                          bench=self.bench, timing=self.timing, env_id=self.env_id,
+                          golden=self.golden)
         if self.watchdog.disarm() and root and self.results_path is not None:
             results_mod.append(self.results_path, result)
         return result

@@ -54,6 +54,9 @@ class CaseResult:
     #: checks beyond the first call: "poisoned_outputs", "shifted_buffers", "after_timing"
     checks: list[str] = field(default_factory=list)
     output_hash: str | None = None
+    #: the first call against the stored golden: {"status": pass|fail|error|absent, "file",
+    #: "outputs": {name: {"kind", "metrics", "tolerance", "passed"}}}; None when not compared
+    golden: dict[str, Any] | None = None
     device: str = "cpu"
     backend: str | None = None
     started_at: float = 0.0

@@ -30,6 +30,7 @@ import torch
 
 from harness import compare
 from harness.buffers import ALIGN_BYTES, lies_within, nbytes, overlaps, poison_, relocate, tensors
+from harness.golden import GoldenError, GoldenStore, check_output
 from harness.memory import NOT_MEASURED, PeakMemory
 from harness.results import CaseResult
 from harness.runtime import World
@@ -71,7 +72,7 @@ def tolerances(case: Case, expected: Mapping[str, torch.Tensor]) -> dict[str, co
     return out
 
 
-def _expected(case: Case, rank: int) -> dict[str, torch.Tensor]:
+def expected_outputs(case: Case, rank: int) -> dict[str, torch.Tensor]:
     spec = case.spec
     if spec.expected is not None:
         value = spec.expected(case.params, rank, case.world_size)
@@ -225,8 +226,14 @@ def run_case(
     bench: bool = True,
     timing: TimingConfig | None = None,
     env_id: str = "",
+    golden: GoldenStore | None = None,
+    calibration: Mapping[str, Any] | None = None,
 ) -> CaseResult:
-    """Run, check and time one implementation on one case, on every rank."""
+    """Run, check and time one implementation on one case, on every rank.
+
+    With a ``golden`` store the first call's outputs are also compared with the stored golden
+    (when the case has one); a mismatch fails the case with the golden's file named.
+    """
     spec = case.spec
     started = time.time()
     t0 = time.perf_counter()
@@ -239,6 +246,7 @@ def run_case(
     local_error = ""
     stages: dict[str, dict[str, Any]] = {}
     digest = ""
+    golden_local: dict[str, Any] | None = None
     inputs: dict[str, Any] = {}
     expected: dict[str, torch.Tensor] = {}
     tols: dict[str, compare.Tolerance] = {}
@@ -255,13 +263,15 @@ def run_case(
         writable = _writable(case, inputs)
         guards = {k: v.clone() for k, v in inputs.items()
                   if isinstance(v, torch.Tensor) and k not in writable}
-        expected = _expected(case, world.rank)
+        expected = expected_outputs(case, world.rank)
         tols = tolerances(case, expected)
         with mem:
             outputs = _call(world, case, impl, inputs)
         _check_contract(case, inputs, outputs, guards)
         stages["call"] = _measure(outputs, expected, tols, world.rank)
         digest = _hash(outputs)
+        if golden is not None:
+            golden_local = _golden_check(golden, case, outputs, tols, world.rank)
         if spec.shift_buffers and nbytes(inputs) <= RELOCATE_CAP_BYTES:
             shifted = _place(spec.make_inputs(case.params, world.rank, case.world_size),
                              world.device, SHIFT_BYTES)
@@ -282,6 +292,10 @@ def run_case(
 
     result.status, result.reason, result.outputs, result.wrong = _gather_verdict(
         world, case, local_error, stages)
+    if golden is not None:
+        result.golden, status, reason = _gather_golden(world, golden_local)
+        if result.status == "pass" and status != "pass":
+            result.status, result.reason = status, reason
 
     # ---- output hash of every rank's first-call outputs, in rank order
     if result.status in ("pass", "fail") and digest:
@@ -297,6 +311,70 @@ def run_case(
     result.peak_memory_bytes, result.peak_memory_kind = _gather_peak(world, mem.bytes, mem.kind)
     result.duration_s = time.perf_counter() - t0
     return result
+
+
+def _golden_check(store: GoldenStore, case: Case, outputs: Mapping[str, torch.Tensor],
+                  tols: Mapping[str, compare.Tolerance], rank: int) -> dict[str, Any]:
+    """This rank's outputs against the stored golden: {"file", "outputs"}, {"error"} or
+    {"absent"} when the case has no golden."""
+    try:
+        if store.entry(case.id, case.world_size) is None:
+            return {"absent": True}
+        path, stored = store.load(case.id, case.world_size, rank)
+    except GoldenError as exc:
+        return {"error": str(exc)}
+    if set(stored) != set(tols):
+        return {"error": f"golden {path} holds outputs {sorted(stored)} but the op produces "
+                         f"{sorted(tols)}: regenerate it with `harness golden generate --accept`"}
+    report = {}
+    for name, value in stored.items():
+        actual = outputs.get(name.split(":")[0])
+        if not isinstance(actual, torch.Tensor):
+            return {"error": f"output {name!r} is missing, but golden {path} has it"}
+        report[name] = check_output(actual, value, tols[name], rank).to_dict()
+    return {"file": str(path), "outputs": report}
+
+
+def _gather_golden(world: World, local: dict[str, Any] | None
+                   ) -> tuple[dict[str, Any] | None, str, str]:
+    """Merge every rank's golden report into (summary, status, reason), agreed by all ranks."""
+    gathered = world.comm.gather(local, root=0) if world.size > 1 else [local]
+    verdict = _judge_golden(gathered) if world.rank == 0 else None
+    if world.size > 1:
+        verdict = world.comm.bcast(verdict, root=0)
+    assert verdict is not None
+    return verdict
+
+
+def _judge_golden(gathered: list[dict[str, Any] | None]
+                  ) -> tuple[dict[str, Any] | None, str, str]:
+    if all(g is None for g in gathered):  # the case broke before its outputs existed
+        return None, "pass", ""
+    for rank, g in enumerate(gathered):
+        if g is not None and "error" in g:
+            return {"status": "error", "reason": g["error"]}, "error", f"rank {rank}: {g['error']}"
+    if any(g is not None and g.get("absent") for g in gathered):
+        return {"status": "absent"}, "pass", ""
+    reports = [g for g in gathered if g is not None]
+    outputs: dict[str, Any] = {}
+    failed: list[str] = []
+    for name in reports[0]["outputs"]:
+        parts = [r["outputs"][name] for r in reports]
+        tol_dict = parts[0]["tolerance"]
+        merged = compare.Metrics.merge([compare.Metrics.from_dict(p["metrics"]) for p in parts])
+        ok, why = compare.verdict(merged, compare.Tolerance.from_dict(tol_dict))
+        sums = next((f"rank {r}: {p['sums_error']}" for r, p in enumerate(parts)
+                     if p["sums_error"]), "")
+        if ok and sums:
+            ok, why = False, sums
+        outputs[name] = {"kind": parts[0]["kind"], "metrics": merged.to_dict(),
+                         "tolerance": tol_dict, "passed": ok}
+        if not ok:
+            failed.append(f"{name}: {why}")
+    status = "fail" if failed else "pass"
+    summary = {"status": status, "file": reports[0]["file"], "outputs": outputs}
+    reason = f"against the golden {reports[0]['file']}: " + "; ".join(failed) if failed else ""
+    return summary, status, reason
 
 
 def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
