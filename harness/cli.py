@@ -90,11 +90,17 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Golden directory (default $HARNESS_GOLDEN_DIR or suites/golden).")
 @click.option("--golden/--no-golden", "use_golden", default=True, show_default=True,
               help="Also compare every implementation with the stored golden.")
+@click.option("--timing-mode", default="events", show_default=True,
+              type=click.Choice(["events", "graph"]),
+              help="On CUDA: CUDA events around each call, or CUDA-graph replay of one call.")
+@click.option("--l2-flush", is_flag=True,
+              help="Overwrite a buffer of twice the last-level cache before every timed repeat.")
 @click.pass_context
 def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: str,
         impls: tuple[str, ...], device: str, bench: bool, db: str | None, out_dir: str | None,
         timeout: float | None, fail_on: str, launcher: str | None, launcher_args: str,
-        hostfile: str | None, grace: float, golden_dir: str | None, use_golden: bool) -> None:
+        hostfile: str | None, grace: float, golden_dir: str | None, use_golden: bool,
+        timing_mode: str, l2_flush: bool) -> None:
     """Run, check and time the selected cases at each world size; record them in the DB.
 
     SELECTORS are families (collectives), ops (allreduce) or globs over case ids
@@ -114,9 +120,12 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
         _fail(f"the selection has no case in tier {tier!r} at world sizes {world_sizes}; "
               "try `harness list` to see what exists", EXIT_USAGE)
     try:
-        resolve_device(device, 0, 1)
+        resolved, _ = resolve_device(device, 0, 1)
     except RuntimeSetupError as exc:
         _fail(str(exc), EXIT_USAGE)
+    if timing_mode == "graph" and resolved.type != "cuda":
+        _fail("--timing-mode graph replays CUDA graphs and needs a GPU: drop it (CPU timing "
+              "uses perf_counter) or run with --device cuda on a machine with one", EXIT_USAGE)
     mpiexec = envinfo.find_launcher(launcher)
     if mpiexec is None:
         _fail(f"no MPI launcher found{f' ({launcher!r})' if launcher else ''}: "
@@ -132,11 +141,13 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
                    machine=envinfo.machine(), env=env, selectors=list(selectors),
                    impls=list(impls), argv=sys.argv[1:], git_commit=env.get("git_commit"))
     info.write(run_dir / "run.json")
+    calibrations = _write_calibrations(db_path, info.machine["fingerprint"], run_dir)
     cfg = LaunchConfig(launcher=mpiexec, run_dir=run_dir, run_id=run_id, tier=tier,
                        selectors=selectors, impls=impls, device=device, bench=bench,
                        timeout=timeout, env_id=envinfo.env_id(env),
                        launcher_args=shlex.split(launcher_args), hostfile=hostfile,
-                       grace_s=grace, golden=use_golden,
+                       grace_s=grace, golden=use_golden, timing_mode=timing_mode,
+                       l2_flush=l2_flush, calibrations=calibrations,
                        golden_dir=str(Path(golden_dir).resolve()) if golden_dir else None)
     err_console.print(f"run {run_id}  tier={tier}  world sizes={sizes}  -> {run_dir}")
 
@@ -192,12 +203,40 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     ctx.exit(EXIT_OK)
 
 
+def _write_calibrations(db_path: Path, fingerprint: str, run_dir: Path) -> str | None:
+    """This machine's calibrations (``harness calibrate``) as a file the ranks read, so results
+    carry percent of peak; None when the machine was never calibrated."""
+    from harness import store
+
+    if not db_path.exists():
+        return None
+    try:
+        conn = store.connect(db_path)
+        try:
+            found = store.latest_calibrations(conn, fingerprint)
+        finally:
+            conn.close()
+    except store.StoreError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    if not found:
+        return None
+    path = run_dir / "calibrations.json"
+    path.write_text(json.dumps(found, indent=1), encoding="utf-8")
+    return str(path)
+
+
 def _fmt_us(ns: float | None) -> str:
     return "-" if ns is None else f"{ns / 1e3:.1f}"
 
 
 def _fmt_bw(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
+
+
+def _fmt_pct(derived: dict[str, float]) -> str:
+    # of the calibrated matmul peak when the op counts flops, else of the copy bandwidth
+    pct = derived.get("pct_peak_flops", derived.get("pct_peak_bw"))
+    return "-" if pct is None else f"{pct:.1f}"
 
 
 def _work_of(op: str, params: Any, world_size: int) -> Any:
@@ -222,7 +261,8 @@ def print_results(results: Sequence[Any]) -> None:
     table = Table(title="results", show_lines=False, header_style="bold")
     for col, just in (("world", "right"), ("case", "left"), ("impl", "left"),
                       ("status", "left"), ("time us", "right"), ("GB/s", "right"),
-                      ("TFLOP/s", "right"), ("peak MB", "right"), ("#wrong", "right")):
+                      ("TFLOP/s", "right"), ("% peak", "right"), ("peak MB", "right"),
+                      ("#wrong", "right")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     style = {"pass": "green", "fail": "red", "error": "red", "timeout": "magenta",
              "crash": "magenta", "skip": "yellow"}
@@ -231,7 +271,8 @@ def print_results(results: Sequence[Any]) -> None:
         peak = "n/m" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 1e6:.2f}"
         table.add_row(str(r.world_size), escape(r.case_id), escape(r.impl),
                       f"[{style.get(r.status, 'white')}]{r.status}[/]", _fmt_us(median),
-                      _fmt_bw(r.derived.get("gbps")), _fmt_bw(r.derived.get("tflops")), peak,
+                      _fmt_bw(r.derived.get("gbps")), _fmt_bw(r.derived.get("tflops")),
+                      _fmt_pct(r.derived), peak,
                       str(r.wrong) if r.status in ("pass", "fail") else "-")
     console.print(table)
 

@@ -2,18 +2,134 @@
 
 from __future__ import annotations
 
-import click
+import sqlite3
+from pathlib import Path
 
-from harness.cli_common import EXIT_USAGE, HarnessExit
+import click
+from rich.markup import escape
+
+from harness.cli_common import EXIT_USAGE, HarnessExit, console, err_console
+
+#: shortest run id prefix `harness export` accepts; shorter ones match too much by accident
+MIN_PREFIX = 4
+_DB_HELP = "History DB (default $HARNESS_DB or harness-results/history.db)."
 
 
 @click.command("ingest")
-def ingest() -> None:
-    """Not built yet (issue 8, in progress)."""
-    raise HarnessExit("`harness ingest` is not built yet", EXIT_USAGE)
+@click.argument("files", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--db", default=None, help=_DB_HELP)
+def ingest(files: tuple[Path, ...], db: str | None) -> None:
+    """Add runs to the history DB: run directories, run JSON files (`harness export
+    --format json`) or pytest-benchmark JSON files (`pytest --benchmark-json`).
+
+    Each FILE is its own transaction and ingesting again updates instead of duplicating. A
+    file that cannot be read is reported (one line each) and skipped, the others are still
+    ingested, and the command exits 2; a DB error stops at once.
+    """
+    from harness import exchange, store
+    from harness.results import ResultsError
+
+    db_path = store.resolve_db_path(db)
+    try:
+        conn = store.connect(db_path)
+    except store.StoreError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    bad: list[str] = []
+    n_runs = 0
+    try:
+        for path in files:
+            try:
+                runs = exchange.load(path)
+            except exchange.ExchangeError as exc:
+                bad.append(str(exc))
+                continue
+            for run, results in runs:
+                try:
+                    summary = store.ingest(conn, run, results)
+                except (store.StoreError, ResultsError) as exc:
+                    # about the DB or what it already holds: later files would fail alike
+                    _report(bad)
+                    raise HarnessExit(f"{path}: {exc}", EXIT_USAGE) from exc
+                n_runs += 1
+                state = "new" if summary.new_run else "updated"
+                click.echo(f"{summary.run_id}  {summary.n_results} results  {state}  {path}")
+    finally:
+        conn.close()
+    click.echo(f"{n_runs} run(s) ingested into {db_path}"
+               + (f"; {len(bad)} file(s) skipped" if bad else ""))
+    if bad:
+        _report(bad[:-1])
+        raise HarnessExit(bad[-1], EXIT_USAGE)
+
+
+def _report(messages: list[str]) -> None:
+    for msg in messages:
+        err_console.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
 
 
 @click.command("export")
-def export() -> None:
-    """Not built yet (issue 8, in progress)."""
-    raise HarnessExit("`harness export` is not built yet", EXIT_USAGE)
+@click.argument("run_id", metavar="RUN")
+@click.option("--format", "fmt", default="json", show_default=True,
+              type=click.Choice(["json", "csv", "pytest-benchmark"]),
+              help="json: the run JSON `harness ingest` reads; csv: one row per result; "
+                   "pytest-benchmark: for `pytest-benchmark compare`.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File to write (default: stdout).")
+@click.option("--db", default=None, help=_DB_HELP)
+def export(run_id: str, fmt: str, out: Path | None, db: str | None) -> None:
+    """Write run RUN (an id, or a unique prefix of at least 4 characters) from the DB."""
+    from harness import exchange, store
+    from harness.results import ResultsError
+
+    db_path = store.resolve_db_path(db)
+    if not db_path.is_file():
+        raise HarnessExit(f"history DB {db_path} does not exist: pass --db or set HARNESS_DB "
+                          "to the DB that holds the run", EXIT_USAGE)
+    try:
+        conn = store.connect(db_path)
+        try:
+            full_id = _resolve_run(conn, run_id, db_path)
+            run = store.get_run(conn, full_id)
+            results = store.results_for_run(conn, full_id)
+        finally:
+            conn.close()
+    except (store.StoreError, ResultsError) as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    assert run is not None  # _resolve_run found it
+    text = exchange.export_run(run, results, fmt)
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise HarnessExit(f"cannot write {out} ({exc.strerror}): pass another --out",
+                          EXIT_USAGE) from exc
+    note = ""
+    if fmt == "pytest-benchmark":
+        left_out = len(results) - len(exchange.pytest_benchmark_doc(run, results)["benchmarks"])
+        if left_out:
+            note = f" ({left_out} without timing left out)"
+    console.print(escape(f"run {full_id}: {len(results)} results as {fmt} -> {out}{note}"),
+                  soft_wrap=True)
+
+
+def _resolve_run(conn: sqlite3.Connection, text: str, db_path: Path) -> str:
+    """The full run id that ``text`` names: itself, or the one run id it is a prefix of."""
+    from harness import store
+
+    if store.get_run(conn, text) is not None:
+        return text
+    if len(text) < MIN_PREFIX:
+        raise HarnessExit(f"run {text!r} is not in {db_path}, and a prefix needs at least "
+                          f"{MIN_PREFIX} characters: give more of the run id", EXIT_USAGE)
+    matches = [r for r in store.run_ids(conn) if r.startswith(text)]
+    if not matches:
+        raise HarnessExit(f"no run {text!r} in history DB {db_path}: check the id, or "
+                          "`harness ingest` the run first", EXIT_USAGE)
+    if len(matches) > 1:
+        shown = ", ".join(matches[:3]) + (" ..." if len(matches) > 3 else "")
+        raise HarnessExit(f"run prefix {text!r} matches {len(matches)} runs ({shown}): "
+                          "give more characters", EXIT_USAGE)
+    return matches[0]

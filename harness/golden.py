@@ -213,11 +213,11 @@ def check_output(actual: torch.Tensor, stored: Stored, tol: compare.Tolerance, r
     if isinstance(stored, torch.Tensor):
         return OutputCheck("whole", compare.measure(actual, stored, tol, rank=rank), tol)
     sample_tol = tol.elementwise or _SPECIALS_ONLY
-    if tuple(actual.shape) != stored.shape or actual.dtype != stored.dtype:
+    # a golden may be wider than the output (a float32 second reference of a bf16 output)
+    if tuple(actual.shape) != stored.shape:
         m = compare.Metrics(numel=max(stored.numel, 1), n_mismatch=max(stored.numel, 1),
                             shape=list(actual.shape),
-                            shape_error=f"shape {tuple(actual.shape)} {actual.dtype} != golden "
-                                        f"{stored.shape} {stored.dtype}")
+                            shape_error=f"shape {tuple(actual.shape)} != golden {stored.shape}")
         return OutputCheck("fingerprint", m, sample_tol)
     flat = actual.detach().contiguous().reshape(-1)
     positions = stored.positions.to(flat.device)

@@ -48,6 +48,11 @@ class LaunchConfig:
     #: golden directory (None: the default), or no golden comparison at all
     golden_dir: str | None = None
     golden: bool = True
+    #: timing mode ("events" or "graph") and whether to flush the L2 between repeats
+    timing_mode: str = "events"
+    l2_flush: bool = False
+    #: JSON file of this machine's calibrations by device key (percent of peak), or None
+    calibrations: str | None = None
     launcher_args: Sequence[str] = ()
     hostfile: str | None = None
     pytest_args: Sequence[str] = ()
@@ -93,6 +98,12 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
         cmd += ["--harness-impl", impl]
     if not cfg.bench:
         cmd.append("--harness-no-bench")
+    if cfg.timing_mode != "events":
+        cmd += ["--harness-timing-mode", cfg.timing_mode]
+    if cfg.l2_flush:
+        cmd.append("--harness-l2-flush")
+    if cfg.calibrations:
+        cmd += ["--harness-calibrations", cfg.calibrations]
     if not cfg.golden:
         cmd.append("--harness-no-golden")
     elif cfg.golden_dir:

@@ -11,6 +11,7 @@ in lockstep. Rank 0 alone reports to the terminal, writes ``--junitxml``, and ap
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -48,6 +49,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="golden directory (default $HARNESS_GOLDEN_DIR or suites/golden)")
     g.addoption("--harness-no-golden", action="store_true",
                 help="do not compare with the stored goldens")
+    g.addoption("--harness-timing-mode", default="events", choices=("events", "graph"),
+                help="CUDA timing: events per call, or CUDA-graph replay")
+    g.addoption("--harness-l2-flush", action="store_true",
+                help="overwrite a buffer of twice the last-level cache between repeats")
+    g.addoption("--harness-calibrations", default=None,
+                help="JSON file of calibrations by device key (harness calibrate)")
+
+
+def _calibration_for(path: str | None, device: Any) -> dict[str, Any] | None:
+    """This rank's device's calibration from the file the launcher wrote, if any."""
+    if not path:
+        return None
+    from harness.calibrate import device_key
+
+    try:
+        calibrations = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # percent of peak is a nicety: never fail a run over it
+    return calibrations.get(device_key(device))
 
 
 class HarnessSession:
@@ -78,7 +98,10 @@ class HarnessSession:
         except (SpecError, RuntimeSetupError) as exc:
             raise pytest.UsageError(str(exc)) from exc
         self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code))
-        self.timing = TimingConfig.for_tier(self.tier)
+        self.timing = dataclasses.replace(TimingConfig.for_tier(self.tier),
+                                          mode=opt.harness_timing_mode,
+                                          l2_flush=opt.harness_l2_flush)
+        self.calibration = _calibration_for(opt.harness_calibrations, self.world.device)
         self.golden = None if opt.harness_no_golden else GoldenStore(opt.harness_golden_dir)
 
     def _group_timeout(self) -> float:
@@ -102,7 +125,7 @@ class HarnessSession:
         self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire)
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
                           bench=self.bench, timing=self.timing, env_id=self.env_id,
-                          golden=self.golden)
+                          golden=self.golden, calibration=self.calibration)
         if self.watchdog.disarm() and root and self.results_path is not None:
             results_mod.append(self.results_path, result)
         return result

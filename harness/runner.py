@@ -35,7 +35,7 @@ from harness.memory import NOT_MEASURED, PeakMemory
 from harness.results import CaseResult
 from harness.runtime import World
 from harness.spec import Case, OpSpec
-from harness.timing import TimingConfig, derived, time_call
+from harness.timing import TimingConfig, derived, percent_of_peak, time_call
 
 
 class CaseError(Exception):
@@ -306,7 +306,7 @@ def run_case(
     # ---- timing, only of implementations that are correct
     if bench and result.status == "pass":
         _time_and_recheck(world, case, impl, inputs, writable, expected, tols, result,
-                          timing or TimingConfig(), checks)
+                          timing or TimingConfig(), checks, calibration)
     result.checks = checks
     result.peak_memory_bytes, result.peak_memory_kind = _gather_peak(world, mem.bytes, mem.kind)
     result.duration_s = time.perf_counter() - t0
@@ -381,7 +381,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                       inputs: dict[str, Any], writable: set[str],
                       expected: Mapping[str, torch.Tensor],
                       tols: Mapping[str, compare.Tolerance], result: CaseResult,
-                      cfg: TimingConfig, checks: list[str]) -> None:
+                      cfg: TimingConfig, checks: list[str],
+                      calibration: Mapping[str, Any] | None = None) -> None:
     """Time over rotating shifted copies of the inputs, then check the last output again."""
     spec = case.spec
     out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
@@ -410,8 +411,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     except Exception as exc:
         local_error = f"failed while timing: {type(exc).__name__}: {exc}"
     if result.timing and spec.work is not None:
-        result.derived = derived(spec.work(case.params, case.world_size),
-                                 result.timing.get("median"))
+        work = spec.work(case.params, case.world_size)
+        result.derived = derived(work, result.timing.get("median"))
+        result.derived.update(percent_of_peak(result.derived, dict(calibration or {}),
+                                              work.flops_dtype))
     # every rank takes part in this verdict, so a timing error on one rank reaches them all
     stages: dict[str, dict[str, Any]] = {}
     if recheck and not local_error:

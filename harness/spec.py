@@ -33,11 +33,17 @@ class SpecError(ValueError):
 @dataclass(frozen=True)
 class Work:
     """Work of one call: floating-point operations, bytes moved (for algbw / GB/s), and bytes
-    scaled by the collective's bus factor (busbw, nccl-tests)."""
+    scaled by the collective's bus factor (busbw, nccl-tests).
+
+    ``flops_dtype`` names the matmul peak the flops run at, for "percent of peak": one of the
+    dtype keys ``harness calibrate`` measures ("fp8", "bf16", "fp16", "tf32", "fp32"). Leave it
+    None where the flops are not matmul flops, and no percentage is computed.
+    """
 
     flops: float | None = None
     bytes: float | None = None
     bus_bytes: float | None = None
+    flops_dtype: str | None = None
 
 
 def format_value(value: Any) -> str:

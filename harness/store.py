@@ -33,7 +33,7 @@ from harness.results import CaseResult, ResultsError, RunInfo
 
 DEFAULT_DB = Path("harness-results/history.db")
 ENV_VAR = "HARNESS_DB"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 30.0
 
 Migration = Callable[[sqlite3.Connection], None]
@@ -153,8 +153,29 @@ def _create_v1(conn: sqlite3.Connection) -> None:
         conn.execute(sql)
 
 
+def _add_calibrations_v2(conn: sqlite3.Connection) -> None:
+    # Peaks measured by `harness calibrate`, per machine and device model; a new measurement
+    # is a new row, so percentages of peak stay reproducible from the row they used.
+    statements = [
+        """
+        CREATE TABLE calibrations (
+            id INTEGER PRIMARY KEY,
+            machine_id INTEGER NOT NULL REFERENCES machines(id),
+            device TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            copy_gbps REAL,
+            matmul TEXT,
+            details TEXT
+        )
+        """,
+        "CREATE INDEX calibrations_machine_device ON calibrations(machine_id, device, created_at)",
+    ]
+    for sql in statements:
+        conn.execute(sql)
+
+
 #: MIGRATIONS[i] upgrades schema version i to i + 1; append, never edit a released one.
-MIGRATIONS: list[Migration] = [_create_v1]
+MIGRATIONS: list[Migration] = [_create_v1, _add_calibrations_v2]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -330,13 +351,17 @@ def _json(value: Any) -> str:
 
 
 def _upsert_machine(conn: sqlite3.Connection, run: RunInfo) -> int:
-    machine = run.machine or {}
-    fingerprint = machine.get("fingerprint")
-    if not fingerprint:
+    if not (run.machine or {}).get("fingerprint"):
         raise StoreError(
             f"run {run.run_id} has no machine fingerprint in its run.json: "
             "re-run it with a current kernel-harness"
         )
+    return _upsert_machine_dict(conn, run.machine)
+
+
+def _upsert_machine_dict(conn: sqlite3.Connection, machine: dict[str, Any]) -> int:
+    """The id of the machines row of ``machine`` (which has a fingerprint), made or updated."""
+    fingerprint = machine["fingerprint"]
     # Latest ingest wins for hostname/details; each run keeps its own copy in runs.machine.
     conn.execute(
         """
@@ -462,6 +487,68 @@ def ingest_dir(conn: sqlite3.Connection, run_dir: str | os.PathLike[str]) -> Ing
         return ingest(conn, run, results_mod.read(Path(run_dir) / "results.jsonl"))
     except ResultsError as exc:
         raise StoreError(str(exc)) from exc
+
+
+# --------------------------------------------------------------------------- calibrations
+
+
+def save_calibration(conn: sqlite3.Connection, machine: dict[str, Any],
+                     calibration: dict[str, Any]) -> int:
+    """Store one ``calibrate.measure`` result for ``machine`` (``envinfo.machine()``) in one
+    transaction, making or updating the machine's row; returns the calibration's id."""
+    if not machine.get("fingerprint"):
+        raise StoreError("the machine has no fingerprint: pass envinfo.machine()'s dict")
+    if not calibration.get("device"):
+        raise StoreError("the calibration names no device: pass calibrate.measure()'s dict")
+    details = dict(calibration.get("details") or {})
+    details["device_name"] = calibration.get("device_name")
+    with _write_txn(conn):
+        machine_id = _upsert_machine_dict(conn, machine)
+        cur = conn.execute(
+            "INSERT INTO calibrations (machine_id, device, created_at, copy_gbps, matmul, "
+            "details) VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                machine_id, calibration["device"],
+                calibration.get("created_at") or time.time(), calibration.get("copy_gbps"),
+                _json(calibration.get("matmul_tflops") or {}), _json(details),
+            ),
+        )  # fmt: skip
+        return int(cur.lastrowid or 0)
+
+
+def latest_calibration(conn: sqlite3.Connection, machine_fingerprint: str,
+                       device: str) -> dict[str, Any] | None:
+    """The newest calibration of ``device`` (``calibrate.device_key``) on the machine, shaped
+    like ``calibrate.measure``'s result plus ``id`` and ``machine_fingerprint``; or None."""
+    rows = conn.execute(
+        "SELECT c.*, m.fingerprint FROM calibrations c JOIN machines m ON m.id = c.machine_id "
+        "WHERE m.fingerprint = ? AND c.device = ? ORDER BY c.created_at DESC, c.id DESC LIMIT 1",
+        (machine_fingerprint, device),
+    ).fetchall()
+    if not rows:
+        return None
+    row = rows[0]
+    details = json.loads(row["details"] or "{}")
+    return {
+        "id": row["id"],
+        "machine_fingerprint": row["fingerprint"],
+        "device": row["device"],
+        "device_name": details.pop("device_name", None),
+        "copy_gbps": row["copy_gbps"],
+        "matmul_tflops": json.loads(row["matmul"] or "{}"),
+        "created_at": row["created_at"],
+        "details": details,
+    }
+
+
+def latest_calibrations(conn: sqlite3.Connection, machine_fingerprint: str
+                        ) -> dict[str, dict[str, Any]]:
+    """The newest calibration of every device of the machine, by device key."""
+    devices = [row[0] for row in conn.execute(
+        "SELECT DISTINCT c.device FROM calibrations c JOIN machines m ON m.id = c.machine_id "
+        "WHERE m.fingerprint = ?", (machine_fingerprint,)).fetchall()]
+    found = {d: latest_calibration(conn, machine_fingerprint, d) for d in devices}
+    return {d: c for d, c in found.items() if c is not None}
 
 
 # --------------------------------------------------------------------------- queries

@@ -4,29 +4,55 @@ On CUDA each repeat is bracketed by CUDA events; on the CPU by ``perf_counter_ns
 distributed op every repeat starts after a barrier and its time is the maximum over ranks
 (the collective is as slow as its slowest rank). Raw samples are kept; statistics come from
 numpy.
+
+Two options deepen a timing. ``mode="graph"`` (CUDA only) captures one call into a CUDA graph
+and times replays of it, which takes the CPU's launch overhead out of the measurement; an
+implementation that cannot be captured (it synchronises, allocates pinned memory, runs gloo
+collectives) is timed with events instead and the result says why. ``l2_flush=True``
+overwrites a scratch buffer of twice the last-level cache before every repeat, outside the
+timed region, so each repeat starts with a cold cache as a kernel inside a real model would.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from harness import gpu_telemetry
 from harness.spec import Work
+
+MODES = ("events", "graph")
+#: the ``mode`` a CPU timing reports: host clock, no events, no graphs
+CPU_MODE = "perf_counter"
+CPU_CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+FALLBACK_LLC_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
 class TimingConfig:
-    """How long to time. The repeat count is fixed after warm-up and is the same on all ranks."""
+    """How long to time. The repeat count is fixed after warm-up and is the same on all ranks.
+
+    ``mode``: "events" (eager calls between CUDA events) or "graph" (replays of a CUDA graph of
+    one call). ``l2_flush``: evict the last-level cache before every repeat.
+    """
 
     warmup: int = 2
     min_repeats: int = 5
     max_repeats: int = 100
     budget_s: float = 0.5
+    mode: str = "events"
+    l2_flush: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"timing mode {self.mode!r} is not one of {MODES}")
 
     @classmethod
     def for_tier(cls, tier: str) -> TimingConfig:
@@ -69,13 +95,38 @@ def derived(work: Work | None, median_ns: float | None) -> dict[str, float]:
     return out
 
 
-class _Clock:
-    """One repeat's elapsed time in ns, with CUDA events on a GPU."""
+def percent_of_peak(derived: dict[str, float], calibration: dict[str, Any] | None,
+                    flops_dtype: str | None) -> dict[str, float]:
+    """Derived throughput as a percentage of the machine's calibrated peak.
+
+    ``pct_peak_bw``: GB/s against the calibrated copy bandwidth (both count bytes read plus
+    bytes written); not for collectives (derived has ``busbw_gbps``), whose GB/s is bounded by
+    the interconnect, which calibration does not measure. ``pct_peak_flops``: TFLOP/s against
+    the calibrated matmul peak of ``flops_dtype``. A figure whose inputs are missing is left
+    out, never guessed.
+    """
+    out: dict[str, float] = {}
+    if not calibration:
+        return out
+    copy_gbps = calibration.get("copy_gbps")
+    gbps = derived.get("gbps")
+    if gbps is not None and "busbw_gbps" not in derived and copy_gbps:
+        out["pct_peak_bw"] = 100.0 * gbps / copy_gbps
+    peak = (calibration.get("matmul_tflops") or {}).get(flops_dtype) if flops_dtype else None
+    tflops = derived.get("tflops")
+    if tflops is not None and peak:
+        out["pct_peak_flops"] = 100.0 * tflops / peak
+    return out
+
+
+class Clock:
+    """One call's elapsed time in ns: CUDA events on a GPU, ``perf_counter_ns`` on the CPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
 
     def time(self, fn: Callable[[], Any]) -> float:
+        """Run ``fn`` once and return its elapsed time in nanoseconds."""
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
@@ -89,16 +140,147 @@ class _Clock:
         return float(time.perf_counter_ns() - t0)
 
 
+# ------------------------------------------------------------------------------ L2 flush
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)i?B?\s*$", re.IGNORECASE)
+_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def parse_cache_size(text: str) -> int | None:
+    """Bytes of a sysfs cache size such as ``32768K``; None if unreadable."""
+    m = _SIZE.match(text)
+    return int(m.group(1)) * _UNIT[m.group(2).upper()] if m else None
+
+
+def cpu_llc_bytes(sysfs: Path = CPU_CACHE_SYSFS) -> int:
+    """The largest cache of CPU 0 from ``sysfs/index*/size``; 32 MiB where it is unknown."""
+    sizes = []
+    for entry in sysfs.glob("index*/size"):
+        try:
+            size = parse_cache_size(entry.read_text())
+        except OSError:
+            continue
+        if size:
+            sizes.append(size)
+    return max(sizes, default=FALLBACK_LLC_BYTES)
+
+
+def llc_bytes(device: torch.device) -> int:
+    """Last-level cache of ``device``: the GPU's L2, or the CPU's largest cache."""
+    if device.type == "cuda":
+        size = int(torch.cuda.get_device_properties(device).L2_cache_size)
+        return size or FALLBACK_LLC_BYTES
+    return cpu_llc_bytes()
+
+
+class L2Flusher:
+    """A scratch buffer of twice the last-level cache; ``flush()`` overwrites all of it.
+
+    Writing (not reading) makes every line of the cache dirty scratch data, so whatever the
+    timed call left there is gone. Each flush writes a new value, so no hardware can skip it.
+    """
+
+    def __init__(self, device: torch.device, nbytes: int | None = None) -> None:
+        self.nbytes = 2 * llc_bytes(device) if nbytes is None else int(nbytes)
+        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+        self.count = 0
+
+    def flush(self) -> None:
+        """Overwrite the whole buffer (asynchronously on CUDA, on the current stream)."""
+        self.count += 1
+        self.buffer.fill_(self.count % 255 + 1)
+
+
+# ------------------------------------------------------------------------------ CUDA graphs
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def capture_graph(fn: Callable[[], Any], device: torch.device,
+                  warmup: int) -> tuple[Any | None, str]:
+    """Capture one call of ``fn`` into a CUDA graph: (graph, "") or (None, why it failed).
+
+    Warm-up runs on a side stream first, as torch's CUDA-graph docs require, so that lazy
+    initialisation (cuBLAS handles, workspaces, autotuning) happens outside the capture. An
+    error raised by ``fn`` during warm-up propagates: it is the implementation's, not capture's.
+    """
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        for _ in range(max(1, warmup)):
+            fn()
+    current.wait_stream(side)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    error: BaseException | None = None
+    # torch.cuda.graph() would leave the capture stream current if capture_end raised; here
+    # the stream context always restores it, and capture always ends once it began.
+    with torch.cuda.stream(side):
+        try:
+            graph.capture_begin(capture_error_mode="thread_local")
+        except Exception as exc:
+            return None, f"capture could not begin ({_first_line(exc)})"
+        try:
+            fn()
+        except Exception as exc:
+            error = exc
+        try:
+            graph.capture_end()
+        except Exception as exc:
+            error = error or exc
+    if error is None:
+        return graph, ""
+    del graph
+    # a failed capture leaves no sticky error; if something else broke, say so here
+    torch.cuda.synchronize(device)
+    return None, _first_line(error)
+
+
+# ------------------------------------------------------------------------------ time_call
+def _gpu_snapshot(device: torch.device) -> dict[str, Any] | None:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return gpu_telemetry.snapshot(index)
+
+
 def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
               config: TimingConfig) -> dict[str, Any]:
-    """Time ``fn`` and return ``summarize`` of the per-repeat samples (max over ranks)."""
-    clock = _Clock(world.device)
+    """Time ``fn``: ``summarize`` of the per-repeat samples (max over ranks), plus ``mode``
+    (what ran: "events", "graph" or "perf_counter"), ``mode_note`` (why a requested graph
+    mode fell back, else ""), ``l2_flush`` and ``l2_flush_bytes``, and ``gpu`` (NVML telemetry
+    right before and after the repeats on CUDA, else None)."""
+    device = world.device
+    cuda = device.type == "cuda"
+    mode, note = ("events" if cuda else CPU_MODE), ""
+    flusher = L2Flusher(device) if config.l2_flush else None
+    timed = fn
+    graph = None
+    if config.mode == "graph":
+        if not cuda:
+            note = "graph mode needs CUDA: timed with perf_counter on the CPU"
+        elif distributed and world.backend == "gloo":
+            note = ("graph mode is not attempted for distributed ops on the gloo backend "
+                    "(gloo collectives cannot be captured): timed with CUDA events")
+        else:
+            graph, why = capture_graph(fn, device, config.warmup)
+            if distributed:
+                # every rank must time the same way, or their repeats run different collectives
+                failed_somewhere = world.allreduce_max(0.0 if graph is not None else 1.0) > 0
+                if failed_somewhere and graph is not None:
+                    graph, why = None, "capture failed on another rank"
+            if graph is not None:
+                mode, timed = "graph", graph.replay
+            else:
+                note = f"CUDA graph capture failed ({why}): timed with CUDA events"
+    clock = Clock(device)
 
     def one() -> float:
+        if flusher is not None:
+            flusher.flush()
         if distributed:
             world.synchronize()
             world.barrier()
-        return clock.time(fn)
+        return clock.time(timed)
 
     warm = [one() for _ in range(config.warmup)]
     per_call = max(warm) if warm else 0.0
@@ -107,8 +289,19 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
         per_call = world.allreduce_max(per_call)
     wanted = int(config.budget_s * 1e9 / per_call) if per_call > 0 else config.max_repeats
     repeats = min(config.max_repeats, max(config.min_repeats, wanted))
+    gpu_before = _gpu_snapshot(device) if cuda else None
     samples = [one() for _ in range(repeats)]
+    gpu_after = _gpu_snapshot(device) if cuda else None
     if distributed and world.size > 1:
         gathered = world.comm.allgather(samples)
         samples = list(np.max(np.asarray(gathered), axis=0))
-    return summarize(samples)
+    stats = summarize(samples)
+    stats.update(
+        mode=mode,
+        mode_note=note,
+        l2_flush=flusher is not None,
+        l2_flush_bytes=flusher.nbytes if flusher is not None else None,
+        gpu=({"before": gpu_before, "after": gpu_after}
+             if gpu_before is not None or gpu_after is not None else None),
+    )
+    return stats

@@ -16,7 +16,7 @@ from harness import store
 from harness.results import CaseResult, RunInfo
 from harness.store import StoreError
 
-TABLES = {"machines", "runs", "results", "annotations"}
+TABLES = {"machines", "runs", "results", "annotations", "calibrations"}
 
 
 def make_run(run_id: str = "run-0001", *, started_at: float = 1_700_000_000.0, **kw) -> RunInfo:
@@ -118,17 +118,18 @@ def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
 # --------------------------------------------------------------------------- schema
 
 
-def test_fresh_db_has_schema_v1_and_all_tables(tmp_path: Path) -> None:
+def test_fresh_db_has_schema_v2_and_all_tables(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "dir" / "history.db"  # parent directories are created
     conn = store.connect(path)
     assert path.is_file()
-    assert user_version(conn) == store.SCHEMA_VERSION == 1
+    assert user_version(conn) == store.SCHEMA_VERSION == len(store.MIGRATIONS) == 2
     assert TABLES <= tables(conn)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
-    assert {"results_series", "results_run", "runs_machine_started"} <= indexes
+    assert {"results_series", "results_run", "runs_machine_started",
+            "calibrations_machine_device"} <= indexes
     conn.close()
 
 
@@ -149,7 +150,7 @@ def test_reopen_does_not_rerun_migrations_and_keeps_data(tmp_path: Path) -> None
 
     conn = store.connect(path, migrations=[counting(i) for i in range(len(store.MIGRATIONS))])
     assert calls == []
-    assert user_version(conn) == 1
+    assert user_version(conn) == 2
     assert count(conn, "results") == 4
     assert store.run_ids(conn) == ["run-0001"]
     conn.close()
@@ -164,7 +165,7 @@ def test_empty_db_with_user_version_0_is_migrated(tmp_path: Path) -> None:
     raw.close()
     assert path.stat().st_size > 0
     conn = store.connect(path)
-    assert user_version(conn) == 1
+    assert user_version(conn) == 2
     assert TABLES <= tables(conn)
     conn.close()
 
@@ -173,7 +174,7 @@ def test_zero_byte_file_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
     path.write_bytes(b"")
     conn = store.connect(path)
-    assert user_version(conn) == 1
+    assert user_version(conn) == 2
     conn.close()
 
 
@@ -187,7 +188,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     msg = str(info.value)
     assert "\n" not in msg
     assert "history.db" in msg
-    assert "schema v99, newer than this harness (v1)" in msg
+    assert "schema v99, newer than this harness (v2)" in msg
     assert "upgrade kernel-harness or pass another --db" in msg
 
 
@@ -226,7 +227,7 @@ def test_directory_in_place_of_db_is_refused(tmp_path: Path) -> None:
         store.connect(path)
 
 
-def _v2_add_notes(conn: sqlite3.Connection) -> None:
+def _v3_add_notes(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE results ADD COLUMN triage TEXT")
     conn.execute("CREATE TABLE baselines (case_id TEXT, impl TEXT, run_id TEXT)")
 
@@ -240,23 +241,49 @@ def test_forward_migration_keeps_existing_data(tmp_path: Path) -> None:
     before_run = store.get_run(conn, "run-0001")
     conn.close()
 
-    conn = store.connect(path, migrations=[*store.MIGRATIONS, _v2_add_notes])
-    assert user_version(conn) == 2
+    conn = store.connect(path, migrations=[*store.MIGRATIONS, _v3_add_notes])
+    assert user_version(conn) == 3
     assert "baselines" in tables(conn)
     columns = {r["name"] for r in conn.execute("PRAGMA table_info(results)")}
     assert "triage" in columns
     assert store.results_for_run(conn, "run-0001") == before_results
     assert store.get_run(conn, "run-0001") == before_run
     assert count(conn, "annotations") == 1
-    # the new column is usable and ingest keeps working on the v2 schema
+    # the new column is usable and ingest keeps working on the v3 schema
     conn.execute("UPDATE results SET triage = 'flaky' WHERE impl = 'ring'")
     store.ingest(conn, make_run("run-0002", started_at=1_700_100_000.0), some_results("run-0002"))
     assert count(conn, "results") == 8
     conn.close()
 
-    # and the v1 harness now refuses the v2 file instead of corrupting it
-    with pytest.raises(StoreError, match="schema v2, newer than this harness"):
+    # and the v2 harness now refuses the v3 file instead of corrupting it
+    with pytest.raises(StoreError, match="schema v3, newer than this harness"):
         store.connect(path)
+
+
+def test_v1_file_migrates_to_v2_keeping_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    conn = store.connect(path, migrations=store.MIGRATIONS[:1])  # what v1 harnesses wrote
+    assert user_version(conn) == 1
+    assert "calibrations" not in tables(conn)
+    store.ingest(conn, make_run(), some_results())
+    store.add_annotation(conn, "baseline", run_id="run-0001")
+    before = dump(conn)
+    conn.close()
+
+    conn = store.connect(path)
+    assert user_version(conn) == 2
+    assert "calibrations" in tables(conn)
+    after = dump(conn)
+    # every v1 row survives; the dump only gains the calibrations table and its index
+    assert [line for line in after if "calibrations" not in line] == before
+    by_key = sorted(store.results_for_run(conn, "run-0001"), key=lambda r: r.key)
+    assert by_key == sorted(some_results(), key=lambda r: r.key)
+    # a calibration of the machine that made the run lands on that machine's row
+    cal_id = store.save_calibration(conn, {"fingerprint": "fp-cpu-2core", "hostname": "h"},
+                                    make_calibration())
+    assert count(conn, "machines") == 1
+    assert store.latest_calibration(conn, "fp-cpu-2core", "cpu")["id"] == cal_id
+    conn.close()
 
 
 def test_migration_failure_rolls_back_that_step(tmp_path: Path) -> None:
@@ -270,7 +297,7 @@ def test_migration_failure_rolls_back_that_step(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="migration bug"):
         store.connect(path, migrations=[*store.MIGRATIONS, broken])
     conn = store.connect(path)
-    assert user_version(conn) == 1
+    assert user_version(conn) == 2
     assert "half_done" not in {r["name"] for r in conn.execute("PRAGMA table_info(results)")}
     conn.close()
 
@@ -284,7 +311,8 @@ def test_ingest_twice_is_identical(db: sqlite3.Connection) -> None:
     assert first == store.IngestSummary(run_id="run-0001", n_results=4, new_run=True)
     snapshot = dump(db)
     counts = {t: count(db, t) for t in TABLES}
-    assert counts == {"machines": 1, "runs": 1, "results": 4, "annotations": 0}
+    assert counts == {"machines": 1, "runs": 1, "results": 4, "annotations": 0,
+                      "calibrations": 0}
 
     second = store.ingest(db, run, res)
     assert second == store.IngestSummary(run_id="run-0001", n_results=4, new_run=False)
@@ -424,7 +452,7 @@ def test_concurrent_ingest_from_processes(tmp_path: Path) -> None:
     assert [p.exitcode for p in procs] == [0, 0]
 
     conn = store.connect(path)
-    assert user_version(conn) == 1
+    assert user_version(conn) == 2
     assert count(conn, "runs") == 2 * n_runs
     assert count(conn, "results") == 2 * n_runs * 40
     assert count(conn, "machines") == 2
@@ -587,6 +615,73 @@ def test_shared_fingerprint_keeps_each_runs_hostname(db: sqlite3.Connection) -> 
     store.ingest(db, b, [])
     assert count(db, "machines") == 1
     assert store.get_run(db, "a") == a and store.get_run(db, "b") == b
+
+
+# --------------------------------------------------------------------------- calibrations
+
+
+def make_calibration(device: str = "cpu", created_at: float = 1_700_000_000.0,
+                     copy: float = 9.5) -> dict:
+    return {
+        "device": device,
+        "device_name": "AMD EPYC 9R14" if device == "cpu" else device[5:],
+        "copy_gbps": copy,
+        "matmul_tflops": {"fp32": 0.05, "bf16": 0.12},
+        "created_at": created_at,
+        "details": {"copy_bytes": 268435456, "matmul_n": 2048, "repeats": 5, "quick": False},
+    }
+
+
+MACHINE = {"fingerprint": "fp-cpu-2core", "hostname": "ci-runner-3", "cpu_count": 2}
+
+
+def test_calibration_round_trip(db: sqlite3.Connection) -> None:
+    cal = make_calibration()
+    cal_id = store.save_calibration(db, MACHINE, cal)
+    got = store.latest_calibration(db, "fp-cpu-2core", "cpu")
+    assert got == {
+        "id": cal_id,
+        "machine_fingerprint": "fp-cpu-2core",
+        "device": "cpu",
+        "device_name": "AMD EPYC 9R14",
+        "copy_gbps": 9.5,
+        "matmul_tflops": {"fp32": 0.05, "bf16": 0.12},
+        "created_at": 1_700_000_000.0,
+        "details": {"copy_bytes": 268435456, "matmul_n": 2048, "repeats": 5, "quick": False},
+    }
+    row = db.execute("SELECT hostname, details FROM machines").fetchone()
+    assert row["hostname"] == "ci-runner-3" and '"cpu_count": 2' in row["details"]
+
+
+def test_latest_calibration_is_newest_of_that_machine_and_device(db: sqlite3.Connection) -> None:
+    # stored out of time order: "latest" means measured last, not inserted last
+    store.save_calibration(db, MACHINE, make_calibration(created_at=2000.0, copy=20.0))
+    store.save_calibration(db, MACHINE, make_calibration(created_at=1000.0, copy=10.0))
+    store.save_calibration(db, MACHINE, make_calibration("cuda:NVIDIA H100", 3000.0, 3000.0))
+    other = {"fingerprint": "fp-other", "hostname": "x"}
+    store.save_calibration(db, other, make_calibration(created_at=9000.0, copy=99.0))
+
+    assert store.latest_calibration(db, "fp-cpu-2core", "cpu")["copy_gbps"] == 20.0
+    assert store.latest_calibration(db, "fp-cpu-2core", "cuda:NVIDIA H100")["copy_gbps"] == 3000.0
+    assert store.latest_calibration(db, "fp-other", "cpu")["copy_gbps"] == 99.0
+    assert store.latest_calibration(db, "fp-other", "cuda:NVIDIA H100") is None
+    assert store.latest_calibration(db, "fp-unknown", "cpu") is None
+    assert count(db, "calibrations") == 4
+    assert count(db, "machines") == 2
+
+
+def test_save_calibration_is_one_transaction(db: sqlite3.Connection) -> None:
+    bad = make_calibration()
+    bad["details"] = {"torch": object()}  # not JSON: fails after the machine row was written
+    with pytest.raises(TypeError):
+        store.save_calibration(db, MACHINE, bad)
+    assert count(db, "machines") == 0
+    assert count(db, "calibrations") == 0
+    with pytest.raises(StoreError, match="no fingerprint"):
+        store.save_calibration(db, {"hostname": "x"}, make_calibration())
+    with pytest.raises(StoreError, match="names no device"):
+        store.save_calibration(db, MACHINE, {**make_calibration(), "device": ""})
+    assert count(db, "machines") == 0
 
 
 # --------------------------------------------------------------------------- paths

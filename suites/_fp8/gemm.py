@@ -104,7 +104,8 @@ GEMM_PER_TENSOR = OpSpec(
     make_inputs=per_tensor_inputs, expected=per_tensor_expected,
     tolerance=lambda p, w: gemm_tolerances(p["fmt"]),
     work=lambda p, w: Work(flops=2.0 * p["m"] * p["n"] * p["k"],
-                           bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"]),
+                           bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"],
+                           flops_dtype="fp8"),
     grid={"smoke": [_mnk(130, 200, 300, fmt="e4m3", out="bf16"),
                     _mnk(64, 96, 1024, fmt="e4m3", out="f32"),
                     _mnk(33, 64, 512, fmt="e5m2", out="bf16")],
@@ -159,7 +160,8 @@ GEMM_BLOCKWISE = OpSpec(
     make_inputs=blockwise_inputs, expected=blockwise_expected,
     tolerance=lambda p, w: gemm_tolerances(p["fmt"]),
     work=lambda p, w: Work(flops=2.0 * p["m"] * p["n"] * p["k"],
-                           bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"]),
+                           bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"],
+                           flops_dtype="fp8"),
     grid={"smoke": [_mnk(130, 200, 300, fmt="e4m3", ue8m0=False, out="bf16", dist="blocky"),
                     _mnk(64, 384, 1024, fmt="e4m3", ue8m0=True, out="bf16", dist="blocky"),
                     _mnk(17, 256, 640, fmt="e4m3", ue8m0=False, out="f32", dist="logmag")],
@@ -232,7 +234,8 @@ def contiguous_padding_unwritten(a, scale_a, b, scale_b, group_index, out):
 def _grouped_work(p: Mapping[str, Any]) -> Work:
     m = sum(p["tokens"]) if "tokens" in p else sum(p["masked"])
     g = len(p.get("tokens", p.get("masked", ())))
-    return Work(flops=2.0 * m * p["n"] * p["k"], bytes=m * p["k"] + g * p["n"] * p["k"])
+    return Work(flops=2.0 * m * p["n"] * p["k"], bytes=m * p["k"] + g * p["n"] * p["k"],
+                flops_dtype="fp8")
 
 
 def _moe_tokens(experts: int, mean: int) -> tuple[int, ...]:

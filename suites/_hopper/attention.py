@@ -133,7 +133,8 @@ def paged_attention_work(params: Mapping[str, Any], world_size: int) -> Work:
     pages = (indptr[1:] - indptr[:-1]).float()
     seq = ((pages - 1) * params["page_size"] + last.float()).sum().item()
     hq, hkv, d = params["hq"], params["hkv"], params["d"]
-    return Work(flops=4.0 * seq * params["tokens"] * hq * d, bytes=2.0 * 2 * seq * hkv * d)
+    return Work(flops=4.0 * seq * params["tokens"] * hq * d, bytes=2.0 * 2 * seq * hkv * d,
+                flops_dtype="bf16")
 
 
 def _attention_case(requests, tokens, hq, hkv, d, page_size, max_pages) -> dict:
@@ -202,7 +203,7 @@ SPLIT_KV = OpSpec(
     make_inputs=split_kv_inputs, outputs=("out", "lse"),
     tolerance={"out": ATTENTION_TOLERANCE, "lse": compare.allclose(rtol=1e-5, atol=1e-4)},
     work=lambda p, w: Work(flops=4.0 * p["seq"] * p["heads"] * p["d"],
-                           bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"]),
+                           bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"], flops_dtype="bf16"),
     grid={"smoke": [{"heads": 4, "d": 64, "seq": 300, "chunk": 64},
                     {"heads": 2, "d": 32, "seq": 77, "chunk": 32}],
           "nightly": [{"heads": 32, "d": 128, "seq": s, "chunk": 512}

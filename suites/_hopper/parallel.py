@@ -85,7 +85,8 @@ TP_MLP = OpSpec(
     name="hopper_tasks.tp_mlp", family=FAMILY, reference=ref.linear_with_residual,
     description="Column-parallel then row-parallel linear, sum allreduce, residual on rank 0.",
     make_inputs=tp_mlp_inputs, expected=tp_mlp_expected, tolerance=GEMM_TOLERANCE,
-    work=lambda p, w: Work(flops=4.0 * p["b"] * p["hidden"] * p["inter"] / w),
+    work=lambda p, w: Work(flops=4.0 * p["b"] * p["hidden"] * p["inter"] / w,
+                           flops_dtype="bf16"),
     grid={"smoke": [{"b": 4, "hidden": 256, "inter": 1024}],
           "nightly": [{"b": b, "hidden": h, "inter": i} for b in (1, 4, 16)
                       for h, i in ((4096, 12288), (5120, 14336), (7168, 18432))]},
@@ -255,7 +256,8 @@ DECODER_LAYER = OpSpec(
     out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
     readwrite_inputs=("k_cache", "v_cache"),
     work=lambda p, w: Work(flops=2.0 * p["requests"] * p["tokens"] * p["hidden"] * (
-        (p["hkv"] * (p["hq"] // p["hkv"] + 2) + p["hq"]) * p["d"] + 3 * p["inter"]) / w),
+        (p["hkv"] * (p["hq"] // p["hkv"] + 2) + p["hq"]) * p["d"] + 3 * p["inter"]) / w,
+        flops_dtype="bf16"),
     grid={"smoke": [_layer_case(2, 2, 256, 16, 8, 32, 4096, 8, 16, 3)],
           "nightly": [_layer_case(b, 1, 4096, 32, 8, 128, 12288, 8, 64, 64) for b in (1, 8)]},
     implementations={"torch": decoder_layer_torch},

@@ -30,7 +30,8 @@ BATCHES = (1, 4, 16)
 
 
 def _gemm_work(b: int, n: int, k: int, extra_bytes: int = 0) -> Work:
-    return Work(flops=2.0 * b * n * k, bytes=2.0 * (b * k + n * k + b * n) + extra_bytes)
+    return Work(flops=2.0 * b * n * k, bytes=2.0 * (b * k + n * k + b * n) + extra_bytes,
+                flops_dtype="bf16")
 
 
 # ---------------------------------------------------------------- embedding

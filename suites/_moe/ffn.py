@@ -109,7 +109,8 @@ def _ffn_work(params: Mapping[str, Any], world_size: int) -> Work:
     h, i = params["hidden"], params["inter"]
     item = 1 if params["precision"] == "fp8" else 2
     return Work(flops=2.0 * routed * h * 3 * i,
-                bytes=(params["experts"] * 3 * h * i + routed * h) * item + routed * h * 2)
+                bytes=(params["experts"] * 3 * h * i + routed * h) * item + routed * h * 2,
+                flops_dtype=params["precision"])
 
 
 def _case(tokens, hidden_size, inter, experts, topk, align, precision) -> dict:

@@ -44,7 +44,8 @@ def layer_reference(hidden, logits, w13, w13_scale, w2, w2_scale, topk, renormal
 def _layer_work(tokens: float, params: Mapping[str, Any]) -> Work:
     """Expert GEMM flops of ``tokens`` tokens (every one routed to topk experts)."""
     h, i = params["hidden"], params["inter"]
-    return Work(flops=2.0 * tokens * params["topk"] * h * 3 * i)
+    return Work(flops=2.0 * tokens * params["topk"] * h * 3 * i,
+                flops_dtype=params["precision"])
 
 
 def _args(params: Mapping[str, Any]) -> dict[str, Any]:

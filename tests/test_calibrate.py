@@ -1,0 +1,136 @@
+"""Calibration: measured peaks are plausible, `harness calibrate` stores them, dtypes agree."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import calibrate, envinfo, store
+from harness.spec import TIERS, registry
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA GPU to calibrate one")
+#: every dtype any device calibrates; Work.flops_dtype must name one of them
+CALIBRATED_DTYPES = {"fp32", "tf32", "bf16", "fp16", "fp8"}
+
+
+def harness_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ))
+
+
+@pytest.fixture(scope="module")
+def quick_cpu() -> dict:
+    return calibrate.measure(torch.device("cpu"), quick=True)
+
+
+def test_quick_cpu_calibration_is_positive_and_finite(quick_cpu: dict) -> None:
+    cal = quick_cpu
+    assert cal["device"] == "cpu"
+    assert cal["device_name"]
+    assert set(cal["matmul_tflops"]) == {"fp32", "bf16"}
+    values = [cal["copy_gbps"], *cal["matmul_tflops"].values()]
+    assert all(math.isfinite(v) and v > 0 for v in values)
+    # plausibility bounds that a unit slip (ns for s, bits for bytes, GFLOP for TFLOP) breaks
+    assert 0.1 < cal["copy_gbps"] < 5_000
+    assert all(1e-4 < v < 500 for v in cal["matmul_tflops"].values())
+    assert cal["details"]["copy_bytes"] == 64 * 2**20 and cal["details"]["quick"] is True
+    assert cal["details"]["torch"] == torch.__version__
+    assert abs(cal["created_at"] - time.time()) < 600
+
+
+def test_copy_bandwidth_agrees_with_an_independent_measurement(quick_cpu: dict) -> None:
+    n = 64 * 2**20
+    src = torch.full((n,), 3, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    independent = 2 * n / best / 1e9  # bytes read plus bytes written
+    # a shared CI machine is noisy: agree within a factor of 5, not to the percent
+    assert independent / 5 < quick_cpu["copy_gbps"] < independent * 5
+
+
+def test_cli_stores_a_calibration_that_reads_back(tmp_path: Path) -> None:
+    db = tmp_path / "cal.db"
+    proc = harness_cli("calibrate", "--quick", "--device", "cpu", "--db", str(db), "--json")
+    assert proc.returncode == 0, proc.stderr
+    printed = json.loads(proc.stdout)
+    conn = store.connect(db)
+    try:
+        got = store.latest_calibration(conn, envinfo.machine()["fingerprint"], "cpu")
+    finally:
+        conn.close()
+    assert got is not None
+    assert got["id"] == printed["id"]
+    assert got["copy_gbps"] == pytest.approx(printed["copy_gbps"]) and got["copy_gbps"] > 0
+    assert set(got["matmul_tflops"]) == {"fp32", "bf16"}
+    assert got["details"]["quick"] is True
+
+
+def test_cli_table_output(tmp_path: Path) -> None:
+    db = tmp_path / "cal.db"
+    proc = harness_cli("calibrate", "--quick", "--db", str(db))
+    assert proc.returncode == 0, proc.stderr
+    assert "GB/s" in proc.stdout and "matmul fp32" in proc.stdout and str(db) in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error")
+def test_cli_device_cuda_without_a_gpu_is_a_usage_error(tmp_path: Path) -> None:
+    db = tmp_path / "cal.db"
+    proc = harness_cli("calibrate", "--device", "cuda", "--db", str(db))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--device cuda" in lines[0] and "--device cpu" in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not db.exists()  # refused before anything was measured or written
+
+
+def test_every_flops_dtype_in_the_suites_is_a_calibrated_dtype() -> None:
+    seen = set()
+    for spec in registry().specs.values():
+        if spec.work is None:
+            continue
+        flops_seen = False
+        for tier in TIERS[:2]:  # smoke, then nightly (stress shapes share their work models)
+            if tier != "smoke" and not flops_seen and spec.grid.get("smoke"):
+                break  # a bytes-only op: its nightly work models (some slow to build) add nothing
+            for params in spec.grid.get(tier, ()):
+                ws = spec.world_size_of(params) if spec.world_size_of else 4
+                work = spec.work(params, ws if spec.distributed else 1)
+                if work.flops is not None:
+                    flops_seen = True
+                    assert work.flops_dtype in CALIBRATED_DTYPES, (spec.name, params)
+                    seen.add(work.flops_dtype)
+                else:
+                    assert work.flops_dtype is None, (spec.name, params)
+    assert {"fp8", "bf16"} <= seen  # the FP8 GEMMs, and the bf16 MoE and Hopper GEMMs
+
+
+@needs_cuda
+def test_quick_cuda_calibration() -> None:
+    dev = torch.device("cuda", torch.cuda.current_device())
+    cal = calibrate.measure(dev, quick=True)
+    assert cal["device"] == f"cuda:{torch.cuda.get_device_name(dev)}"
+    expected = {"bf16", "fp16", "fp32", "tf32"}
+    if torch.cuda.get_device_capability(dev) >= (8, 9):
+        expected.add("fp8")
+    assert set(cal["matmul_tflops"]) == expected, cal["details"].get("skipped")
+    peaks = cal["matmul_tflops"]
+    assert all(math.isfinite(v) and v > 0 for v in peaks.values())
+    # tensor cores: reduced precision is faster than IEEE fp32 on every GPU that has them
+    assert peaks["bf16"] > peaks["fp32"] and peaks["tf32"] > peaks["fp32"]
+    assert 10 < cal["copy_gbps"] < 50_000
+    # the float32 precision setting is restored after the tf32 measurement
+    assert torch.get_float32_matmul_precision() == "highest"
