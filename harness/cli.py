@@ -79,8 +79,9 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--timeout", type=float, default=None,
               help="Per-case deadline in seconds (default: each op's own).")
 @click.option("--fail-on", default="failure", show_default=True,
-              type=click.Choice(["failure", "never"]),
-              help="Exit 1 on correctness failures, or never.")
+              type=click.Choice(["failure", "regression", "never"]),
+              help="Exit 1 on correctness failures; with 'regression' also exit 3 on a "
+                   "confirmed performance regression; 'never' always exits 0.")
 @click.option("--launcher", default=None, help="mpiexec, mpirun or srun (path or name).")
 @click.option("--launcher-args", default="", help="Extra launcher arguments (quoted string).")
 @click.option("--hostfile", default=None, type=click.Path(exists=True, dir_okay=False))
@@ -179,17 +180,21 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     info.finished_at = time.time()
     info.status = "infra_error" if infra_errors else "complete"
     info.write(run_dir / "run.json")
+    from harness import regress
+
     try:
         conn = store.connect(db_path)
         try:
             store.ingest_dir(conn, run_dir)
             results = store.results_for_run(conn, run_id)
+            findings = regress.analyze_run(conn, run_id)
         finally:
             conn.close()
     except store.StoreError as exc:
         _fail(f"{exc} (the run's files are kept in {run_dir}; `harness ingest` them later)",
               EXIT_USAGE)
     print_results(results)
+    print_findings(findings)
     expected = {i.key for p in plans.values() for i in p}
     missing = expected - {r.key for r in results}
     failing = [r for r in results if r.status in ("fail", "error", "timeout", "crash")]
@@ -198,8 +203,10 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
         err_console.print(f"[red]infrastructure error:[/red] {escape(msg)}")
     if infra_errors:
         ctx.exit(EXIT_INFRA)
-    if failing and fail_on == "failure":
+    if failing and fail_on in ("failure", "regression"):
         ctx.exit(EXIT_FAIL)
+    if fail_on == "regression" and any(f.kind == "regression" for f in findings):
+        ctx.exit(EXIT_REGRESSION)
     ctx.exit(EXIT_OK)
 
 
@@ -223,6 +230,22 @@ def _write_calibrations(db_path: Path, fingerprint: str, run_dir: Path) -> str |
     path = run_dir / "calibrations.json"
     path.write_text(json.dumps(found, indent=1), encoding="utf-8")
     return str(path)
+
+
+_FINDING_STYLE = {"regression": "red", "new_failure": "red", "suspicious": "yellow",
+                  "drift": "yellow", "bits_changed": "yellow", "improvement": "green",
+                  "fixed": "green"}
+
+
+def print_findings(findings: Sequence[Any]) -> None:
+    """Changes against this machine's history: regressions first, one line each."""
+    from harness.regress import KINDS, format_findings
+
+    ordered = sorted(findings, key=lambda f: KINDS.index(f.kind) if f.kind in KINDS else 99)
+    for f, line in zip(ordered, format_findings(ordered), strict=True):
+        style = _FINDING_STYLE.get(f.kind, "white")
+        head, _, rest = line.partition(" ")
+        console.print(f"[{style}]{head}[/{style}] {escape(rest)}", soft_wrap=True)
 
 
 def _fmt_us(ns: float | None) -> str:

@@ -2,12 +2,220 @@
 
 from __future__ import annotations
 
-import click
+import json
+import math
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
 
-from harness.cli_common import EXIT_USAGE, HarnessExit
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from harness.cli_common import (
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_USAGE,
+    HarnessExit,
+    console,
+    err_console,
+)
+
+MIN_PREFIX = 4
+
+
+def _resolve(conn: sqlite3.Connection, text: str) -> str:
+    """A run id from its full text or a unique prefix of at least MIN_PREFIX characters."""
+    from harness import store
+
+    if store.get_run(conn, text) is not None:
+        return text
+    if len(text) < MIN_PREFIX:
+        raise HarnessExit(f"run id {text!r} is not in the DB and too short to be a prefix: "
+                          f"give at least {MIN_PREFIX} characters", EXIT_USAGE)
+    # all ids in Python: prefixes may hold LIKE wildcards (%, _), and run counts are small
+    ids = store.run_ids(conn)
+    matches = [r for r in ids if r.startswith(text)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(m[:12] for m in matches[:3]) + (" ..." if len(matches) > 3 else "")
+        raise HarnessExit(f"run id prefix {text!r} matches {len(matches)} runs ({shown}): "
+                          "give more characters", EXIT_USAGE)
+    recent = ", ".join(r[:12] for r in ids[:3]) or "none"
+    raise HarnessExit(f"unknown run id {text!r} in {_db_label(conn)} (newest runs: {recent}): "
+                      "check the id `harness run` printed, or pass the right --db", EXIT_USAGE)
+
+
+def _db_label(conn: sqlite3.Connection) -> str:
+    rows = conn.execute("PRAGMA database_list").fetchall()
+    return next((row[2] for row in rows if row[1] == "main"), "the history DB")
+
+
+def _fingerprint(conn: sqlite3.Connection, run_id: str) -> str:
+    from harness import store
+
+    run = store.get_run(conn, run_id)
+    return str(((run.machine if run else None) or {}).get("fingerprint"))
+
+
+def _pick_runs(conn: sqlite3.Connection, runs: Sequence[str]) -> tuple[str, str]:
+    """(baseline A, current B) from zero, one or two run arguments."""
+    from harness import envinfo, store
+
+    if len(runs) > 2:
+        raise HarnessExit(f"compare takes at most two runs, got {len(runs)}: "
+                          "harness compare [RUN_A RUN_B]", EXIT_USAGE)
+    if len(runs) == 2:
+        a, b = _resolve(conn, runs[0]), _resolve(conn, runs[1])
+        if a == b:
+            raise HarnessExit(f"RUN_A and RUN_B are the same run {a}: name two different runs",
+                              EXIT_USAGE)
+        return a, b
+    if len(runs) == 1:
+        b = _resolve(conn, runs[0])
+        fp = _fingerprint(conn, b)
+        order = store.run_ids(conn, fp)
+        pos = order.index(b)
+        if pos + 1 >= len(order):
+            raise HarnessExit(f"run {b} is the first run of machine {fp} in "
+                              f"{_db_label(conn)}: name a second run to compare it with",
+                              EXIT_USAGE)
+        return order[pos + 1], b
+    fp = envinfo.machine()["fingerprint"]
+    last = store.run_ids(conn, fp, limit=2)
+    if len(last) < 2:
+        raise HarnessExit(f"{_db_label(conn)} holds {len(last)} run(s) of this machine "
+                          f"(fingerprint {fp}), need two: run `harness run` again, or name "
+                          "the runs: harness compare RUN_A RUN_B", EXIT_USAGE)
+    return last[1], last[0]
+
+
+def _median(r: Any) -> float | None:
+    median = (r.timing or {}).get("median") if r is not None else None
+    return float(median) if isinstance(median, (int, float)) else None
+
+
+def _us(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e3:.1f}"
+
+
+def _rows(results_a: Sequence[Any], results_b: Sequence[Any],
+          shifts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per result key in either run, in B's order, then keys only A has."""
+    by_a = {r.key: r for r in results_a}
+    by_b = {r.key: r for r in results_b}
+    rows = []
+    for key in list(by_b) + [k for k in by_a if k not in by_b]:
+        a, b = by_a.get(key), by_b.get(key)
+        some = b or a
+        shift = shifts.get(key)
+        if shift is not None:
+            verdict = shift.direction
+        elif a is None:
+            verdict = "only in B"
+        elif b is None:
+            verdict = "only in A"
+        elif a.status != "pass" or b.status != "pass":
+            verdict = f"{a.status} -> {b.status}"
+        else:
+            verdict = "no samples"
+        ratio = shift.ratio if shift is not None and math.isfinite(shift.ratio) else None
+        rows.append({"key": key, "case_id": some.case_id, "impl": some.impl,
+                     "world_size": some.world_size, "median_a_ns": _median(a),
+                     "median_b_ns": _median(b), "ratio": ratio,
+                     "p_value": shift.p_value if shift is not None else None,
+                     "verdict": verdict})
+    return rows
+
+
+def _table(rows: Sequence[dict[str, Any]], run_a: str, run_b: str) -> Table:
+    table = Table(title=f"A {run_a[:12]} -> B {run_b[:12]}", header_style="bold")
+    for col, just in (("case", "left"), ("impl", "left"), ("world", "right"),
+                      ("median A us", "right"), ("median B us", "right"), ("ratio", "right"),
+                      ("p", "right"), ("verdict", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    style = {"slower": "red", "faster": "green", "same": "white"}
+    for row in rows:
+        verdict = row["verdict"]
+        table.add_row(
+            escape(row["case_id"]), escape(row["impl"]), str(row["world_size"]),
+            _us(row["median_a_ns"]), _us(row["median_b_ns"]),
+            "-" if row["ratio"] is None else f"{row['ratio']:.3f}",
+            "-" if row["p_value"] is None else f"{row['p_value']:.1g}",
+            f"[{style.get(verdict, 'yellow')}]{escape(verdict)}[/]")
+    return table
 
 
 @click.command("compare")
-def compare() -> None:
-    """Not built yet (issue 8, in progress)."""
-    raise HarnessExit("`harness compare` is not built yet", EXIT_USAGE)
+@click.argument("runs", nargs=-1)
+@click.option("--db", default=None, help="History DB (default $HARNESS_DB or "
+                                         "harness-results/history.db).")
+@click.option("--fail-on", default="never", show_default=True,
+              type=click.Choice(["regression", "never"]),
+              help="Exit 3 when B is slower or newly failing somewhere, or never.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: str,
+            as_json: bool) -> None:
+    """Compare run B with run A: timing (median ratio and Mann-Whitney U on the raw samples)
+    and correctness (new failures, fixes, numerical drift, changed bits).
+
+    RUN_A RUN_B are run ids or unique prefixes (4+ characters). One run: it against the
+    previous run of its machine. None: the last two runs of this machine.
+    """
+    from harness import regress, store
+    from harness.results import ResultsError
+
+    path = store.resolve_db_path(db)
+    if not path.exists():
+        raise HarnessExit(f"history DB {path} does not exist: run `harness run` first, or pass "
+                          "--db (or set HARNESS_DB) to an existing one", EXIT_USAGE)
+    try:
+        conn = store.connect(path)
+        try:
+            run_a, run_b = _pick_runs(conn, runs)
+            results_a = store.results_for_run(conn, run_a)
+            results_b = store.results_for_run(conn, run_b)
+            fp_a, fp_b = _fingerprint(conn, run_a), _fingerprint(conn, run_b)
+        finally:
+            conn.close()
+    except (store.StoreError, ResultsError) as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    except sqlite3.Error as exc:
+        raise HarnessExit(f"history DB {path} cannot be read ({exc}): pass another --db",
+                          EXIT_USAGE) from exc
+
+    shifts = regress.timing_shifts(results_a, results_b)
+    findings = regress.compare_runs(results_a, results_b)
+    rows = _rows(results_a, results_b, shifts)
+    correctness = [f for f in findings if f.kind not in ("regression", "improvement")]
+    counts = {d: sum(1 for s in shifts.values() if s.direction == d)
+              for d in ("slower", "faster", "same")}
+    kinds = {k: sum(1 for f in correctness if f.kind == k)
+             for k in ("new_failure", "fixed", "drift", "bits_changed")}
+    only_a = sum(1 for r in rows if r["verdict"] == "only in A")
+    only_b = sum(1 for r in rows if r["verdict"] == "only in B")
+    regressed = counts["slower"] > 0 or kinds["new_failure"] > 0
+
+    if as_json:
+        click.echo(json.dumps({
+            "run_a": run_a, "run_b": run_b, "machine_a": fp_a, "machine_b": fp_b,
+            "rows": rows, "findings": [f.to_dict() for f in findings],
+            "summary": {**counts, **kinds, "only_in_a": only_a, "only_in_b": only_b},
+        }, indent=1))
+    else:
+        if fp_a != fp_b:
+            err_console.print(f"[yellow]warning:[/yellow] A ran on machine {escape(fp_a)} and "
+                              f"B on {escape(fp_b)}: timings may differ for that reason alone")
+        console.print(_table(rows, run_a, run_b))
+        for line in regress.format_findings(correctness):
+            colour = "green" if line.startswith("FIXED") else "red"
+            console.print(f"[{colour}]{escape(line)}[/]", soft_wrap=True)
+        console.print(
+            f"{len(shifts)} timed in both: {counts['slower']} slower, {counts['faster']} "
+            f"faster, {counts['same']} same; {kinds['new_failure']} new failure(s), "
+            f"{kinds['fixed']} fixed, {kinds['drift']} drift, {kinds['bits_changed']} bits "
+            f"changed; {only_a} only in A, {only_b} only in B "
+            f"(A {run_a[:12]}, B {run_b[:12]})", soft_wrap=True)
+    ctx.exit(EXIT_REGRESSION if regressed and fail_on == "regression" else EXIT_OK)

@@ -42,3 +42,10 @@ def crash_on_rank_one(world, x, out, op):
 
 #: exposed through a test-made entry point in group harness.implementations
 ENTRY = {"allreduce": allreduce_torch}
+
+
+def sleepy(world, x, out, op):
+    """Correct, and slow by design: 2 ms plus $HARNESS_TEST_DELAY_S (the planted slowdown the
+    regression tests look for). Sleep keeps the timing steady on a loaded machine."""
+    time.sleep(0.002 + float(os.environ.get("HARNESS_TEST_DELAY_S", "0")))
+    return allreduce_torch(world, x, out, op)

@@ -1,0 +1,498 @@
+"""Regression analysis: timing shifts and correctness changes between runs.
+
+Timing (per series: machine fingerprint, case id, impl, world size, median time) counts as
+changed only when two things agree: the median moved by more than the op's threshold
+(practical significance) AND a one-sided Mann-Whitney U test on the raw samples says
+p < ALPHA (statistical significance). Against a history the baseline is robust: the median of
+the last LOOKBACK runs' medians, with a MAD band for run-to-run noise, and a slowdown becomes
+a "regression" only when two consecutive runs violate it; a single violation is "suspicious".
+
+Correctness: pass -> failure ("new_failure"), failure -> pass ("fixed"), an error metric grown
+DRIFT_FACTOR x while still passing ("drift"), and a changed output hash of a deterministic op
+("bits_changed").
+
+Ops are looked up through ``harness.spec.registry()`` only; results of ops it does not know
+(ingested from elsewhere) get the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.stats import mannwhitneyu
+
+from harness import store
+from harness.results import FAILING, CaseResult
+
+ALPHA = 0.01  # Mann-Whitney U significance
+LOOKBACK = 30  # earlier runs in the robust baseline
+MIN_HISTORY = 5  # fewer earlier runs than this: compare with the previous run alone
+MAD_K = 3.0  # robust band: baseline median + MAD_K * 1.4826 * MAD of run medians
+DRIFT_FACTOR = 10.0
+DEFAULT_THRESHOLD = 0.05
+
+#: the recent runs whose pooled samples the current run is tested against
+_RECENT_RUNS = 5
+#: MAD * 1.4826 estimates the standard deviation of normally distributed data
+_MAD_TO_SIGMA = 1.4826
+
+KINDS = ("regression", "suspicious", "improvement", "new_failure", "fixed", "drift",
+         "bits_changed")
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Shift:
+    """How a set of timing samples moved against a baseline."""
+
+    ratio: float  # median(current) / median(baseline); nan when undefined
+    p_value: float  # one-sided Mann-Whitney U p-value in the direction of the change
+    direction: str  # "slower" | "faster" | "same"
+
+
+def _clean(samples: Sequence[float] | None) -> np.ndarray:
+    """Finite float samples; anything unreadable counts as no samples (never raises)."""
+    if samples is None:
+        return np.empty(0)
+    try:
+        a = np.asarray(list(samples), dtype=np.float64).reshape(-1)
+    except (TypeError, ValueError):
+        return np.empty(0)
+    return a[np.isfinite(a)]
+
+
+def _mwu_p(current: np.ndarray, baseline: np.ndarray, slower: bool) -> float:
+    """One-sided MWU p-value that ``current`` is stochastically greater (slower) or less."""
+    if current.size < 2 or baseline.size < 2:
+        return 1.0
+    if np.all(current == current[0]) and np.all(baseline == current[0]):
+        return 1.0  # nothing differs: scipy's answer would be nan or 1
+    try:
+        res = mannwhitneyu(current, baseline, alternative="greater" if slower else "less")
+    except ValueError:
+        return 1.0
+    p = float(res.pvalue)
+    return p if math.isfinite(p) else 1.0
+
+
+def _ratio(current_median: float, baseline_median: float) -> float:
+    if not (baseline_median > 0 and math.isfinite(current_median)):
+        return math.nan
+    return current_median / baseline_median
+
+
+def pairwise(baseline: Sequence[float], current: Sequence[float], threshold: float,
+             alpha: float = ALPHA) -> Shift:
+    """Compare two runs' raw samples.
+
+    "slower" iff the median ratio exceeds ``1 + threshold`` and the one-sided MWU p-value is
+    below ``alpha``; "faster" symmetrically (ratio below ``1 / (1 + threshold)``). Fewer than
+    two samples on a side, or all samples equal, give "same" with p = 1. Note that few
+    samples can never be significant: 3 against 3 cannot go below p = 0.05.
+    """
+    b, c = _clean(baseline), _clean(current)
+    if b.size == 0 or c.size == 0:
+        return Shift(math.nan, 1.0, "same")
+    ratio = _ratio(float(np.median(c)), float(np.median(b)))
+    if b.size < 2 or c.size < 2 or not math.isfinite(ratio):
+        return Shift(ratio, 1.0, "same")
+    p = _mwu_p(c, b, slower=ratio >= 1.0)
+    if ratio > 1.0 + threshold and p < alpha:
+        return Shift(ratio, p, "slower")
+    if ratio < 1.0 / (1.0 + threshold) and p < alpha:
+        return Shift(ratio, p, "faster")
+    return Shift(ratio, p, "same")
+
+
+def _usable_runs(history: Sequence[Sequence[float]]) -> list[np.ndarray]:
+    # a run without finite samples says nothing about the level
+    return [a for a in (_clean(h) for h in history) if a.size]
+
+
+def _robust_baseline(runs: Sequence[np.ndarray]) -> tuple[float, float]:
+    """(median of the run medians, MAD of the run medians)."""
+    medians = np.array([np.median(r) for r in runs])
+    base = float(np.median(medians))
+    return base, float(np.median(np.abs(medians - base)))
+
+
+def lookback_violation(history: Sequence[Sequence[float]], current: Sequence[float],
+                       threshold: float, alpha: float = ALPHA, k: float = MAD_K, *,
+                       lookback: int = LOOKBACK) -> Shift:
+    """Does ``current`` leave the band of the recent history?
+
+    ``history`` holds earlier runs' raw samples, newest first; the first ``lookback`` runs
+    with samples are used. The baseline is the median of their medians. "slower" needs all of:
+
+    - median > baseline * (1 + threshold): the change must matter in practice, however
+      certain it is;
+    - median > baseline + k * 1.4826 * MAD(run medians): the samples of one run are
+      correlated (same boot, clocks, neighbours), so run-to-run noise is wider than any one
+      run's spread suggests; a series that wanders that much between runs must move further;
+    - MWU(current vs the pooled samples of the most recent 5 runs) p < alpha: the current
+      run's distribution, not just its median, must sit above the machine's recent state
+      (pooling several runs puts their run-to-run spread into the reference).
+
+    "faster" is symmetric. ``ratio`` is median(current) / baseline.
+    """
+    runs = _usable_runs(history)[: max(lookback, 1)]
+    c = _clean(current)
+    if not runs or c.size == 0:
+        return Shift(math.nan, 1.0, "same")
+    base, mad = _robust_baseline(runs)
+    current_median = float(np.median(c))
+    ratio = _ratio(current_median, base)
+    if c.size < 2 or not math.isfinite(ratio):
+        return Shift(ratio, 1.0, "same")
+    band = k * _MAD_TO_SIGMA * mad
+    recent = np.concatenate(runs[:_RECENT_RUNS])
+    p = _mwu_p(c, recent, slower=ratio >= 1.0)
+    if (current_median > base * (1.0 + threshold) and current_median > base + band
+            and p < alpha):
+        return Shift(ratio, p, "slower")
+    if (current_median < base / (1.0 + threshold) and current_median < base - band
+            and p < alpha):
+        return Shift(ratio, p, "faster")
+    return Shift(ratio, p, "same")
+
+
+def classify_series(history: Sequence[Sequence[float]], current: Sequence[float],
+                    threshold: float, *, lookback: int = LOOKBACK) -> tuple[str, Shift | None]:
+    """Verdict of one series: "new", "ok", "suspicious", "regression" or "improvement".
+
+    ``history``: earlier runs' raw samples, newest first (runs without samples are skipped).
+    With fewer than MIN_HISTORY earlier runs the current run is compared with the previous
+    one alone (``pairwise``) and a slowdown is a "regression" at once: there is no history
+    yet to tell a one-off spike from a step. Otherwise a run that violates the lookback band
+    is "suspicious", and a "regression" when the previous run also violated the band of its
+    own earlier history; two consecutive faster runs are an "improvement", one is "ok".
+    """
+    runs = _usable_runs(history)
+    if not runs:
+        return "new", None
+    if len(runs) < MIN_HISTORY:
+        shift = pairwise(runs[0], current, threshold)
+        verdict = {"slower": "regression", "faster": "improvement"}.get(shift.direction, "ok")
+        return verdict, shift
+    shift = lookback_violation(runs, current, threshold, lookback=lookback)
+    if shift.direction == "same":
+        return "ok", shift
+    previous = lookback_violation(runs[1:], runs[0], threshold, lookback=lookback)
+    if shift.direction == "slower":
+        return ("regression" if previous.direction == "slower" else "suspicious"), shift
+    return ("improvement" if previous.direction == "faster" else "ok"), shift
+
+
+# ----------------------------------------------------------------------------- op lookups
+
+
+def _spec(op: str) -> Any:
+    try:
+        from harness.spec import registry
+
+        return registry().specs.get(op)
+    except Exception:  # noqa: BLE001 - a broken suite or plugin must not stop the analysis
+        return None
+
+
+def threshold_of(op: str) -> float:
+    """The op's regression threshold (``OpSpec.regression_threshold``), else 0.05."""
+    value = getattr(_spec(op), "regression_threshold", None)
+    if isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value)
+    return DEFAULT_THRESHOLD
+
+
+def deterministic_of(op: str) -> bool | None:
+    """Whether the op promises the same bits for the same inputs; None for an unknown op."""
+    value = getattr(_spec(op), "deterministic", None)
+    return value if isinstance(value, bool) else None
+
+
+# ----------------------------------------------------------------------------- findings
+
+
+@dataclass
+class Finding:
+    """One change worth reporting."""
+
+    kind: str  # one of KINDS
+    key: str
+    op: str
+    case_id: str
+    impl: str
+    world_size: int
+    #: "median_ns" for timing; the output name for drift; "status"; "output_hash"
+    metric: str
+    baseline: float | None
+    current: float | None
+    ratio: float | None
+    p_value: float | None
+    baseline_run: str | None
+    detail: str  # one human line
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (non-finite numbers become None so strict parsers accept it)."""
+        d = dataclasses.asdict(self)
+        for name in ("baseline", "current", "ratio", "p_value"):
+            v = d[name]
+            if isinstance(v, float) and not math.isfinite(v):
+                d[name] = None
+        return d
+
+
+def _fmt_time(ns: float) -> str:
+    unit, scale = next(((u, f) for u, f in (("s", 1e9), ("ms", 1e6), ("us", 1e3))
+                        if abs(ns) >= f), ("ns", 1.0))
+    v = ns / scale
+    text = f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+    return f"{text} {unit}"
+
+
+def _fmt_shift(base: float, cur: float, shift: Shift) -> str:
+    return (f"median {_fmt_time(base)} -> {_fmt_time(cur)} "
+            f"(x{shift.ratio:.3f}, p={shift.p_value:.1g})")
+
+
+def _short(run_id: str | None) -> str:
+    return (run_id or "?")[:8]
+
+
+def format_findings(findings: Sequence[Finding]) -> list[str]:
+    """One plain-text line per finding, e.g. ``REGRESSION w1 allreduce[...]@torch: median
+    12.3 us -> 14.1 us (x1.146, p=2e-05) vs run ab12cd34``."""
+    return [f"{f.kind.upper()} w{f.world_size} {f.case_id}@{f.impl}: {f.detail}"
+            for f in findings]
+
+
+def _finding(kind: str, r: CaseResult, metric: str, detail: str, *,
+             baseline: float | None = None, current: float | None = None,
+             ratio: float | None = None, p_value: float | None = None,
+             baseline_run: str | None = None) -> Finding:
+    return Finding(kind=kind, key=r.key, op=r.op, case_id=r.case_id, impl=r.impl,
+                   world_size=r.world_size, metric=metric, baseline=baseline, current=current,
+                   ratio=ratio, p_value=p_value, baseline_run=baseline_run, detail=detail)
+
+
+def _samples(r: CaseResult) -> list[float]:
+    """Raw timing samples of a passing result (timings of wrong outputs mean nothing)."""
+    if r.status != "pass" or not isinstance(r.timing, dict):
+        return []
+    samples = r.timing.get("samples")
+    return samples if isinstance(samples, list) else []
+
+
+def timing_method(r: CaseResult) -> tuple[bool, bool]:
+    """(CUDA-graph replay, L2 flushed): timings taken differently are different series (a
+    replay leaves out launch overhead, a flushed cache adds misses)."""
+    t = r.timing if isinstance(r.timing, dict) else {}
+    return t.get("mode") == "graph", bool(t.get("l2_flush"))
+
+
+_DRIFT_METRIC = {"exact": "max_abs", "allclose": "max_abs", "ulp": "max_abs",
+                 "cos_diff": "cos_diff", "rel_l2": "rel_l2"}
+
+
+def _drift_metric(tolerance: Any) -> str:
+    """The error metric a tolerance bounds (an all_of: its first part's)."""
+    if not isinstance(tolerance, dict):
+        return "max_abs"
+    if tolerance.get("kind") == "all_of":
+        parts = tolerance.get("parts") or []
+        return _drift_metric(parts[0]) if parts else "max_abs"
+    return _DRIFT_METRIC.get(tolerance.get("kind"), "max_abs")
+
+
+def _metric_value(entry: Any, metric: str) -> float | None:
+    if not isinstance(entry, dict):
+        return None
+    metrics = entry.get("metrics")
+    # records from older writers kept the metrics beside the tolerance
+    value = (metrics if isinstance(metrics, dict) else entry).get(metric)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    if not math.isfinite(value):
+        return None
+    return max(value, 0.0)  # cos_diff rounds to tiny negatives when nothing differs
+
+
+def _drift(base: CaseResult, cur: CaseResult) -> list[Finding]:
+    out = []
+    for name, entry in cur.outputs.items():
+        if not isinstance(entry, dict) or entry.get("passed") is False:
+            continue
+        metric = _drift_metric(entry.get("tolerance"))
+        b = _metric_value(base.outputs.get(name), metric)
+        c = _metric_value(entry, metric)
+        if b is None or c is None:
+            continue
+        tol = entry.get("tolerance")
+        tol_text = tol.get("text", tol.get("kind", "")) if isinstance(tol, dict) else str(tol)
+        if b == 0.0 and c > 0.0:
+            detail = f"{metric} of {name!r} grew from 0 to {c:.3g}, still within {tol_text}"
+            ratio = None
+        elif b > 0.0 and c >= DRIFT_FACTOR * b:
+            ratio = c / b
+            detail = (f"{metric} of {name!r} {b:.3g} -> {c:.3g} (x{ratio:.1f}), "
+                      f"still within {tol_text}")
+        else:
+            continue
+        out.append(_finding("drift", cur, name, f"{detail} vs run {_short(base.run_id)}",
+                            baseline=b, current=c, ratio=ratio, baseline_run=base.run_id))
+    return out
+
+
+def correctness_findings(base: CaseResult, cur: CaseResult) -> list[Finding]:
+    """new_failure, fixed, drift and bits_changed of ``cur`` against an earlier ``base``."""
+    vs = f"vs run {_short(base.run_id)}"
+    if base.status == "pass" and cur.status in FAILING:
+        reason = cur.reason.splitlines()[0] if cur.reason else "no reason recorded"
+        return [_finding("new_failure", cur, "status", f"pass -> {cur.status}: {reason} {vs}",
+                         baseline_run=base.run_id)]
+    if base.status in FAILING and cur.status == "pass":
+        return [_finding("fixed", cur, "status", f"{base.status} -> pass {vs}",
+                         baseline_run=base.run_id)]
+    if base.status != "pass" or cur.status != "pass":
+        return []
+    out = _drift(base, cur)
+    deterministic = deterministic_of(cur.op)
+    # an op not in the registry may still be deterministic: flag it, and say so
+    if (deterministic is not False and base.output_hash and cur.output_hash
+            and base.output_hash != cur.output_hash):
+        why = "deterministic op" if deterministic else "op unknown to this harness"
+        out.append(_finding(
+            "bits_changed", cur, "output_hash",
+            f"output hash {base.output_hash[:12]} -> {cur.output_hash[:12]} ({why}, both "
+            f"passing) {vs}", baseline_run=base.run_id))
+    return out
+
+
+def timing_shifts(baseline: Sequence[CaseResult], current: Sequence[CaseResult],
+                  threshold: Callable[[str], float] = threshold_of) -> dict[str, Shift]:
+    """``pairwise`` shift per result key, for results that passed with samples in both runs."""
+    base_by_key = {r.key: r for r in baseline}
+    shifts: dict[str, Shift] = {}
+    for cur in current:
+        base = base_by_key.get(cur.key)
+        if base is None:
+            continue
+        b, c = _samples(base), _samples(cur)
+        if b and c and timing_method(base) == timing_method(cur):
+            shifts[cur.key] = pairwise(b, c, threshold(cur.op))
+    return shifts
+
+
+def compare_runs(baseline: Sequence[CaseResult], current: Sequence[CaseResult],
+                 threshold: Callable[[str], float] = threshold_of) -> list[Finding]:
+    """Findings of ``current`` against one ``baseline`` run, results matched by key.
+
+    Timing: ``pairwise`` on the samples of results that passed in both ("regression" when
+    slower, "improvement" when faster; two runs cannot tell a spike from a step).
+    Correctness: new_failure, fixed, drift, bits_changed.
+    """
+    base_by_key = {r.key: r for r in baseline}
+    shifts = timing_shifts(baseline, current, threshold)
+    findings: list[Finding] = []
+    for cur in current:
+        base = base_by_key.get(cur.key)
+        if base is None:
+            continue
+        shift = shifts.get(cur.key)
+        if shift is not None and shift.direction != "same":
+            kind = "regression" if shift.direction == "slower" else "improvement"
+            b = float(np.median(_clean(_samples(base))))
+            c = float(np.median(_clean(_samples(cur))))
+            findings.append(_finding(
+                kind, cur, "median_ns", f"{_fmt_shift(b, c, shift)} vs run {_short(base.run_id)}",
+                baseline=b, current=c, ratio=shift.ratio, p_value=shift.p_value,
+                baseline_run=base.run_id))
+        findings.extend(correctness_findings(base, cur))
+    return findings
+
+
+# ----------------------------------------------------------------------------- history
+
+
+def _earlier_results(conn: sqlite3.Connection, r: CaseResult, fingerprint: str,
+                     earlier: set[str], newer: int, lookback: int) -> list[CaseResult]:
+    """The series' results from ``earlier`` runs, newest first, enough for ``lookback``."""
+    # rows of `newer` later runs and of the run itself come first in store.history's order;
+    # grow the window until lookback + 1 passing results (the previous run's own lookback)
+    # are in it, or the series ends
+    limit = newer + lookback + 2
+    while True:
+        rows = store.history(conn, r.case_id, r.impl, r.world_size,
+                             machine_fingerprint=fingerprint, limit=limit)
+        prior = [CaseResult.from_dict(json.loads(row["record"])) for row in rows
+                 if row["run_id"] in earlier]
+        if len(rows) < limit or sum(1 for p in prior if _samples(p)) > lookback:
+            return prior
+        limit *= 2
+
+
+def analyze_run(conn: sqlite3.Connection, run_id: str,
+                threshold: Callable[[str], float] = threshold_of,
+                lookback: int = LOOKBACK) -> list[Finding]:
+    """Findings of one stored run against the earlier runs of the same machine.
+
+    Timing: ``classify_series`` per result that passed, on the samples of the series' earlier
+    passing results (runs of other machines, and runs that started after ``run_id``, are
+    ignored). Correctness kinds: against the series' most recent earlier result with a
+    verdict (a "skip" has none). Raises ``store.StoreError`` for a run not in the DB.
+    """
+    run = store.get_run(conn, run_id)
+    if run is None:
+        raise store.StoreError(f"run {run_id} is not in the history DB: ingest its run "
+                               "directory with `harness ingest` or pass the right --db")
+    fingerprint = str((run.machine or {}).get("fingerprint"))
+    order = store.run_ids(conn, fingerprint)  # newest first, the order store.history uses
+    pos = order.index(run_id)
+    earlier = set(order[pos + 1:])
+    findings: list[Finding] = []
+    for cur in store.results_for_run(conn, run_id):
+        prior = _earlier_results(conn, cur, fingerprint, earlier, pos, lookback)
+        current = _samples(cur)
+        timed = [p for p in prior
+                 if _samples(p) and timing_method(p) == timing_method(cur)][: lookback + 1]
+        if current and timed:
+            history = [_samples(p) for p in timed]
+            verdict, shift = classify_series(history, current, threshold(cur.op),
+                                             lookback=lookback)
+            if shift is not None and verdict in ("regression", "suspicious", "improvement"):
+                findings.append(_history_finding(verdict, cur, timed, history, shift, lookback))
+        reference = next((p for p in prior if p.status != "skip"), None)
+        if reference is not None:
+            findings.extend(correctness_findings(reference, cur))
+    return findings
+
+
+def _history_finding(verdict: str, cur: CaseResult, timed: list[CaseResult],
+                     history: list[list[float]], shift: Shift, lookback: int) -> Finding:
+    c = float(np.median(_clean(_samples(cur))))
+    previous = timed[0].run_id
+    if len(timed) < MIN_HISTORY:
+        b = float(np.median(_clean(history[0])))
+        where = f"vs run {_short(previous)}"
+    else:
+        runs = _usable_runs(history)[:lookback]
+        b, _ = _robust_baseline(runs)
+        where = f"vs the median of {len(runs)} earlier runs (newest {_short(previous)})"
+        if verdict == "regression":
+            where += "; the previous run was slower too"
+        elif verdict == "improvement":
+            where += "; the previous run was faster too"
+        else:
+            where += "; a single run so far"
+    return _finding(verdict, cur, "median_ns", f"{_fmt_shift(b, c, shift)} {where}",
+                    baseline=b, current=c, ratio=shift.ratio, p_value=shift.p_value,
+                    baseline_run=previous)

@@ -1,0 +1,474 @@
+"""Regression analysis: statistics on generated samples, correctness kinds on hand-built
+results, and history analysis on real SQLite files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from harness import regress, store
+from harness.results import CaseResult, RunInfo
+from harness.spec import OpSpec, registry
+
+BASE_NS = 100_000.0
+NOISE = 0.02  # within-run spread (relative sd)
+
+
+def draw(seed: int, level: float = 1.0, n: int = 30, noise: float = NOISE) -> list[float]:
+    rng = np.random.default_rng(seed)
+    return list(rng.normal(BASE_NS * level, BASE_NS * level * noise, n))
+
+
+def flat_history(n_runs: int, seed: int = 100, run_jitter: float = 0.01) -> list[list[float]]:
+    """Earlier runs, newest first: each run's level jitters a little around 1."""
+    rng = np.random.default_rng(seed)
+    levels = rng.normal(1.0, run_jitter, n_runs)
+    return [draw(seed + 1 + i, float(lv)) for i, lv in enumerate(levels)]
+
+
+# ----------------------------------------------------------------------------- pairwise
+
+
+def test_clear_20_percent_slowdown_is_slower_and_significant():
+    base, cur = draw(1), draw(2, 1.2)
+    shift = regress.pairwise(base, cur, 0.05)
+    assert shift.direction == "slower"
+    assert shift.p_value < 0.01
+    assert shift.ratio == pytest.approx(np.median(cur) / np.median(base))
+    assert 1.15 < shift.ratio < 1.25
+
+
+def test_clear_speedup_is_faster():
+    shift = regress.pairwise(draw(3), draw(4, 0.8), 0.05)
+    assert shift.direction == "faster" and shift.p_value < 0.01 and shift.ratio < 0.85
+
+
+def test_identical_distributions_are_same():
+    shift = regress.pairwise(draw(5), draw(6), 0.05)
+    assert shift.direction == "same"
+    assert shift.p_value > 0.01
+
+
+def test_false_positive_rate_stays_near_alpha_without_a_threshold():
+    # threshold 0 leaves the test alone to decide: it must be calibrated, not trigger-happy
+    flagged = sum(regress.pairwise(draw(1000 + 2 * s), draw(1001 + 2 * s), 0.0).direction
+                  != "same" for s in range(300))
+    assert flagged <= 9  # 2 * alpha * 300 = 6 expected; 9 leaves room for chance
+
+
+def test_small_significant_shift_under_threshold_is_same():
+    base, cur = draw(7, n=500, noise=0.005), draw(8, 1.03, n=500, noise=0.005)
+    shift = regress.pairwise(base, cur, 0.05)
+    assert shift.p_value < 1e-6  # certainly real ...
+    assert shift.direction == "same"  # ... but below the 5% that matters
+    assert regress.pairwise(base, cur, 0.01).direction == "slower"
+
+
+def test_big_shift_with_too_few_samples_is_not_significant():
+    # 3 against 3 cannot go below p = 1/20 with a one-sided exact test
+    shift = regress.pairwise([100.0, 101.0, 102.0], [150.0, 151.0, 152.0], 0.05)
+    assert shift.direction == "same" and shift.p_value == pytest.approx(0.05)
+
+
+def test_a_few_outliers_do_not_make_a_run_slower():
+    cur = draw(10)
+    cur[:3] = [BASE_NS * 5] * 3  # three preemptions in 30 repeats
+    assert regress.pairwise(draw(9), cur, 0.05).direction == "same"
+
+
+def test_tied_timer_ticks_still_show_a_step():
+    # coarse timers give all-equal samples per run: a real step must still count
+    shift = regress.pairwise([100.0] * 30, [130.0] * 30, 0.05)
+    assert shift.direction == "slower" and shift.p_value < 1e-6
+
+
+@pytest.mark.parametrize("base, cur", [
+    ([], []),
+    ([], [1.0, 2.0]),
+    ([1.0, 2.0], []),
+    ([100.0], [200.0]),
+    ([100.0] * 20, [100.0] * 20),
+    ([0.0] * 10, [5.0] * 10),
+    ([math.nan] * 10, [1.0] * 10),
+    ([1.0, None, "x"], [2.0, 3.0]),
+])
+def test_degenerate_inputs_are_same_with_p_1(base, cur):
+    shift = regress.pairwise(base, cur, 0.05)
+    assert shift.direction == "same" and shift.p_value == 1.0
+
+
+# ----------------------------------------------------------------------------- lookback
+
+
+def test_single_spike_after_noisy_flat_history_is_suspicious():
+    history = flat_history(20)
+    verdict, shift = regress.classify_series(history, draw(50, 1.25), 0.05)
+    assert verdict == "suspicious"
+    assert shift is not None and shift.direction == "slower" and shift.p_value < 0.01
+
+
+def test_step_held_for_two_runs_is_a_regression():
+    history = [draw(51, 1.25)] + flat_history(20)
+    verdict, shift = regress.classify_series(history, draw(52, 1.25), 0.05)
+    assert verdict == "regression"
+    assert 1.2 < shift.ratio < 1.3
+
+
+def test_spike_that_went_away_is_ok():
+    history = [draw(53, 1.25)] + flat_history(20)
+    assert regress.classify_series(history, draw(54), 0.05)[0] == "ok"
+
+
+def test_improvement_needs_two_consecutive_faster_runs():
+    history = flat_history(20)
+    verdict, shift = regress.classify_series(history, draw(55, 0.75), 0.05)
+    assert verdict == "ok" and shift.direction == "faster"
+    verdict, _ = regress.classify_series([draw(56, 0.75)] + history, draw(57, 0.75), 0.05)
+    assert verdict == "improvement"
+
+
+def test_mad_band_absorbs_a_series_that_wanders_between_runs():
+    # run medians that swing +-10% between runs: a 15% step is inside their normal range
+    levels = [0.92, 1.1, 0.95, 1.12, 0.9, 1.08, 0.93, 1.1, 0.91, 1.09, 0.94, 1.11]
+    history = [draw(60 + i, lv, noise=0.005) for i, lv in enumerate(levels)]
+    cur = draw(80, 1.15, noise=0.005)
+    assert regress.lookback_violation(history, cur, 0.05).direction == "same"
+    # the band, not the threshold or the test, is what held it back
+    assert regress.lookback_violation(history, cur, 0.05, k=0.0).direction == "slower"
+
+
+def test_threshold_guard_holds_a_small_step_on_a_quiet_series():
+    history = [draw(90 + i, noise=0.002) for i in range(10)]
+    cur = draw(101, 1.03, noise=0.002)
+    assert regress.lookback_violation(history, cur, 0.05).direction == "same"
+    assert regress.lookback_violation(history, cur, 0.01).direction == "slower"
+
+
+def test_only_the_newest_lookback_runs_form_the_baseline():
+    # newest first: 30 runs at level 1, then 40 older ones at half the time
+    history = flat_history(regress.LOOKBACK) + [draw(200 + i, 0.5) for i in range(40)]
+    shift = regress.lookback_violation(history, draw(300), 0.05)
+    assert shift.ratio == pytest.approx(1.0, abs=0.05)
+    assert shift.direction == "same"
+
+
+def test_short_history_compares_with_the_previous_run_alone():
+    history = [draw(400), draw(401)]
+    verdict, shift = regress.classify_series(history, draw(402, 1.25), 0.05)
+    assert verdict == "regression" and shift.direction == "slower"
+    assert regress.classify_series(history, draw(403, 0.75), 0.05)[0] == "improvement"
+    assert regress.classify_series(history, draw(404), 0.05)[0] == "ok"
+    # the previous run (history[0]) is the baseline, not an older one
+    stepped = [draw(405, 1.25), draw(406)]
+    assert regress.classify_series(stepped, draw(407, 1.25), 0.05)[0] == "ok"
+
+
+def test_no_history_is_new():
+    assert regress.classify_series([], draw(500), 0.05) == ("new", None)
+    assert regress.classify_series([[], []], draw(501), 0.05) == ("new", None)
+
+
+def test_degenerate_lookback_inputs_are_same():
+    assert regress.lookback_violation([], draw(1), 0.05).direction == "same"
+    assert regress.lookback_violation(flat_history(10), [], 0.05).p_value == 1.0
+    assert regress.lookback_violation([[0.0] * 5] * 6, draw(1), 0.05).direction == "same"
+
+
+# ----------------------------------------------------------------------------- correctness
+
+ALLCLOSE = {"kind": "allclose", "text": "allclose(rtol=1e-05, atol=1e-05)", "rtol": 1e-5,
+            "atol": 1e-5, "max_mismatch_frac": 0.0}
+COS = {"kind": "cos_diff", "text": "cos_diff<=1e-05", "bound": 1e-5}
+
+
+def output(tolerance: dict, passed: bool = True, **metrics: float) -> dict:
+    m = {"max_abs": 0.0, "rel_l2": 0.0, "cos_diff": 0.0}
+    m.update(metrics)
+    return {"metrics": m, "tolerance": tolerance, "passed": passed}
+
+
+def result(run_id: str, *, status: str = "pass", samples: list[float] | None = None,
+           outputs: dict | None = None, output_hash: str | None = "aaaa", op: str = "vendor.op",
+           case: str = "n=1024", impl: str = "fast", world_size: int = 1,
+           reason: str = "") -> CaseResult:
+    timing = None
+    if samples is not None:
+        timing = {"median": float(np.median(samples)), "n": len(samples), "samples": samples}
+    return CaseResult(
+        run_id=run_id, case_id=f"{op}[{case}]", op=op, family="vendor", impl=impl,
+        world_size=world_size, params={"n": 1024}, status=status, reason=reason,
+        outputs=outputs if outputs is not None else {"out": output(ALLCLOSE, max_abs=1e-7)},
+        timing=timing, output_hash=output_hash if status in ("pass", "fail") else None)
+
+
+def kinds(findings) -> list[str]:
+    return [f.kind for f in findings]
+
+
+def test_pass_to_fail_is_new_failure_and_back_is_fixed():
+    ok = result("run-a")
+    bad = result("run-b", status="fail", reason="3 elements outside tolerance\nmore",
+                 outputs={"out": output(ALLCLOSE, passed=False, max_abs=1.0)})
+    findings = regress.compare_runs([ok], [bad])
+    assert kinds(findings) == ["new_failure"]
+    assert findings[0].baseline_run == "run-a" and findings[0].metric == "status"
+    assert "3 elements outside tolerance" in findings[0].detail
+    assert "more" not in findings[0].detail
+    assert kinds(regress.compare_runs([bad], [ok])) == ["fixed"]
+    assert regress.compare_runs([bad], [bad]) == []
+    crashed = result("run-c", status="crash")
+    assert kinds(regress.compare_runs([ok], [crashed])) == ["new_failure"]
+    assert regress.compare_runs([ok], [result("run-c", status="skip")]) == []
+
+
+@pytest.mark.parametrize("before, after, drifted", [
+    (1e-7, 2e-6, True),    # x20 while passing
+    (1e-7, 1e-6, True),    # exactly x10
+    (1e-7, 5e-7, False),   # x5
+    (0.0, 1e-9, True),     # from exactly 0
+    (0.0, 0.0, False),
+    (2e-6, 1e-7, False),   # got better
+])
+def test_drift_on_the_metric_the_tolerance_uses(before, after, drifted):
+    base = result("run-a", outputs={"out": output(ALLCLOSE, max_abs=before)})
+    cur = result("run-b", outputs={"out": output(ALLCLOSE, max_abs=after)})
+    findings = regress.compare_runs([base], [cur])
+    assert kinds(findings) == (["drift"] if drifted else [])
+    if drifted:
+        f = findings[0]
+        assert f.metric == "out" and f.baseline == before and f.current == after
+        assert ("from 0" in f.detail) == (before == 0.0)
+
+
+def test_drift_of_a_cos_diff_output_reads_cos_diff_not_max_abs():
+    base = result("run-a", outputs={"o": output(COS, max_abs=1e-4, cos_diff=1e-9)})
+    same_cos = result("run-b", outputs={"o": output(COS, max_abs=1e-1, cos_diff=1.1e-9)})
+    assert regress.compare_runs([base], [same_cos]) == []
+    worse_cos = result("run-b", outputs={"o": output(COS, max_abs=1e-4, cos_diff=5e-8)})
+    assert kinds(regress.compare_runs([base], [worse_cos])) == ["drift"]
+
+
+def test_drift_of_all_of_reads_its_first_part():
+    tol = {"kind": "all_of", "text": "rel_l2<=0.01 & cos_diff<=1e-05",
+           "parts": [{"kind": "rel_l2", "bound": 0.01}, COS]}
+    base = result("run-a", outputs={"o": output(tol, rel_l2=1e-5, cos_diff=1e-9)})
+    cur = result("run-b", outputs={"o": output(tol, rel_l2=2e-4, cos_diff=1e-9)})
+    assert kinds(regress.compare_runs([base], [cur])) == ["drift"]
+    cur = result("run-b", outputs={"o": output(tol, rel_l2=1e-5, cos_diff=1e-6)})
+    assert regress.compare_runs([base], [cur]) == []
+
+
+def test_failing_output_is_not_drift():
+    base = result("run-a")
+    cur = result("run-b", status="fail", outputs={"out": output(ALLCLOSE, False, max_abs=1.0)})
+    assert "drift" not in kinds(regress.compare_runs([base], [cur]))
+
+
+@pytest.fixture
+def custom_ops():
+    """Two ops added to the live registry (and removed again): a non-deterministic one and
+    one with a loose regression threshold."""
+    reg = registry()
+
+    def make(name: str, **kw) -> OpSpec:
+        return OpSpec(name=name, family="vendor", reference=lambda x: x,
+                      make_inputs=lambda p, r, w: {}, grid={"smoke": [{"n": 1}]},
+                      implementations={"ref": lambda x: x}, **kw)
+
+    reg.add(make("vendor.atomic_sum", deterministic=False))
+    reg.add(make("vendor.loose", regression_threshold=0.5))
+    yield
+    del reg.specs["vendor.atomic_sum"], reg.specs["vendor.loose"]
+
+
+def test_op_lookups(custom_ops):
+    assert regress.threshold_of("vendor.loose") == 0.5
+    assert regress.threshold_of("allreduce") == registry().specs["allreduce"].regression_threshold
+    assert regress.threshold_of("nobody.knows") == 0.05
+    assert regress.deterministic_of("vendor.atomic_sum") is False
+    assert regress.deterministic_of("allreduce") is registry().specs["allreduce"].deterministic
+    assert regress.deterministic_of("nobody.knows") is None
+
+
+def test_bits_changed_unless_the_op_is_nondeterministic(custom_ops):
+    for op, flagged in (("allreduce", True), ("nobody.knows", True),
+                        ("vendor.atomic_sum", False)):
+        base = result("run-a", op=op, output_hash="aaaa")
+        cur = result("run-b", op=op, output_hash="bbbb")
+        assert kinds(regress.compare_runs([base], [cur])) == (["bits_changed"] if flagged
+                                                               else []), op
+        same = result("run-b", op=op, output_hash="aaaa")
+        assert regress.compare_runs([base], [same]) == []
+        unhashed = result("run-b", op=op, output_hash=None)
+        assert regress.compare_runs([base], [unhashed]) == []
+
+
+def test_per_op_threshold_applies(custom_ops):
+    base = result("run-a", op="vendor.loose", samples=draw(1))
+    cur = result("run-b", op="vendor.loose", samples=draw(2, 1.3))
+    assert regress.compare_runs([base], [cur]) == []  # 30% is under its 50%
+    assert kinds(regress.compare_runs([base], [cur], threshold=lambda op: 0.05)) == [
+        "regression"]
+
+
+def test_compare_runs_timing_matches_by_key_and_needs_two_passing_results():
+    base = [result("run-a", samples=draw(1)), result("run-a", impl="slow", samples=draw(3))]
+    cur = [result("run-b", samples=draw(2, 1.3)), result("run-b", impl="other",
+                                                         samples=draw(4, 3.0))]
+    findings = regress.compare_runs(base, cur)
+    assert kinds(findings) == ["regression"]
+    f = findings[0]
+    assert f.key == cur[0].key and f.metric == "median_ns" and f.baseline_run == "run-a"
+    assert f.baseline == pytest.approx(np.median(draw(1)))
+    assert f.current == pytest.approx(np.median(draw(2, 1.3)))
+    assert f.p_value < 0.01 and f.ratio == pytest.approx(f.current / f.baseline)
+    faster = regress.compare_runs(base[:1], [result("run-b", samples=draw(5, 0.7))])
+    assert kinds(faster) == ["improvement"]
+    failed = result("run-b", status="fail", samples=draw(6, 1.3))
+    assert kinds(regress.compare_runs(base[:1], [failed])) == ["new_failure"]
+
+
+def test_format_findings_one_line_each():
+    base = result("ab12cd34ef", samples=draw(1))
+    cur = result("run-b", samples=draw(2, 1.3), output_hash="bbbb")
+    findings = regress.compare_runs([base], [cur])
+    lines = regress.format_findings(findings)
+    assert len(lines) == len(findings) == 2
+    assert all("\n" not in line for line in lines)
+    assert lines[0].startswith("REGRESSION w1 vendor.op[n=1024]@fast: median ")
+    assert " us -> " in lines[0] and "vs run ab12cd34" in lines[0]
+    assert "ab12cd34e" not in lines[0]
+    assert lines[1].startswith("BITS_CHANGED w1 vendor.op[n=1024]@fast: ")
+
+
+def test_finding_to_dict_is_strict_json():
+    base = result("run-a", outputs={"out": output(ALLCLOSE, max_abs=0.0)})
+    cur = result("run-b", outputs={"out": output(ALLCLOSE, max_abs=1e-9)})
+    (f,) = regress.compare_runs([base], [cur])
+    d = json.loads(json.dumps(f.to_dict(), allow_nan=False))
+    assert d["kind"] == "drift" and d["ratio"] is None and d["current"] == 1e-9
+
+
+# ----------------------------------------------------------------------------- analyze_run
+
+T0 = 1_700_000_000.0
+
+
+def run_info(run_id: str, started_at: float, fingerprint: str = "fp-box-a") -> RunInfo:
+    return RunInfo(run_id=run_id, started_at=started_at, tier="smoke", world_sizes=[1],
+                   machine={"fingerprint": fingerprint, "hostname": "box"}, env={},
+                   finished_at=started_at + 60, status="complete")
+
+
+def put(conn, run_id: str, started_at: float, results: list[CaseResult],
+        fingerprint: str = "fp-box-a") -> None:
+    store.ingest(conn, run_info(run_id, started_at, fingerprint), results)
+
+
+def series_db(tmp_path, levels: list[float], *, intruder: float | None = None):
+    """Runs r00, r01, ... of machine A, one a day, timing case vendor.op at these levels;
+    ``intruder``: another machine's run at that level just before the last run."""
+    conn = store.connect(tmp_path / "history.db")
+    for i, level in enumerate(levels):
+        put(conn, f"r{i:02d}", T0 + i * 86400, [result(f"r{i:02d}", samples=draw(700 + i, level))])
+    if intruder is not None:
+        when = T0 + (len(levels) - 1.5) * 86400
+        put(conn, "other-box", when, [result("other-box", samples=draw(699, intruder))],
+            fingerprint="fp-box-b")
+    return conn
+
+
+def test_analyze_flags_a_spike_as_suspicious_then_a_held_step_as_regression(tmp_path):
+    # the other machine's slow run would make the spike look like a held step if it counted
+    conn = series_db(tmp_path, [1.0] * 8 + [1.3, 1.3], intruder=1.3)
+    try:
+        spike = regress.analyze_run(conn, "r08")  # r09, started later, must not count either
+        assert kinds(spike) == ["suspicious"]
+        f = spike[0]
+        assert f.baseline_run == "r07" and f.metric == "median_ns"
+        assert f.current == pytest.approx(np.median(draw(708, 1.3)))
+        assert f.baseline == pytest.approx(
+            np.median([np.median(draw(700 + i)) for i in range(8)]))
+        step = regress.analyze_run(conn, "r09")
+        assert kinds(step) == ["regression"] and step[0].baseline_run == "r08"
+        assert "previous run was slower too" in step[0].detail
+        assert regress.analyze_run(conn, "r07") == []
+        assert regress.analyze_run(conn, "r00") == []  # a new series
+    finally:
+        conn.close()
+
+
+def test_analyze_with_short_history_compares_with_the_previous_run(tmp_path):
+    conn = series_db(tmp_path, [1.0, 1.0, 1.3], intruder=1.3)
+    try:
+        findings = regress.analyze_run(conn, "r02")
+        assert kinds(findings) == ["regression"] and findings[0].baseline_run == "r01"
+        assert findings[0].baseline == pytest.approx(np.median(draw(701)))
+    finally:
+        conn.close()
+
+
+def test_analyze_lookback_limits_the_history(tmp_path):
+    # newest first: 6 quiet runs at level 1, and before them 10 that swung +-40% between
+    # runs; their wide MAD band hides a 30% spike unless the lookback leaves them out
+    old = [0.6, 1.4] * 5
+    conn = series_db(tmp_path, old + [1.0] * 6 + [1.3])
+    try:
+        assert regress.analyze_run(conn, "r16", lookback=30) == []
+        assert kinds(regress.analyze_run(conn, "r16", lookback=6)) == ["suspicious"]
+    finally:
+        conn.close()
+
+
+def test_analyze_correctness_against_the_previous_verdict(tmp_path):
+    conn = store.connect(tmp_path / "history.db")
+    try:
+        a, b, c, d = ("vendor.op", "n=1"), ("vendor.op", "n=2"), ("vendor.op", "n=3"), \
+            ("vendor.op", "n=4")
+
+        def case(run: str, key: tuple[str, str], **kw) -> CaseResult:
+            return result(run, op=key[0], case=key[1], **kw)
+
+        put(conn, "r0", T0, [case("r0", a), case("r0", b, status="fail"), case("r0", c),
+                             case("r0", d)])
+        put(conn, "r1", T0 + 10, [case("r1", a), case("r1", b, status="fail"),
+                                  case("r1", c, status="skip"), case("r1", d)])
+        # another machine's run in between: its failures and hashes must not count
+        put(conn, "x1", T0 + 15, [case("x1", a, status="fail"), case("x1", b),
+                                  case("x1", d, output_hash="zzzz")], fingerprint="fp-box-b")
+        put(conn, "r2", T0 + 20, [
+            case("r2", a, status="error", reason="RuntimeError: boom"),
+            case("r2", b),
+            case("r2", c, output_hash="cccc"),  # the skip in r1 has no verdict: r0 counts
+            case("r2", d, outputs={"out": output(ALLCLOSE, max_abs=1e-5)})])
+        findings = {f.case_id: f for f in regress.analyze_run(conn, "r2")}
+        assert {k: f.kind for k, f in findings.items()} == {
+            "vendor.op[n=1]": "new_failure", "vendor.op[n=2]": "fixed",
+            "vendor.op[n=3]": "bits_changed", "vendor.op[n=4]": "drift"}
+        assert findings["vendor.op[n=1]"].baseline_run == "r1"
+        assert "RuntimeError: boom" in findings["vendor.op[n=1]"].detail
+        assert findings["vendor.op[n=3]"].baseline_run == "r0"
+        assert findings["vendor.op[n=4]"].baseline == pytest.approx(1e-7)
+    finally:
+        conn.close()
+
+
+def test_analyze_unknown_run_is_a_store_error(tmp_path):
+    conn = series_db(tmp_path, [1.0])
+    try:
+        with pytest.raises(store.StoreError, match="nope"):
+            regress.analyze_run(conn, "nope")
+    finally:
+        conn.close()
+
+
+def test_a_step_that_filled_the_recent_window_is_the_new_normal():
+    # held for 5 runs: the MWU against the 5 most recent runs no longer sees a change, even
+    # though the median of 20 run medians still sits at the old level
+    history = [draw(600 + i, 1.3) for i in range(5)] + flat_history(15)
+    shifts = [regress.lookback_violation(history, draw(620 + s, 1.3), 0.05) for s in range(40)]
+    assert all(s.ratio > 1.25 for s in shifts)
+    assert sum(s.direction == "slower" for s in shifts) <= 4  # ~alpha, not every run
