@@ -53,6 +53,24 @@ def tensors(values: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
                     yield f"{name}[{i}]", item
 
 
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The elements of ``t`` as one flat uint8 tensor (on ``t``'s device)."""
+    # contiguous() keeps the stride of a size-1 dim (it counts as contiguous), which view()
+    # to bytes refuses; a clone in contiguous format has standard strides
+    flat = t.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    return flat.clone(memory_format=torch.contiguous_format).view(torch.uint8)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of shape, dtype and elements (NaN equals the same NaN, unlike
+    torch.equal; -0.0 differs from 0.0)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(flat_bytes(a), flat_bytes(b))
+
+
 def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
     """(storage address, first byte, one past the last byte) that ``t`` can touch."""
     size = t.element_size()

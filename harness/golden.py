@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from harness import compare
+from harness.buffers import same_bits as same_bits_tensor
 
-SCHEMA = 1
+SCHEMA = 2  # 2: fingerprints count NaN/inf per chunk and sum finite elements only
 MANIFEST = "manifest.json"
 ENV_VAR = "HARNESS_GOLDEN_DIR"
 #: outputs up to this size are stored whole, bigger ones as a fingerprint
@@ -83,9 +84,13 @@ class Fingerprint:
     dtype: torch.dtype
     positions: torch.Tensor  # int64 flat indices
     values: torch.Tensor  # the output's dtype
-    sums: torch.Tensor  # float64 per chunk
+    sums: torch.Tensor  # float64 per chunk, over its finite elements
     abs_sums: torch.Tensor
     sq_sums: torch.Tensor
+    specials: torch.Tensor  # int64 [chunks, 3]: NaN, +inf and -inf counts per chunk
+    #: sum of squares of this output over every rank (the norms cos_diff and rel_l2 are judged
+    #: on are merged across ranks); None: this fingerprint's own
+    total_sq: float | None = None
 
     @property
     def numel(self) -> int:
@@ -103,25 +108,46 @@ def sample_positions(numel: int, key: str) -> torch.Tensor:
     return torch.from_numpy(np.unique(np.concatenate([picks, [0, numel - 1]])).astype(np.int64))
 
 
-def chunk_sums(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float64 sum, absolute sum and sum of squares of each ``CHUNK`` of ``flat`` (on its
-    device), converted a block of chunks at a time."""
+def _chunked(flat: torch.Tensor, per_chunk: Any, width: int, dtype: torch.dtype
+             ) -> torch.Tensor:
+    """``per_chunk(rows) -> [rows, width]`` applied to every ``CHUNK`` of ``flat`` (on its
+    device), converting a block of chunks to float64 at a time; the last chunk may be ragged."""
     n = flat.numel()
     n_chunks = max(1, -(-n // CHUNK))
-    out = [torch.empty(n_chunks, dtype=torch.float64, device=flat.device) for _ in range(3)]
+    out = torch.empty(n_chunks, width, dtype=dtype, device=flat.device)
     for first in range(0, n_chunks, _SUM_BLOCK):
         last = min(n_chunks, first + _SUM_BLOCK)
         block = flat[first * CHUNK : last * CHUNK].to(torch.float64)
         full = (block.numel() // CHUNK) * CHUNK
-        rows = [block[:full].view(-1, CHUNK)] if full else []
-        parts = [(r.sum(1), r.abs().sum(1), (r * r).sum(1)) for r in rows]
-        if block.numel() > full or not rows:  # the ragged last chunk (or an empty tensor)
-            tail = block[full:]
-            parts.append(tuple(v.reshape(1) for v in (tail.sum(), tail.abs().sum(),
-                                                      (tail * tail).sum())))
-        for k in range(3):
-            out[k][first:last] = torch.cat([p[k] for p in parts])
-    return out[0], out[1], out[2]
+        parts = [per_chunk(block[:full].view(-1, CHUNK))] if full else []
+        if block.numel() > full or not full:  # the ragged last chunk (or an empty tensor)
+            parts.append(per_chunk(block[full:].view(1, -1)))
+        out[first:last] = torch.cat(parts)
+    return out
+
+
+def _sums(rows: torch.Tensor) -> torch.Tensor:
+    finite = torch.where(torch.isfinite(rows), rows, torch.zeros_like(rows))
+    return torch.stack([finite.sum(1), finite.abs().sum(1), (finite * finite).sum(1)], 1)
+
+
+def _specials(rows: torch.Tensor) -> torch.Tensor:
+    return torch.stack([torch.isnan(rows).sum(1), (rows == math.inf).sum(1),
+                        (rows == -math.inf).sum(1)], 1)
+
+
+def chunk_sums(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 sum, absolute sum and sum of squares of the finite elements of each ``CHUNK`` of
+    ``flat`` (NaN and infinities are counted apart, by ``chunk_specials``)."""
+    rows = _chunked(flat, _sums, 3, torch.float64).t().contiguous()  # each with stride 1
+    return rows[0], rows[1], rows[2]
+
+
+def chunk_specials(flat: torch.Tensor) -> torch.Tensor:
+    """[chunks, 3] int64: NaN, +inf and -inf elements of each ``CHUNK`` of ``flat``."""
+    if not (flat.dtype.is_floating_point or flat.dtype.is_complex):
+        return torch.zeros(max(1, -(-flat.numel() // CHUNK)), 3, dtype=torch.int64)
+    return _chunked(flat, _specials, 3, torch.int64).cpu()
 
 
 def fingerprint(t: torch.Tensor, key: str) -> Fingerprint:
@@ -131,7 +157,10 @@ def fingerprint(t: torch.Tensor, key: str) -> Fingerprint:
     sums, abs_sums, sq_sums = chunk_sums(flat)
     return Fingerprint(tuple(t.shape), t.dtype, positions,
                        flat[positions.to(flat.device)].cpu(), sums.cpu(), abs_sums.cpu(),
-                       sq_sums.cpu())
+                       sq_sums.cpu(), chunk_specials(flat))
+
+
+_PARTS = ("positions", "values", "sums", "abs_sums", "sq_sums", "specials")
 
 
 def encode(outputs: Mapping[int, Mapping[str, torch.Tensor]], key: str
@@ -151,11 +180,12 @@ def encode(outputs: Mapping[int, Mapping[str, torch.Tensor]], key: str
             t = t.detach().cpu().contiguous()
             info: dict[str, Any] = {"shape": list(t.shape), "dtype": str(t.dtype)[6:]}
             if t.numel() * t.element_size() <= WHOLE_MAX_BYTES:
-                tensors[label] = t.clone()  # safetensors refuses tensors sharing storage
+                # a fresh standard-strided copy: safetensors refuses tensors sharing storage
+                tensors[label] = t.clone(memory_format=torch.contiguous_format)
                 info["kind"] = "whole"
             else:
                 fp = fingerprint(t, f"{key}/{label}")
-                for part in ("positions", "values", "sums", "abs_sums", "sq_sums"):
+                for part in _PARTS:
                     tensors[f"{label}/{part}"] = getattr(fp, part).contiguous()
                 info.update(kind="fingerprint", chunk=CHUNK, samples=int(fp.positions.numel()))
             meta[label] = info
@@ -175,15 +205,30 @@ def decode(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Mapping[str, 
             if info["kind"] == "whole":
                 out[name] = tensors[label]
             else:
-                parts = {p: tensors[f"{label}/{p}"]
-                         for p in ("positions", "values", "sums", "abs_sums", "sq_sums")}
+                parts = {p: tensors[f"{label}/{p}"] for p in _PARTS}
                 out[name] = Fingerprint(shape=tuple(info["shape"]),
-                                        dtype=getattr(torch, info["dtype"]), **parts)
+                                        dtype=getattr(torch, info["dtype"]),
+                                        total_sq=_total_sq(tensors, meta, name), **parts)
         except KeyError as exc:
             raise GoldenError(f"golden {where} lacks tensor {exc.args[0]!r} that its manifest "
                               "entry names: regenerate it with `harness golden generate "
                               "--accept`") from exc
     return out
+
+
+def _total_sq(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Mapping[str, Any]],
+              name: str) -> float:
+    """Sum of squares of the finite elements of output ``name`` over every rank in a file."""
+    total = 0.0
+    for label, info in meta.items():
+        if label.split("/", 1)[1] != name:
+            continue
+        if info["kind"] == "whole":
+            t = tensors[label].to(torch.float64)
+            total += float(torch.where(torch.isfinite(t), t * t, torch.zeros_like(t)).sum())
+        else:
+            total += float(tensors[f"{label}/sq_sums"].sum())
+    return total
 
 
 # ------------------------------------------------------------------------------- checking
@@ -225,9 +270,10 @@ def check_output(actual: torch.Tensor, stored: Stored, tol: compare.Tolerance, r
     if m.first_bad_index is not None:  # report the element's place in the output, not the sample's
         m.first_bad_index = int(stored.positions[m.first_bad_index])
     m.shape = list(actual.shape)
-    sums, abs_sums, sq_sums = (s.cpu() for s in chunk_sums(flat))
+    sums, abs_sums, _ = (s.cpu() for s in chunk_sums(flat))
     return OutputCheck("fingerprint", m, sample_tol,
-                       _check_sums(stored, sums, abs_sums, sq_sums, tol))
+                       _check_sums(stored, sums, abs_sums, chunk_specials(flat), tol,
+                                   actual.dtype))
 
 
 def check_fingerprint(new: Fingerprint, old: Fingerprint, tol: compare.Tolerance
@@ -235,68 +281,77 @@ def check_fingerprint(new: Fingerprint, old: Fingerprint, tol: compare.Tolerance
     """A fingerprint against another (a re-derived golden against the stored one): samples
     against samples, chunk sums against chunk sums."""
     sample_tol = tol.elementwise or _SPECIALS_ONLY
-    if (new.shape, new.dtype) != (old.shape, old.dtype) or not _bits_equal(new.positions,
+    if (new.shape, new.dtype) != (old.shape, old.dtype) or not same_bits_tensor(new.positions,
                                                                            old.positions):
         m = compare.Metrics(numel=1, n_mismatch=1, shape=list(new.shape),
                             shape_error=f"{new.shape} {new.dtype} != {old.shape} {old.dtype}")
         return OutputCheck("fingerprint", m, sample_tol)
     m = compare.measure(new.values, old.values, sample_tol)
     return OutputCheck("fingerprint", m, sample_tol,
-                       _check_sums(old, new.sums, new.abs_sums, new.sq_sums, tol))
+                       _check_sums(old, new.sums, new.abs_sums, new.specials, tol, new.dtype))
 
 
 def _check_sums(stored: Fingerprint, sums: torch.Tensor, abs_sums: torch.Tensor,
-                sq_sums: torch.Tensor, tol: compare.Tolerance) -> str:
+                specials: torch.Tensor, tol: compare.Tolerance, dtype: torch.dtype) -> str:
     if sums.shape != stored.sums.shape:
         return f"{sums.numel()} chunk sums, golden has {stored.sums.numel()}"
     counts = torch.full_like(sums, float(CHUNK))
     counts[-1] = stored.numel - CHUNK * (sums.numel() - 1) if stored.numel else 0
-    golden_special = ~torch.isfinite(stored.sums)
-    special_ok = torch.where(golden_special,
-                             (sums == stored.sums) | (torch.isnan(sums) & torch.isnan(stored.sums)),
-                             torch.isfinite(sums))
-    bound = _sum_bound(tol, counts, stored.abs_sums, float(stored.sq_sums.sum()),
-                       float(sq_sums.sum()), stored.dtype)
-    slack = counts * _EPS64 * (abs_sums + stored.abs_sums)
-    diff = (sums - stored.sums).abs()
-    bad = ~special_ok | (~golden_special & ~(diff <= bound + slack))
+    # NaN and infinities must sit in the same chunks in the same numbers (the samples check
+    # their places); everything finite beside them is checked through the sums
+    special_bad = (specials != stored.specials).any(1)
+    finite = counts - stored.specials.sum(1).to(counts.dtype)
+    total_sq = stored.total_sq if stored.total_sq is not None else float(stored.sq_sums.sum())
+    bound = _sum_bound(tol, finite, stored.abs_sums, total_sq, dtype, stored.dtype)
+    # float64 rounding of two pairwise (cascade or tree) summations of n terms
+    slack = 2 * (finite.clamp(min=1).log2() + 1) * _EPS64 * (abs_sums + stored.abs_sums)
+    bad = special_bad | ~((sums - stored.sums).abs() <= bound + slack)
     if not bool(bad.any()):
         return ""
     c = int(bad.nonzero()[0])
+    what = (f"NaN/+inf/-inf counts {specials[c].tolist()} vs golden {stored.specials[c].tolist()}"
+            if bool(special_bad[c]) else
+            f"sum {float(sums[c]):.9g} vs golden {float(stored.sums[c]):.9g}")
     return (f"{int(bad.sum())}/{sums.numel()} chunk sums outside what {tol.describe()} allows; "
-            f"first chunk {c} (elements {c * CHUNK}..): sum {float(sums[c]):.9g} vs golden "
-            f"{float(stored.sums[c]):.9g}")
+            f"first chunk {c} (elements {c * CHUNK}..): {what}")
 
 
 def _sum_bound(tol: compare.Tolerance, counts: torch.Tensor, golden_abs: torch.Tensor,
-               golden_sq: float, actual_sq: float, dtype: torch.dtype) -> torch.Tensor:
-    """The largest |sum(actual) - sum(golden)| over each chunk that ``tol`` permits.
+               golden_sq: float, dtype: torch.dtype, golden_dtype: torch.dtype) -> torch.Tensor:
+    """The largest |sum(actual) - sum(golden)| over each chunk's ``counts`` finite elements that
+    ``tol`` permits, for an output of ``dtype``.
 
-    allclose: sum of atol + rtol*|g|. ulp(k): k ulps of each |g| (ulp(g) <= eps*|g|, plus the
-    smallest subnormal step). cos_diff(c): |a-g|^2 <= c(|a|^2+|g|^2) over the whole output, and
-    a chunk's sum of differences is at most sqrt(n) times their norm (Cauchy-Schwarz);
-    rel_l2(r) likewise with |a-g| <= r|g|. all_of: every part must hold, so the tightest.
-    A mismatch budget lets elements be arbitrarily far off: no bound (inf).
+    exact: 0, or one rounding to ``dtype`` of a wider golden (compare rounds it so). allclose:
+    the sum of atol + rtol*|g|. ulp(k): k ulps of ``dtype`` of each |g| (ulp(g) <= eps*|g|,
+    plus the subnormal step). rel_l2(r): the whole output's |a-g| <= r|g|, and a chunk's sum of
+    differences is at most sqrt(n) times their norm (Cauchy-Schwarz). cos_diff(c):
+    |a-g|^2 <= c(|a|^2+|g|^2) with |a| <= |g|+|a-g| gives |a-g| <= |g|(c+sqrt(c^2+2c(1-c)))/(1-c).
+    The norms are over every rank (``golden_sq``), as the merged metrics are. all_of: every part
+    must hold, so the tightest. A mismatch budget lets elements be arbitrarily far off: inf.
     """
     inf = torch.full_like(counts, math.inf)
+    floating = dtype.is_floating_point
     kind = tol.kind
-    if kind == "exact":
-        return torch.zeros_like(counts)
+    if kind in ("exact", "ulp"):
+        if not floating or (kind == "exact" and dtype == golden_dtype):
+            return torch.zeros_like(counts)
+        info = torch.finfo(dtype)
+        ulps = tol.ulps if kind == "ulp" else 1
+        return ulps * (info.eps * golden_abs + counts * info.smallest_normal * info.eps)
     if kind == "allclose":
         if tol.max_mismatch_frac > 0:
             return inf
         return counts * tol.atol + tol.rtol * golden_abs
-    if kind == "ulp":
-        if not dtype.is_floating_point:
-            return torch.zeros_like(counts)
-        info = torch.finfo(dtype)
-        return tol.ulps * (info.eps * golden_abs + counts * info.smallest_normal * info.eps)
-    if kind == "cos_diff":
-        return counts.sqrt() * math.sqrt(tol.bound * (golden_sq + actual_sq))
     if kind == "rel_l2":
         return counts.sqrt() * tol.bound * math.sqrt(golden_sq)
+    if kind == "cos_diff":
+        c = tol.bound
+        if c >= 1:
+            return inf
+        diff_norm = math.sqrt(golden_sq) * (c + math.sqrt(c * c + 2 * c * (1 - c))) / (1 - c)
+        return counts.sqrt() * diff_norm
     if kind == "all_of":
-        bounds = [_sum_bound(p, counts, golden_abs, golden_sq, actual_sq, dtype)
+        bounds = [_sum_bound(p, counts, golden_abs, golden_sq, dtype, golden_dtype)
                   for p in tol.parts]
         return torch.stack(bounds).min(0).values if bounds else inf
     return inf
@@ -308,20 +363,11 @@ def same_bits(a: Stored, b: Stored) -> bool:
         return False
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor)
-        return _bits_equal(a, b)
+        return same_bits_tensor(a, b)
     assert isinstance(b, Fingerprint)
     return (a.shape == b.shape and a.dtype == b.dtype
-            and all(_bits_equal(getattr(a, p), getattr(b, p))
-                    for p in ("positions", "values", "sums", "abs_sums", "sq_sums")))
-
-
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype == torch.bool:
-        return torch.equal(a, b)
-    return torch.equal(a.contiguous().reshape(-1).view(torch.uint8),
-                       b.contiguous().reshape(-1).view(torch.uint8))
+            and all(same_bits_tensor(getattr(a, p), getattr(b, p))
+                    for p in _PARTS))
 
 
 # --------------------------------------------------------------------------------- store

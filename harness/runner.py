@@ -29,7 +29,17 @@ from typing import Any
 import torch
 
 from harness import compare
-from harness.buffers import ALIGN_BYTES, lies_within, nbytes, overlaps, poison_, relocate, tensors
+from harness.buffers import (
+    ALIGN_BYTES,
+    flat_bytes,
+    lies_within,
+    nbytes,
+    overlaps,
+    poison_,
+    relocate,
+    same_bits,
+    tensors,
+)
 from harness.golden import GoldenError, GoldenStore, check_output
 from harness.memory import NOT_MEASURED, PeakMemory
 from harness.results import CaseResult
@@ -89,7 +99,7 @@ def _hash(outputs: Mapping[str, torch.Tensor]) -> str:
             h.update(name.encode())
             h.update(str(t.dtype).encode())
             h.update(str(tuple(t.shape)).encode())
-            h.update(t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+            h.update(flat_bytes(t).cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -105,16 +115,6 @@ _STAGE_PREFIX = {
     "shifted": "with the inputs moved to fresh shifted memory and the old buffers poisoned: ",
     "after_timing": "after the timed repeats (on shifted buffer copies): ",
 }
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN equals the same NaN, unlike torch.equal)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    flat_a, flat_b = a.detach().reshape(-1), b.detach().reshape(-1)
-    if flat_a.dtype == torch.bool:
-        return torch.equal(flat_a, flat_b)
-    return torch.equal(flat_a.contiguous().view(torch.uint8), flat_b.contiguous().view(torch.uint8))
 
 
 def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
@@ -144,7 +144,7 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
     """Untouched read-only inputs, outputs in the buffers provided, in-place outputs aliased."""
     spec = case.spec
     for k, before in guards.items():
-        if not _same_bits(inputs[k], before):
+        if not same_bits(inputs[k], before):
             raise CaseError(f"input {k!r} was modified, but this case may not write it")
     for out_name, in_name in spec.out_buffers.items():
         buf, got = inputs[in_name], outputs.get(out_name)
