@@ -89,7 +89,7 @@ def _loadavg() -> list[float]:
         return []
 
 
-def record(runs: int, work: Path, out: Path) -> None:
+def record(runs: int, work: Path, out: Path, note: str) -> None:
     """Run the selection ``runs`` times into a scratch DB and write the per-series samples."""
     work.mkdir(parents=True, exist_ok=True)
     db = work / "history.db"
@@ -118,8 +118,8 @@ def record(runs: int, work: Path, out: Path) -> None:
                              "--fail-on", "never"]),
         "runs": runs,
         "recording_seconds": round(elapsed, 1),
-        "load_note": "shared machine: other agents ran tests and builds concurrently; "
-                     "load averages (1, 5, 15 min) before and after each run in per_run_load",
+        "load_note": note + "; load averages (1, 5, 15 min) before and after each run in "
+                            "per_run_load",
         "per_run_load": loads,
         "samples_unit": "ns, rounded to 4 significant digits, in the order measured",
     }
@@ -561,6 +561,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", action="store_true", help="re-record the noise first")
     parser.add_argument("--runs", type=int, default=40, help="runs to record")
+    parser.add_argument("--note", default="nothing else was meant to run on the machine",
+                        help="what else ran on the machine while recording (stored)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/regression_noise"),
                         help="scratch folder for the recording's DB")
     parser.add_argument("--data", type=Path, default=DATA)
@@ -575,7 +577,7 @@ def main() -> int:
                              "(e.g. 'k=2:k=2'); labelled as variants")
     args = parser.parse_args()
     if args.record:
-        record(args.runs, args.work, args.data)
+        record(args.runs, args.work, args.data, args.note)
     meta, series = load(args.data)
     warmup = args.warmup if args.warmup is not None else min_history() + 1
     detectors: dict[str, Detector] = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 
 from rich.console import Console
@@ -36,3 +37,18 @@ def parse_world_sizes(text: str) -> list[int]:
         _fail(f"--world-sizes {text!r} is not a comma-separated list of positive integers "
               "(e.g. 1,4,8)", EXIT_USAGE)
     return sorted(dict.fromkeys(sizes))
+
+
+def open_history(db: str | None) -> sqlite3.Connection:
+    """The history DB (``--db``, ``$HARNESS_DB`` or the default) for reading what runs stored;
+    one line and exit 2 when it does not exist (reading never creates one)."""
+    from harness import store
+
+    path = store.resolve_db_path(db)
+    if not path.is_file():
+        raise HarnessExit(f"history DB {path} does not exist: run `harness run` first, or pass "
+                          "--db (or set HARNESS_DB) to the DB that holds the runs", EXIT_USAGE)
+    try:
+        return store.connect(path)
+    except store.StoreError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc

@@ -19,32 +19,17 @@ from harness.cli_common import (
     HarnessExit,
     console,
     err_console,
+    open_history,
 )
-
-MIN_PREFIX = 4
 
 
 def _resolve(conn: sqlite3.Connection, text: str) -> str:
-    """A run id from its full text or a unique prefix of at least MIN_PREFIX characters."""
     from harness import store
 
-    if store.get_run(conn, text) is not None:
-        return text
-    if len(text) < MIN_PREFIX:
-        raise HarnessExit(f"run id {text!r} is not in the DB and too short to be a prefix: "
-                          f"give at least {MIN_PREFIX} characters", EXIT_USAGE)
-    # all ids in Python: prefixes may hold LIKE wildcards (%, _), and run counts are small
-    ids = store.run_ids(conn)
-    matches = [r for r in ids if r.startswith(text)]
-    if len(matches) == 1:
-        return matches[0]
-    if matches:
-        shown = ", ".join(m[:12] for m in matches[:3]) + (" ..." if len(matches) > 3 else "")
-        raise HarnessExit(f"run id prefix {text!r} matches {len(matches)} runs ({shown}): "
-                          "give more characters", EXIT_USAGE)
-    recent = ", ".join(r[:12] for r in ids[:3]) or "none"
-    raise HarnessExit(f"unknown run id {text!r} in {_db_label(conn)} (newest runs: {recent}): "
-                      "check the id `harness run` printed, or pass the right --db", EXIT_USAGE)
+    try:
+        return store.resolve_run_id(conn, text)
+    except store.StoreError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
 
 
 def _db_label(conn: sqlite3.Connection) -> str:
@@ -167,24 +152,19 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
     from harness import regress, store
     from harness.results import ResultsError
 
-    path = store.resolve_db_path(db)
-    if not path.exists():
-        raise HarnessExit(f"history DB {path} does not exist: run `harness run` first, or pass "
-                          "--db (or set HARNESS_DB) to an existing one", EXIT_USAGE)
+    conn = open_history(db)
     try:
-        conn = store.connect(path)
-        try:
-            run_a, run_b = _pick_runs(conn, runs)
-            results_a = store.results_for_run(conn, run_a)
-            results_b = store.results_for_run(conn, run_b)
-            fp_a, fp_b = _fingerprint(conn, run_a), _fingerprint(conn, run_b)
-        finally:
-            conn.close()
+        run_a, run_b = _pick_runs(conn, runs)
+        results_a = store.results_for_run(conn, run_a)
+        results_b = store.results_for_run(conn, run_b)
+        fp_a, fp_b = _fingerprint(conn, run_a), _fingerprint(conn, run_b)
     except (store.StoreError, ResultsError) as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     except sqlite3.Error as exc:
-        raise HarnessExit(f"history DB {path} cannot be read ({exc}): pass another --db",
-                          EXIT_USAGE) from exc
+        raise HarnessExit(f"history DB {_db_label(conn)} cannot be read ({exc}): pass another "
+                          "--db", EXIT_USAGE) from exc
+    finally:
+        conn.close()
 
     shifts = regress.timing_shifts(results_a, results_b)
     findings = regress.compare_runs(results_a, results_b)

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import click
 from rich.markup import escape
 
-from harness.cli_common import EXIT_USAGE, HarnessExit, console, err_console
+from harness.cli_common import EXIT_USAGE, HarnessExit, console, err_console, open_history
 
 #: shortest run id prefix `harness export` accepts; shorter ones match too much by accident
-MIN_PREFIX = 4
 _DB_HELP = "History DB (default $HARNESS_DB or harness-results/history.db)."
 
 
@@ -81,21 +79,16 @@ def export(run_id: str, fmt: str, out: Path | None, db: str | None) -> None:
     from harness import exchange, store
     from harness.results import ResultsError
 
-    db_path = store.resolve_db_path(db)
-    if not db_path.is_file():
-        raise HarnessExit(f"history DB {db_path} does not exist: pass --db or set HARNESS_DB "
-                          "to the DB that holds the run", EXIT_USAGE)
+    conn = open_history(db)
     try:
-        conn = store.connect(db_path)
-        try:
-            full_id = _resolve_run(conn, run_id, db_path)
-            run = store.get_run(conn, full_id)
-            results = store.results_for_run(conn, full_id)
-        finally:
-            conn.close()
+        full_id = store.resolve_run_id(conn, run_id)
+        run = store.get_run(conn, full_id)
+        results = store.results_for_run(conn, full_id)
     except (store.StoreError, ResultsError) as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
-    assert run is not None  # _resolve_run found it
+    finally:
+        conn.close()
+    assert run is not None  # resolve_run_id found it
     text = exchange.export_run(run, results, fmt)
     if out is None:
         click.echo(text, nl=False)
@@ -113,23 +106,3 @@ def export(run_id: str, fmt: str, out: Path | None, db: str | None) -> None:
             note = f" ({left_out} without timing left out)"
     console.print(escape(f"run {full_id}: {len(results)} results as {fmt} -> {out}{note}"),
                   soft_wrap=True)
-
-
-def _resolve_run(conn: sqlite3.Connection, text: str, db_path: Path) -> str:
-    """The full run id that ``text`` names: itself, or the one run id it is a prefix of."""
-    from harness import store
-
-    if store.get_run(conn, text) is not None:
-        return text
-    if len(text) < MIN_PREFIX:
-        raise HarnessExit(f"run {text!r} is not in {db_path}, and a prefix needs at least "
-                          f"{MIN_PREFIX} characters: give more of the run id", EXIT_USAGE)
-    matches = [r for r in store.run_ids(conn) if r.startswith(text)]
-    if not matches:
-        raise HarnessExit(f"no run {text!r} in history DB {db_path}: check the id, or "
-                          "`harness ingest` the run first", EXIT_USAGE)
-    if len(matches) > 1:
-        shown = ", ".join(matches[:3]) + (" ..." if len(matches) > 3 else "")
-        raise HarnessExit(f"run prefix {text!r} matches {len(matches)} runs ({shown}): "
-                          "give more characters", EXIT_USAGE)
-    return matches[0]

@@ -568,6 +568,33 @@ def run_ids(
     return [row[0] for row in conn.execute(sql, params).fetchall()]
 
 
+#: the shortest run id prefix the CLI accepts
+MIN_RUN_PREFIX = 4
+
+
+def resolve_run_id(conn: sqlite3.Connection, text: str) -> str:
+    """The run id ``text`` names: itself, or the one run id it is a prefix of (at least
+    MIN_RUN_PREFIX characters). StoreError, one line, otherwise."""
+    if get_run(conn, text) is not None:
+        return text
+    label = _db_label(conn)
+    if len(text) < MIN_RUN_PREFIX:
+        raise StoreError(f"run id {text!r} is not in {label} and a prefix needs at least "
+                         f"{MIN_RUN_PREFIX} characters: give more of the run id")
+    # all ids in Python: prefixes may hold LIKE wildcards (%, _), and run counts are small
+    ids = run_ids(conn)
+    matches = [r for r in ids if r.startswith(text)]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(m[:12] for m in matches[:3]) + (" ..." if len(matches) > 3 else "")
+        raise StoreError(f"run id prefix {text!r} matches {len(matches)} runs ({shown}): "
+                         "give more characters")
+    recent = ", ".join(r[:12] for r in ids[:3]) or "none"
+    raise StoreError(f"unknown run id {text!r} in {label} (newest runs: {recent}): check the "
+                     "id `harness run` printed, `harness ingest` the run, or pass the right --db")
+
+
 def get_run(conn: sqlite3.Connection, run_id: str) -> RunInfo | None:
     """The stored metadata of ``run_id``, or None if it is not in the DB."""
     rows = conn.execute(

@@ -461,7 +461,7 @@ def test_export_names_runs_by_id_or_unique_prefix(db: Path, tmp_path: Path) -> N
     ok = harness("export", RUN_A[:8], "--format", "csv", "--db", str(db), cwd=tmp_path)
     assert ok.returncode == 0 and RUN_A in ok.stdout and RUN_B not in ok.stdout
     for run, expected in ((RUN_A[:4], "matches 2 runs"), ("a1b", "at least 4 characters"),
-                          ("ffffffff", "no run 'ffffffff'")):
+                          ("ffffffff", "unknown run id 'ffffffff'")):
         proc = harness("export", run, "--db", str(db), cwd=tmp_path)
         assert proc.returncode == 2, (run, proc.stderr)
         lines = proc.stderr.strip().splitlines()
