@@ -2,12 +2,14 @@
 ``--benchmark-compare-fail=median:5%`` and asv's ``continuous`` rule (issue 8).
 
 The noise is real: the same selection of cases (21 series at world size 1 across five
-families, 5 collective series at world size 4) run 40 times with ``harness run`` on this shared
-2-core machine, every run's raw timing samples kept per series (world size, case id, impl) in
-``benchmarks/data/regression_noise.json``. ``--record`` redoes it (~16 min on the loaded
-machine); by default the script reads the file, so the table reproduces without timing
-anything. ``regression_noise_holdout.json`` is a second recording made the same way, kept to
-check any change designed on the first (``--data benchmarks/data/regression_noise_holdout.json``).
+families, 5 collective series at world size 4) run 40 times with ``harness run`` on this
+2-core machine, every run's raw timing samples kept per series (world size, case id, impl).
+Three recordings in ``benchmarks/data/``: ``regression_noise.json`` and
+``regression_noise_holdout.json`` were made while other agents loaded the machine (the
+harness's MAD_K = 2 and its in-band significance reference were chosen on the first and
+checked on the second); ``regression_noise_quiet.json`` (the default) was made afterwards with
+nothing else running and was not used to choose anything. ``--record`` redoes one (~10 min
+quiet); otherwise the script reads the file, so the tables reproduce without timing anything.
 
 Protocol, the same data for every detector. For each series and each evaluation point ``t``
 past a warm-up of MIN_HISTORY + 1 runs (every detector has the history it needs):
@@ -24,10 +26,7 @@ past a warm-up of MIN_HISTORY + 1 runs (every detector has the history it needs)
 Only ``classify_series``'s "regression" counts as an alarm for ours ("suspicious", a one-run
 spike, is reported by the harness but does not fail a run). The tables are split by world size
 and, at world size 1, by the series' run-to-run noise (robust spread of its run medians).
-``--ours-variant`` evaluates ours with other guard settings, labelled as variants. The
-harness's MAD_K = 2 and its in-band significance reference were chosen on the first loaded
-recording and checked on the holdout; ``regression_noise_quiet.json``, recorded afterwards on
-the machine with nothing else running, was not used to choose anything.
+``--ours-variant`` evaluates ours with other guard settings, labelled as variants.
 
     python benchmarks/regression_detection.py                 # markdown tables
     python benchmarks/regression_detection.py --json          # everything as JSON
@@ -56,7 +55,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE / "data" / "regression_noise.json"
+DATA = HERE / "data" / "regression_noise_quiet.json"
 
 # ~21 timed series at world size 1 across five families, 5 collective series at world size 4
 SELECTORS = [
