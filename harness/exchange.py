@@ -19,8 +19,6 @@ import hashlib
 import io
 import json
 import os
-import statistics
-from bisect import bisect_left, bisect_right
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -207,45 +205,15 @@ def _pb_stats(timing: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def pb_stats_from_seconds(data: list[float]) -> dict[str, Any]:
-    """pytest-benchmark's statistics of per-call times in seconds, by its own formulas
-    (pytest_benchmark.stats.Stats), with the raw ``data`` kept."""
-    n = len(data)
-    s = sorted(data)
-    total = sum(data)  # in sampling order, as pytest-benchmark sums, so ops/total match it
-    mean = statistics.mean(s)
-    stddev = statistics.stdev(s) if n > 1 else 0
-    q1, q3 = _quartiles(s)
-    iqr = q3 - q1
-    if n == 1:
-        ld15iqr = hd15iqr = s[0]
-    else:
-        ld15iqr = s[bisect_left(s, q1 - 1.5 * iqr)]
-        pos = bisect_right(s, q3 + 1.5 * iqr)
-        hd15iqr = s[-1] if pos == n else s[pos]
-    iqr_outliers = sum(1 for v in s if v < q1 - 1.5 * iqr or v > q3 + 1.5 * iqr)
-    stddev_outliers = sum(1 for v in s if v < mean - stddev or v > mean + stddev)
-    return {
-        "min": s[0], "max": s[-1], "mean": mean, "stddev": stddev, "rounds": n,
-        "median": statistics.median(s), "iqr": iqr, "q1": q1, "q3": q3,
-        "iqr_outliers": iqr_outliers, "stddev_outliers": stddev_outliers,
-        "outliers": f"{stddev_outliers};{iqr_outliers}", "ld15iqr": ld15iqr,
-        "hd15iqr": hd15iqr, "ops": n / total if total else 0, "total": total,
-        "data": list(data),
-    }  # fmt: skip
+    """pytest-benchmark's statistics of per-call times in seconds, computed by its own
+    ``Stats`` (so they match whatever version reads them: 5.3 changed how hd15iqr is picked),
+    with the raw ``data`` kept."""
+    from pytest_benchmark.stats import Stats
 
-
-def _quartiles(s: list[float]) -> tuple[float, float]:
-    # pytest-benchmark's methods (Wikipedia "Quartile", methods 2 and 3), so q1/q3/iqr match
-    # what it computes for its own runs
-    n = len(s)
-    if n == 1:
-        return s[0], s[0]
-    if n % 2:
-        k, q = n // 4, n % 4
-        if q == 1:
-            return 0.25 * s[k - 1] + 0.75 * s[k], 0.75 * s[3 * k] + 0.25 * s[3 * k + 1]
-        return 0.75 * s[k] + 0.25 * s[k + 1], 0.25 * s[3 * k + 1] + 0.75 * s[3 * k + 2]
-    return statistics.median(s[: n // 2]), statistics.median(s[n // 2 :])
+    stats = Stats()
+    for value in data:
+        stats.update(value)
+    return {**stats.as_dict(), "data": list(data)}
 
 
 def _pb_stats_from_summary(timing: dict[str, Any], iterations: int) -> dict[str, Any]:
