@@ -108,56 +108,49 @@ def sample_positions(numel: int, key: str) -> torch.Tensor:
     return torch.from_numpy(np.unique(np.concatenate([picks, [0, numel - 1]])).astype(np.int64))
 
 
-def _chunked(flat: torch.Tensor, per_chunk: Any, width: int, dtype: torch.dtype
-             ) -> torch.Tensor:
-    """``per_chunk(rows) -> [rows, width]`` applied to every ``CHUNK`` of ``flat`` (on its
-    device), converting a block of chunks to float64 at a time; the last chunk may be ragged."""
+def chunk_stats(flat: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per ``CHUNK`` of ``flat``, in one pass on its device: the float64 sum, absolute sum and
+    sum of squares of the finite elements, and [chunks, 3] int64 counts of NaN, +inf and -inf
+    (on the CPU). Blocks of chunks are converted to float64 at a time; the last may be
+    ragged."""
     n = flat.numel()
     n_chunks = max(1, -(-n // CHUNK))
-    out = torch.empty(n_chunks, width, dtype=dtype, device=flat.device)
+    out = torch.empty(n_chunks, 6, dtype=torch.float64, device=flat.device)
     for first in range(0, n_chunks, _SUM_BLOCK):
         last = min(n_chunks, first + _SUM_BLOCK)
         block = flat[first * CHUNK : last * CHUNK].to(torch.float64)
         full = (block.numel() // CHUNK) * CHUNK
-        parts = [per_chunk(block[:full].view(-1, CHUNK))] if full else []
+        parts = [_stats(block[:full].view(-1, CHUNK))] if full else []
         if block.numel() > full or not full:  # the ragged last chunk (or an empty tensor)
-            parts.append(per_chunk(block[full:].view(1, -1)))
+            parts.append(_stats(block[full:].view(1, -1)))
         out[first:last] = torch.cat(parts)
-    return out
+    cols = out.t().contiguous()  # each row with stride 1
+    return cols[0], cols[1], cols[2], cols[3:].t().to(torch.int64).cpu()
 
 
-def _sums(rows: torch.Tensor) -> torch.Tensor:
+def _stats(rows: torch.Tensor) -> torch.Tensor:
+    # the counts stay exact in float64 (a chunk holds 2**16 elements)
     finite = torch.where(torch.isfinite(rows), rows, torch.zeros_like(rows))
-    return torch.stack([finite.sum(1), finite.abs().sum(1), (finite * finite).sum(1)], 1)
-
-
-def _specials(rows: torch.Tensor) -> torch.Tensor:
-    return torch.stack([torch.isnan(rows).sum(1), (rows == math.inf).sum(1),
+    return torch.stack([finite.sum(1), finite.abs().sum(1), (finite * finite).sum(1),
+                        torch.isnan(rows).sum(1), (rows == math.inf).sum(1),
                         (rows == -math.inf).sum(1)], 1)
 
 
 def chunk_sums(flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float64 sum, absolute sum and sum of squares of the finite elements of each ``CHUNK`` of
-    ``flat`` (NaN and infinities are counted apart, by ``chunk_specials``)."""
-    rows = _chunked(flat, _sums, 3, torch.float64).t().contiguous()  # each with stride 1
-    return rows[0], rows[1], rows[2]
-
-
-def chunk_specials(flat: torch.Tensor) -> torch.Tensor:
-    """[chunks, 3] int64: NaN, +inf and -inf elements of each ``CHUNK`` of ``flat``."""
-    if not (flat.dtype.is_floating_point or flat.dtype.is_complex):
-        return torch.zeros(max(1, -(-flat.numel() // CHUNK)), 3, dtype=torch.int64)
-    return _chunked(flat, _specials, 3, torch.int64).cpu()
+    """The float64 sums, absolute sums and sums of squares of ``chunk_stats``."""
+    sums, abs_sums, sq_sums, _ = chunk_stats(flat)
+    return sums, abs_sums, sq_sums
 
 
 def fingerprint(t: torch.Tensor, key: str) -> Fingerprint:
     """The fingerprint of ``t``; ``key`` fixes the sample positions."""
     flat = t.detach().contiguous().reshape(-1)
     positions = sample_positions(flat.numel(), key)
-    sums, abs_sums, sq_sums = chunk_sums(flat)
+    sums, abs_sums, sq_sums, specials = chunk_stats(flat)
     return Fingerprint(tuple(t.shape), t.dtype, positions,
                        flat[positions.to(flat.device)].cpu(), sums.cpu(), abs_sums.cpu(),
-                       sq_sums.cpu(), chunk_specials(flat))
+                       sq_sums.cpu(), specials)
 
 
 _PARTS = ("positions", "values", "sums", "abs_sums", "sq_sums", "specials")
@@ -270,9 +263,9 @@ def check_output(actual: torch.Tensor, stored: Stored, tol: compare.Tolerance, r
     if m.first_bad_index is not None:  # report the element's place in the output, not the sample's
         m.first_bad_index = int(stored.positions[m.first_bad_index])
     m.shape = list(actual.shape)
-    sums, abs_sums, _ = (s.cpu() for s in chunk_sums(flat))
+    sums, abs_sums, _, specials = chunk_stats(flat)
     return OutputCheck("fingerprint", m, sample_tol,
-                       _check_sums(stored, sums, abs_sums, chunk_specials(flat), tol,
+                       _check_sums(stored, sums.cpu(), abs_sums.cpu(), specials, tol,
                                    actual.dtype))
 
 
