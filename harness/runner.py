@@ -183,15 +183,19 @@ def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0
     return relocate(values, shift_bytes=shift_bytes, device=device)
 
 
-def _gather_verdict(world: World, case: Case, local_error: str,
-                    stages: dict[str, dict[str, Any]]) -> tuple[str, str, dict[str, Any], int]:
-    gathered = world.comm.gather((local_error, stages), root=0) if world.size > 1 else [
-        (local_error, stages)]
-    verdict = _judge(gathered, case) if world.rank == 0 else None
+def _agree(world: World, local: Any, judge: Callable[[list[Any]], Any]) -> Any:
+    """Every rank's ``local`` judged on rank 0, the verdict broadcast so all ranks agree."""
+    gathered = world.comm.gather(local, root=0) if world.size > 1 else [local]
+    verdict = judge(gathered) if world.rank == 0 else None
     if world.size > 1:
         verdict = world.comm.bcast(verdict, root=0)
     assert verdict is not None
     return verdict
+
+
+def _gather_verdict(world: World, case: Case, local_error: str,
+                    stages: dict[str, dict[str, Any]]) -> tuple[str, str, dict[str, Any], int]:
+    return _agree(world, (local_error, stages), lambda gathered: _judge(gathered, case))
 
 
 def _gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None, str]:
@@ -293,7 +297,7 @@ def run_case(
     result.status, result.reason, result.outputs, result.wrong = _gather_verdict(
         world, case, local_error, stages)
     if golden is not None:
-        result.golden, status, reason = _gather_golden(world, golden_local)
+        result.golden, status, reason = _agree(world, golden_local, _judge_golden)
         if result.status == "pass" and status != "pass":
             result.status, result.reason = status, reason
 
@@ -335,19 +339,9 @@ def _golden_check(store: GoldenStore, case: Case, outputs: Mapping[str, torch.Te
     return {"file": str(path), "outputs": report}
 
 
-def _gather_golden(world: World, local: dict[str, Any] | None
-                   ) -> tuple[dict[str, Any] | None, str, str]:
-    """Merge every rank's golden report into (summary, status, reason), agreed by all ranks."""
-    gathered = world.comm.gather(local, root=0) if world.size > 1 else [local]
-    verdict = _judge_golden(gathered) if world.rank == 0 else None
-    if world.size > 1:
-        verdict = world.comm.bcast(verdict, root=0)
-    assert verdict is not None
-    return verdict
-
-
 def _judge_golden(gathered: list[dict[str, Any] | None]
                   ) -> tuple[dict[str, Any] | None, str, str]:
+    """Every rank's golden report merged into (summary, status, reason)."""
     if all(g is None for g in gathered):  # the case broke before its outputs existed
         return None, "pass", ""
     for rank, g in enumerate(gathered):
@@ -413,8 +407,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     if result.timing and spec.work is not None:
         work = spec.work(case.params, case.world_size)
         result.derived = derived(work, result.timing.get("median"))
-        result.derived.update(percent_of_peak(result.derived, dict(calibration or {}),
-                                              work.flops_dtype))
+        result.derived.update(percent_of_peak(result.derived, calibration, work.flops_dtype))
     # every rank takes part in this verdict, so a timing error on one rank reaches them all
     stages: dict[str, dict[str, Any]] = {}
     if recheck and not local_error:

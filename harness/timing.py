@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,7 +99,7 @@ def derived(work: Work | None, median_ns: float | None) -> dict[str, float]:
     return out
 
 
-def percent_of_peak(derived: dict[str, float], calibration: dict[str, Any] | None,
+def percent_of_peak(derived: Mapping[str, float], calibration: Mapping[str, Any] | None,
                     flops_dtype: str | None) -> dict[str, float]:
     """Derived throughput as a percentage of the machine's calibrated peak.
 
