@@ -31,6 +31,7 @@ from harness.cli_common import (  # noqa: F401 - re-exported for callers
     _fail,
     console,
     err_console,
+    fmt_us,
     parse_world_sizes,
 )
 
@@ -248,10 +249,6 @@ def print_findings(findings: Sequence[Any]) -> None:
         console.print(f"[{style}]{head}[/{style}] {escape(rest)}", soft_wrap=True)
 
 
-def _fmt_us(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e3:.1f}"
-
-
 def _fmt_bw(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
@@ -293,7 +290,7 @@ def print_results(results: Sequence[Any]) -> None:
         median = (r.timing or {}).get("median")
         peak = "n/m" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 1e6:.2f}"
         table.add_row(str(r.world_size), escape(r.case_id), escape(r.impl),
-                      f"[{style.get(r.status, 'white')}]{r.status}[/]", _fmt_us(median),
+                      f"[{style.get(r.status, 'white')}]{r.status}[/]", fmt_us(median),
                       _fmt_bw(r.derived.get("gbps")), _fmt_bw(r.derived.get("tflops")),
                       _fmt_pct(r.derived), peak,
                       str(r.wrong) if r.status in ("pass", "fail") else "-")

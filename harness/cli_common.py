@@ -39,6 +39,11 @@ def parse_world_sizes(text: str) -> list[int]:
     return sorted(dict.fromkeys(sizes))
 
 
+def fmt_us(ns: float | None) -> str:
+    """Nanoseconds as microseconds for tables; "-" when there is no time."""
+    return "-" if ns is None else f"{ns / 1e3:.1f}"
+
+
 def open_history(db: str | None) -> sqlite3.Connection:
     """The history DB (``--db``, ``$HARNESS_DB`` or the default) for reading what runs stored;
     one line and exit 2 when it does not exist (reading never creates one)."""

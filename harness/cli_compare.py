@@ -19,6 +19,7 @@ from harness.cli_common import (
     HarnessExit,
     console,
     err_console,
+    fmt_us,
     open_history,
 )
 
@@ -81,10 +82,6 @@ def _median(r: Any) -> float | None:
     return float(median) if isinstance(median, (int, float)) else None
 
 
-def _us(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e3:.1f}"
-
-
 def _rows(results_a: Sequence[Any], results_b: Sequence[Any],
           shifts: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per result key in either run, in B's order, then keys only A has."""
@@ -125,7 +122,7 @@ def _table(rows: Sequence[dict[str, Any]], run_a: str, run_b: str) -> Table:
         verdict = row["verdict"]
         table.add_row(
             escape(row["case_id"]), escape(row["impl"]), str(row["world_size"]),
-            _us(row["median_a_ns"]), _us(row["median_b_ns"]),
+            fmt_us(row["median_a_ns"]), fmt_us(row["median_b_ns"]),
             "-" if row["ratio"] is None else f"{row['ratio']:.3f}",
             "-" if row["p_value"] is None else f"{row['p_value']:.1g}",
             f"[{style.get(verdict, 'yellow')}]{escape(verdict)}[/]")
