@@ -257,13 +257,11 @@ def load(path: str | os.PathLike[str]) -> list[tuple[RunInfo, list[CaseResult]]]
 
 
 def _load_run_dir(p: Path) -> tuple[RunInfo, list[CaseResult]]:
-    if not (p / "run.json").is_file():
-        raise ExchangeError(f"{p} is a directory without run.json: pass a run directory "
-                            "(one holding run.json and results.jsonl)")
     try:
-        run = RunInfo.read(p / "run.json")
-        return run, list(results_mod.read(p / "results.jsonl"))
-    except (ResultsError, TypeError) as exc:
+        return results_mod.read_run_dir(p)
+    except ResultsError as exc:  # its message names the file
+        raise ExchangeError(_one_line(exc)) from exc
+    except TypeError as exc:  # run.json with fields of the wrong kind
         raise ExchangeError(f"{p}: {_one_line(exc)}") from exc
 
 

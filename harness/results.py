@@ -175,3 +175,12 @@ class RunInfo:
             return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError) as exc:
             raise ResultsError(f"{path}: cannot read run metadata ({exc})") from exc
+
+
+def read_run_dir(run_dir: str | os.PathLike[str]) -> tuple[RunInfo, list[CaseResult]]:
+    """A run directory's ``run.json`` and ``results.jsonl`` (a torn last line skipped)."""
+    p = Path(run_dir)
+    if not (p / "run.json").is_file():
+        raise ResultsError(f"{p} is a directory without run.json ({p / 'run.json'} not found): "
+                           "pass a run directory (one holding run.json and results.jsonl)")
+    return RunInfo.read(p / "run.json"), list(read(p / "results.jsonl"))

@@ -477,16 +477,11 @@ def ingest(conn: sqlite3.Connection, run: RunInfo, results: Iterable[CaseResult]
 
 def ingest_dir(conn: sqlite3.Connection, run_dir: str | os.PathLike[str]) -> IngestSummary:
     """Ingest a run directory: its ``run.json`` and ``results.jsonl`` (torn last line skipped)."""
-    run_path = Path(run_dir) / "run.json"
-    if not run_path.is_file():
-        raise StoreError(
-            f"{run_path} not found: pass a run directory (one holding run.json and results.jsonl)"
-        )
     try:
-        run = RunInfo.read(run_path)
-        return ingest(conn, run, results_mod.read(Path(run_dir) / "results.jsonl"))
+        run, results = results_mod.read_run_dir(run_dir)
     except ResultsError as exc:
         raise StoreError(str(exc)) from exc
+    return ingest(conn, run, results)
 
 
 # --------------------------------------------------------------------------- calibrations
