@@ -156,6 +156,9 @@ class Metrics:
     sum_sq_actual: float = 0.0
     sum_dot: float = 0.0
     max_ulp: float = 0.0
+    #: allclose only: the worst finite element's |a-e| / (atol + rtol*|e|), the share of its
+    #: allowance it uses (1 is the tolerance's edge); what the dashboard plots against 1
+    max_tol_ratio: float = 0.0
     #: flat index of the first element outside the elementwise tolerance, and its rank
     first_bad_index: int | None = None
     first_bad_rank: int | None = None
@@ -205,6 +208,7 @@ class Metrics:
             "max_abs": self.max_abs,
             "max_rel": self.max_rel,
             "max_ulp": self.max_ulp,
+            "max_tol_ratio": self.max_tol_ratio,
             "rel_l2": self.rel_l2,
             "cos_diff": self.cos_diff,
             "first_bad_index": self.first_bad_index,
@@ -240,6 +244,7 @@ class Metrics:
             out.max_abs = _nanmax(out.max_abs, p.max_abs)
             out.max_rel = _nanmax(out.max_rel, p.max_rel)
             out.max_ulp = _nanmax(out.max_ulp, p.max_ulp)
+            out.max_tol_ratio = _nanmax(out.max_tol_ratio, p.max_tol_ratio)
             out.sum_sq_diff += p.sum_sq_diff
             out.sum_sq_expected += p.sum_sq_expected
             out.sum_sq_actual += p.sum_sq_actual
@@ -375,7 +380,11 @@ def _measure_chunk(
         bad = _int_view(a_raw) != _int_view(e_raw)
         bad = bad & ~(a_nan & e_nan)  # NaN payloads may differ
     elif elem.kind == "allclose":
-        bad = bad_special | (finite & (diff > elem.atol + elem.rtol * e.abs()))
+        allowed = elem.atol + elem.rtol * e.abs()
+        bad = bad_special | (finite & (diff > allowed))
+        if diff.numel():
+            share = torch.where(finite & (diff > 0), diff / allowed, torch.zeros_like(diff))
+            m.max_tol_ratio = max(m.max_tol_ratio, float(share.max()))
     else:  # ulp
         if out_dtype.is_floating_point:
             ulps = diff / _ulp_size(e, out_dtype)

@@ -159,6 +159,24 @@ def test_allclose_boundary_is_inclusive():
     assert not passes(t64([math.nextafter(-3.0, -INF)]), t64([-2.0]), tol)
 
 
+def test_max_tol_ratio_is_the_worst_share_of_the_allclose_allowance():
+    # allowances atol + rtol*|e| = 0.11, 0.21, 0.41, 0.01; diffs use 1/2, 0, 1/2 and 2 of them
+    e = t64([1.0, 2.0, -4.0, 0.0])
+    a = e + t64([0.055, 0.0, -0.205, 0.02])
+    m = compare.measure(a, e, compare.allclose(0.1, 0.01), chunk_elems=2)
+    assert m.max_tol_ratio == pytest.approx(2.0, rel=1e-12)
+    assert m.n_mismatch == 1 and m.first_bad_index == 3
+    inside = compare.measure(a[:3], e[:3], compare.allclose(0.1, 0.01))
+    assert inside.max_tol_ratio == pytest.approx(0.5, rel=1e-12) and inside.n_mismatch == 0
+    # identical outputs use none of it; other tolerance kinds do not measure it
+    assert compare.measure(e, e.clone(), compare.allclose(0.1, 0.01)).max_tol_ratio == 0.0
+    assert compare.measure(a, e, compare.rel_l2(1.0)).max_tol_ratio == 0.0
+    # ranks merge by taking the worst, and the JSON form carries it
+    merged = Metrics.merge([inside, m])
+    assert merged.max_tol_ratio == pytest.approx(2.0, rel=1e-12)
+    assert Metrics.from_dict(merged.to_dict()).max_tol_ratio == merged.max_tol_ratio
+
+
 def test_allclose_float32_actual_against_float64_expected():
     # e = 1: bound 2**-20 + 2**-20 = 2**-19; float32 1 + 2**-19 is exactly on it
     tol = compare.allclose(rtol=2.0**-20, atol=2.0**-20)
