@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
@@ -77,40 +76,6 @@ def _pick_runs(conn: sqlite3.Connection, runs: Sequence[str]) -> tuple[str, str]
     return last[1], last[0]
 
 
-def _median(r: Any) -> float | None:
-    median = (r.timing or {}).get("median") if r is not None else None
-    return float(median) if isinstance(median, (int, float)) else None
-
-
-def _rows(results_a: Sequence[Any], results_b: Sequence[Any],
-          shifts: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per result key in either run, in B's order, then keys only A has."""
-    by_a = {r.key: r for r in results_a}
-    by_b = {r.key: r for r in results_b}
-    rows = []
-    for key in list(by_b) + [k for k in by_a if k not in by_b]:
-        a, b = by_a.get(key), by_b.get(key)
-        some = b or a
-        shift = shifts.get(key)
-        if shift is not None:
-            verdict = shift.direction
-        elif a is None:
-            verdict = "only in B"
-        elif b is None:
-            verdict = "only in A"
-        elif a.status != "pass" or b.status != "pass":
-            verdict = f"{a.status} -> {b.status}"
-        else:
-            verdict = "no samples"
-        ratio = shift.ratio if shift is not None and math.isfinite(shift.ratio) else None
-        rows.append({"key": key, "case_id": some.case_id, "impl": some.impl,
-                     "world_size": some.world_size, "median_a_ns": _median(a),
-                     "median_b_ns": _median(b), "ratio": ratio,
-                     "p_value": shift.p_value if shift is not None else None,
-                     "verdict": verdict})
-    return rows
-
-
 def _table(rows: Sequence[dict[str, Any]], run_a: str, run_b: str) -> Table:
     table = Table(title=f"A {run_a[:12]} -> B {run_b[:12]}", header_style="bold")
     for col, just in (("case", "left"), ("impl", "left"), ("world", "right"),
@@ -165,7 +130,7 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
 
     shifts = regress.timing_shifts(results_a, results_b)
     findings = regress.compare_runs(results_a, results_b)
-    rows = _rows(results_a, results_b, shifts)
+    rows = regress.compare_rows(results_a, results_b, shifts)
     correctness = [f for f in findings if f.kind not in ("regression", "improvement")]
     counts = {d: sum(1 for s in shifts.values() if s.direction == d)
               for d in ("slower", "faster", "same")}

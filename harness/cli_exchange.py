@@ -24,7 +24,7 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
     file that cannot be read is reported (one line each) and skipped, the others are still
     ingested, and the command exits 2; a DB error stops at once.
     """
-    from harness import exchange, store
+    from harness import exchange, regress, store
     from harness.results import ResultsError
 
     db_path = store.resolve_db_path(db)
@@ -34,6 +34,7 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     bad: list[str] = []
     n_runs = 0
+    ingested: list[str] = []
     try:
         for path in files:
             try:
@@ -49,10 +50,18 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
                     _report(bad)
                     raise HarnessExit(f"{path}: {exc}", EXIT_USAGE) from exc
                 n_runs += 1
+                ingested.append(summary.run_id)
                 state = "new" if summary.new_run else "updated"
                 click.echo(f"{summary.run_id}  {summary.n_results} results  {state}  {path}")
+        # regression analysis against the machine's history, stored for reports and
+        # `harness report --fail-on`; later runs of the machine are redone when one lands
+        # out of order
+        analysed = regress.analyze_ingested(conn, ingested) if ingested else []
     finally:
         conn.close()
+    if len(analysed) > len(ingested):
+        click.echo(f"{len(analysed) - len(ingested)} later run(s) re-analysed against the "
+                   "history that now includes the ingested ones")
     click.echo(f"{n_runs} run(s) ingested into {db_path}"
                + (f"; {len(bad)} file(s) skipped" if bad else ""))
     if bad:

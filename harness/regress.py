@@ -425,6 +425,44 @@ def compare_runs(baseline: Sequence[CaseResult], current: Sequence[CaseResult],
     return findings
 
 
+def _median_of(r: CaseResult | None) -> float | None:
+    median = (r.timing or {}).get("median") if r is not None else None
+    return float(median) if isinstance(median, (int, float)) else None
+
+
+def compare_rows(results_a: Sequence[CaseResult], results_b: Sequence[CaseResult],
+                 shifts: dict[str, Shift]) -> list[dict[str, Any]]:
+    """The rows of a run-A-vs-run-B table (``harness compare``, the dashboard's compare page):
+    one per result key in either run, in B's order, then keys only A has; ``shifts`` from
+    ``timing_shifts``. Verdict: slower/faster/same, only in A/B, a status change, or no
+    samples."""
+    by_a = {r.key: r for r in results_a}
+    by_b = {r.key: r for r in results_b}
+    rows = []
+    for key in list(by_b) + [k for k in by_a if k not in by_b]:
+        a, b = by_a.get(key), by_b.get(key)
+        some = b or a
+        shift = shifts.get(key)
+        if shift is not None:
+            verdict = shift.direction
+        elif a is None:
+            verdict = "only in B"
+        elif b is None:
+            verdict = "only in A"
+        elif a.status != "pass" or b.status != "pass":
+            verdict = f"{a.status} -> {b.status}"
+        else:
+            verdict = "no samples"
+        ratio = shift.ratio if shift is not None and math.isfinite(shift.ratio) else None
+        rows.append({"key": key, "case_id": some.case_id, "impl": some.impl,
+                     "world_size": some.world_size, "median_a_ns": _median_of(a),
+                     "median_b_ns": _median_of(b), "ratio": ratio,
+                     "p_value": shift.p_value if shift is not None else None,
+                     "verdict": verdict})
+    return rows
+
+
+
 # ----------------------------------------------------------------------------- history
 
 
@@ -501,3 +539,28 @@ def _history_finding(verdict: str, cur: CaseResult, timed: list[CaseResult],
     return _finding(verdict, cur, "median_ns", f"{_fmt_shift(b, c, shift)} {where}",
                     baseline=b, current=c, ratio=shift.ratio, p_value=shift.p_value,
                     baseline_run=previous)
+
+
+# ----------------------------------------------------------------------------- stored analysis
+
+
+def analyze_and_store(conn: sqlite3.Connection, run_id: str,
+                      threshold: Callable[[str], float] = threshold_of) -> list[Finding]:
+    """``analyze_run``, with the findings stored in the DB (replacing earlier ones) so that
+    reports read them instead of re-deriving every run's history."""
+    findings = analyze_run(conn, run_id, threshold)
+    store.save_findings(conn, run_id, [f.to_dict() for f in findings])
+    return findings
+
+
+def analyze_ingested(conn: sqlite3.Connection, run_ids: Sequence[str],
+                     threshold: Callable[[str], float] = threshold_of) -> list[str]:
+    """Store the analysis of newly ingested runs and of every later run of their machines,
+    oldest first (a run ingested out of order changes the baseline of the runs after it);
+    the runs analysed, in order."""
+    todo = {r for run_id in run_ids for r in store.runs_from(conn, run_id)}
+    ordered = sorted(todo, key=lambda r: (getattr(store.get_run(conn, r), "started_at", 0.0)
+                                          or 0.0, r))
+    for run_id in ordered:
+        analyze_and_store(conn, run_id, threshold)
+    return ordered

@@ -33,7 +33,7 @@ from harness.results import CaseResult, ResultsError, RunInfo
 
 DEFAULT_DB = Path("harness-results/history.db")
 ENV_VAR = "HARNESS_DB"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 30.0
 
 Migration = Callable[[sqlite3.Connection], None]
@@ -174,8 +174,39 @@ def _add_calibrations_v2(conn: sqlite3.Connection) -> None:
         conn.execute(sql)
 
 
+def _add_findings_v3(conn: sqlite3.Connection) -> None:
+    # What regress.analyze_run found for each run, kept so that reports read it instead of
+    # re-deriving every run's history on every render; `analyzed_at` tells an analysed run
+    # with no findings from one never analysed (runs stored before v3).
+    statements = [
+        "ALTER TABLE runs ADD COLUMN analyzed_at REAL",
+        """
+        CREATE TABLE findings (
+            id INTEGER PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            kind TEXT NOT NULL,
+            case_id TEXT NOT NULL,
+            op TEXT,
+            impl TEXT NOT NULL,
+            world_size INTEGER NOT NULL,
+            metric TEXT,
+            baseline REAL,
+            current REAL,
+            ratio REAL,
+            p_value REAL,
+            baseline_run TEXT,
+            detail TEXT
+        )
+        """,
+        "CREATE INDEX findings_run ON findings(run_id)",
+        "CREATE INDEX findings_series ON findings(case_id, impl, world_size)",
+    ]
+    for sql in statements:
+        conn.execute(sql)
+
+
 #: MIGRATIONS[i] upgrades schema version i to i + 1; append, never edit a released one.
-MIGRATIONS: list[Migration] = [_create_v1, _add_calibrations_v2]
+MIGRATIONS: list[Migration] = [_create_v1, _add_calibrations_v2, _add_findings_v3]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -544,6 +575,57 @@ def latest_calibrations(conn: sqlite3.Connection, machine_fingerprint: str
         "WHERE m.fingerprint = ?", (machine_fingerprint,)).fetchall()]
     found = {d: latest_calibration(conn, machine_fingerprint, d) for d in devices}
     return {d: c for d, c in found.items() if c is not None}
+
+
+# --------------------------------------------------------------------------- findings
+
+_FINDING_COLUMNS = ("kind", "case_id", "op", "impl", "world_size", "metric", "baseline",
+                    "current", "ratio", "p_value", "baseline_run", "detail")
+
+
+def save_findings(conn: sqlite3.Connection, run_id: str, findings: Iterable[dict[str, Any]],
+                  analyzed_at: float | None = None) -> int:
+    """Replace the stored findings of ``run_id`` (``regress.Finding.to_dict()`` dicts) and mark
+    the run analysed, in one transaction; returns how many were stored."""
+    rows = [tuple(f.get(c) for c in _FINDING_COLUMNS) for f in findings]
+    with _write_txn(conn):
+        if _scalar(conn, "SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
+            raise StoreError(f"run {run_id} is not in history DB {_db_label(conn)}: "
+                             "ingest it before storing its analysis")
+        conn.execute("DELETE FROM findings WHERE run_id = ?", (run_id,))
+        conn.executemany(
+            f"INSERT INTO findings (run_id, {', '.join(_FINDING_COLUMNS)}) "
+            f"VALUES (?, {', '.join('?' for _ in _FINDING_COLUMNS)})",
+            [(run_id, *row) for row in rows])
+        conn.execute("UPDATE runs SET analyzed_at = ? WHERE run_id = ?",
+                     (time.time() if analyzed_at is None else analyzed_at, run_id))
+    return len(rows)
+
+
+def stored_findings(conn: sqlite3.Connection, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Stored findings (of one run, or all), as dicts with ``run_id`` and the Finding fields,
+    ordered by run start, then as analysed."""
+    sql = ("SELECT f.* FROM findings f JOIN runs r ON r.run_id = f.run_id"
+           + (" WHERE f.run_id = ?" if run_id is not None else "")
+           + " ORDER BY r.started_at, f.id")
+    params = (run_id,) if run_id is not None else ()
+    return [{k: row[k] for k in ("run_id", *_FINDING_COLUMNS)}
+            for row in conn.execute(sql, params).fetchall()]
+
+
+def runs_from(conn: sqlite3.Connection, run_id: str) -> list[str]:
+    """``run_id`` and every run of the same machine that started after it, oldest first."""
+    return [row[0] for row in conn.execute(
+        "SELECT r.run_id FROM runs r JOIN runs me ON me.run_id = ? "
+        "WHERE r.machine_id = me.machine_id AND (r.started_at > me.started_at "
+        "OR (r.started_at = me.started_at AND r.run_id >= me.run_id)) "
+        "ORDER BY r.started_at, r.run_id", (run_id,))]
+
+
+def unanalyzed_runs(conn: sqlite3.Connection) -> list[str]:
+    """Runs whose findings were never stored, oldest first (the order to analyse them in)."""
+    return [row[0] for row in conn.execute(
+        "SELECT run_id FROM runs WHERE analyzed_at IS NULL ORDER BY started_at, run_id")]
 
 
 # --------------------------------------------------------------------------- queries

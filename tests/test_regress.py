@@ -476,3 +476,28 @@ def test_a_step_stays_flagged_until_it_is_most_of_the_lookback():
     history = [draw(700 + i, 1.3) for i in range(16)] + flat_history(14)
     shifts = [regress.lookback_violation(history, draw(720 + s, 1.3), 0.05) for s in range(40)]
     assert sum(s.direction == "slower" for s in shifts) <= 2
+
+
+# ----------------------------------------------------------------------------- stored analysis
+
+
+def test_analyze_ingested_stores_findings_and_redoes_later_runs_out_of_order(tmp_path):
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        # r0 and r2 are ingested first; r1 (between them) arrives late and is 30% slower
+        store.ingest(conn, run_info("r0", T0), [result("r0", samples=draw(1))])
+        store.ingest(conn, run_info("r2", T0 + 2), [result("r2", samples=draw(3))])
+        assert regress.analyze_ingested(conn, ["r0", "r2"]) == ["r0", "r2"]
+        assert store.stored_findings(conn) == []  # r2 against r0: the same
+        assert store.unanalyzed_runs(conn) == []
+
+        store.ingest(conn, run_info("r1", T0 + 1), [result("r1", samples=draw(2, 1.3))])
+        # r1 is analysed, and r2 again: its previous run is now r1
+        assert regress.analyze_ingested(conn, ["r1"]) == ["r1", "r2"]
+        stored = {(f["run_id"], f["kind"]) for f in store.stored_findings(conn)}
+        assert stored == {("r1", "regression"), ("r2", "improvement")}
+        assert [f.to_dict() for f in regress.analyze_run(conn, "r2")] == [
+            {k: v for k, v in f.items() if k != "run_id"} | {"key": "w1:vendor.op[n=1024]@fast"}
+            for f in store.stored_findings(conn, "r2")]
+    finally:
+        conn.close()

@@ -118,18 +118,18 @@ def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
 # --------------------------------------------------------------------------- schema
 
 
-def test_fresh_db_has_schema_v2_and_all_tables(tmp_path: Path) -> None:
+def test_fresh_db_has_the_current_schema_and_all_tables(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "dir" / "history.db"  # parent directories are created
     conn = store.connect(path)
     assert path.is_file()
-    assert user_version(conn) == store.SCHEMA_VERSION == len(store.MIGRATIONS) == 2
+    assert user_version(conn) == store.SCHEMA_VERSION == len(store.MIGRATIONS) == 3
     assert TABLES <= tables(conn)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"results_series", "results_run", "runs_machine_started",
-            "calibrations_machine_device"} <= indexes
+            "calibrations_machine_device", "findings_run", "findings_series"} <= indexes
     conn.close()
 
 
@@ -150,7 +150,7 @@ def test_reopen_does_not_rerun_migrations_and_keeps_data(tmp_path: Path) -> None
 
     conn = store.connect(path, migrations=[counting(i) for i in range(len(store.MIGRATIONS))])
     assert calls == []
-    assert user_version(conn) == 2
+    assert user_version(conn) == store.SCHEMA_VERSION
     assert count(conn, "results") == 4
     assert store.run_ids(conn) == ["run-0001"]
     conn.close()
@@ -165,7 +165,7 @@ def test_empty_db_with_user_version_0_is_migrated(tmp_path: Path) -> None:
     raw.close()
     assert path.stat().st_size > 0
     conn = store.connect(path)
-    assert user_version(conn) == 2
+    assert user_version(conn) == store.SCHEMA_VERSION
     assert TABLES <= tables(conn)
     conn.close()
 
@@ -174,7 +174,7 @@ def test_zero_byte_file_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
     path.write_bytes(b"")
     conn = store.connect(path)
-    assert user_version(conn) == 2
+    assert user_version(conn) == store.SCHEMA_VERSION
     conn.close()
 
 
@@ -188,7 +188,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     msg = str(info.value)
     assert "\n" not in msg
     assert "history.db" in msg
-    assert "schema v99, newer than this harness (v2)" in msg
+    assert f"schema v99, newer than this harness (v{store.SCHEMA_VERSION})" in msg
     assert "upgrade kernel-harness or pass another --db" in msg
 
 
@@ -227,7 +227,7 @@ def test_directory_in_place_of_db_is_refused(tmp_path: Path) -> None:
         store.connect(path)
 
 
-def _v3_add_notes(conn: sqlite3.Connection) -> None:
+def _next_add_notes(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE results ADD COLUMN triage TEXT")
     conn.execute("CREATE TABLE baselines (case_id TEXT, impl TEXT, run_id TEXT)")
 
@@ -241,22 +241,23 @@ def test_forward_migration_keeps_existing_data(tmp_path: Path) -> None:
     before_run = store.get_run(conn, "run-0001")
     conn.close()
 
-    conn = store.connect(path, migrations=[*store.MIGRATIONS, _v3_add_notes])
-    assert user_version(conn) == 3
+    conn = store.connect(path, migrations=[*store.MIGRATIONS, _next_add_notes])
+    assert user_version(conn) == store.SCHEMA_VERSION + 1
     assert "baselines" in tables(conn)
     columns = {r["name"] for r in conn.execute("PRAGMA table_info(results)")}
     assert "triage" in columns
     assert store.results_for_run(conn, "run-0001") == before_results
     assert store.get_run(conn, "run-0001") == before_run
     assert count(conn, "annotations") == 1
-    # the new column is usable and ingest keeps working on the v3 schema
+    # the new column is usable and ingest keeps working on the newer schema
     conn.execute("UPDATE results SET triage = 'flaky' WHERE impl = 'ring'")
     store.ingest(conn, make_run("run-0002", started_at=1_700_100_000.0), some_results("run-0002"))
     assert count(conn, "results") == 8
     conn.close()
 
-    # and the v2 harness now refuses the v3 file instead of corrupting it
-    with pytest.raises(StoreError, match="schema v3, newer than this harness"):
+    # and this harness now refuses the newer file instead of corrupting it
+    with pytest.raises(StoreError, match=f"schema v{store.SCHEMA_VERSION + 1}, newer than "
+                                         "this harness"):
         store.connect(path)
 
 
@@ -270,7 +271,7 @@ def test_v1_file_migrates_to_v2_keeping_its_rows(tmp_path: Path) -> None:
     before = dump(conn)
     conn.close()
 
-    conn = store.connect(path)
+    conn = store.connect(path, migrations=store.MIGRATIONS[:2])
     assert user_version(conn) == 2
     assert "calibrations" in tables(conn)
     after = dump(conn)
@@ -286,6 +287,58 @@ def test_v1_file_migrates_to_v2_keeping_its_rows(tmp_path: Path) -> None:
     conn.close()
 
 
+def _finding(kind: str = "regression", **kw):
+    d = {"kind": kind, "case_id": "allreduce[n=8]", "op": "allreduce", "impl": "ring",
+         "world_size": 4, "metric": "median_ns", "baseline": 100.0, "current": 130.0,
+         "ratio": 1.3, "p_value": 1e-4, "baseline_run": "run-0000", "detail": "x1.300"}
+    return {**d, **kw}
+
+
+def test_v2_file_migrates_to_v3_and_its_runs_count_as_never_analysed(tmp_path: Path) -> None:
+    path = tmp_path / "history.db"
+    conn = store.connect(path, migrations=store.MIGRATIONS[:2])  # what v2 harnesses wrote
+    store.ingest(conn, make_run(), some_results())
+    before_results = store.results_for_run(conn, "run-0001")
+    before_run = store.get_run(conn, "run-0001")
+    conn.close()
+
+    conn = store.connect(path)
+    assert user_version(conn) == 3
+    assert store.results_for_run(conn, "run-0001") == before_results
+    assert store.get_run(conn, "run-0001") == before_run
+    assert store.unanalyzed_runs(conn) == ["run-0001"]
+    assert store.stored_findings(conn) == []
+    conn.close()
+
+
+def test_findings_round_trip_replace_and_mark_the_run_analysed(tmp_path: Path) -> None:
+    conn = store.connect(tmp_path / "history.db")
+    store.ingest(conn, make_run("run-0002", started_at=1_700_100_000.0),
+                 some_results("run-0002"))
+    store.ingest(conn, make_run(), some_results())
+    assert store.unanalyzed_runs(conn) == ["run-0001", "run-0002"]  # oldest first
+
+    assert store.save_findings(conn, "run-0002", [_finding(), _finding("drift", ratio=None,
+                                                                        metric="out")]) == 2
+    got = store.stored_findings(conn, "run-0002")
+    assert [f["kind"] for f in got] == ["regression", "drift"]
+    assert got[0] == {"run_id": "run-0002", **_finding()}
+    assert got[1]["ratio"] is None
+    assert store.unanalyzed_runs(conn) == ["run-0001"]
+    # an analysed run with nothing to report is analysed all the same
+    assert store.save_findings(conn, "run-0001", []) == 0
+    assert store.unanalyzed_runs(conn) == []
+    # analysing again replaces, never appends
+    store.save_findings(conn, "run-0002", [_finding("bits_changed")])
+    assert [f["kind"] for f in store.stored_findings(conn)] == ["bits_changed"]
+    with pytest.raises(StoreError, match="run-9999 is not in history DB"):
+        store.save_findings(conn, "run-9999", [_finding()])
+    # findings go with their run
+    conn.execute("DELETE FROM runs WHERE run_id = 'run-0002'")
+    assert count(conn, "findings") == 0
+    conn.close()
+
+
 def test_migration_failure_rolls_back_that_step(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
     store.connect(path).close()
@@ -297,7 +350,7 @@ def test_migration_failure_rolls_back_that_step(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="migration bug"):
         store.connect(path, migrations=[*store.MIGRATIONS, broken])
     conn = store.connect(path)
-    assert user_version(conn) == 2
+    assert user_version(conn) == store.SCHEMA_VERSION
     assert "half_done" not in {r["name"] for r in conn.execute("PRAGMA table_info(results)")}
     conn.close()
 
@@ -452,7 +505,7 @@ def test_concurrent_ingest_from_processes(tmp_path: Path) -> None:
     assert [p.exitcode for p in procs] == [0, 0]
 
     conn = store.connect(path)
-    assert user_version(conn) == 2
+    assert user_version(conn) == store.SCHEMA_VERSION
     assert count(conn, "runs") == 2 * n_runs
     assert count(conn, "results") == 2 * n_runs * 40
     assert count(conn, "machines") == 2
