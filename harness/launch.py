@@ -204,9 +204,12 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         prog = _read_progress(progress_path)
         if rc in _PYTEST_NORMAL and not killed:
             if after >= by_key.keys() or new == 0:
-                # finished, or pytest chose not to run the rest (-x, -k): do not loop
-                if new == 0 and rc not in _PYTEST_NORMAL[:2]:
-                    outcome.infra_error = f"world size {world_size}: no case ran; see {log_path}"
+                # finished, or the job stopped recording (pytest's -x): do not loop. A job that
+                # ends "normally" having recorded nothing while cases remain (a launcher that
+                # exits 1 at once, a collection that finds nothing) ran nothing: never a pass
+                if new == 0:
+                    outcome.infra_error = (f"world size {world_size}: the MPI job exited with "
+                                           f"code {rc} and no case ran; see {log_path}")
                 return outcome
             continue
         if prog and prog["key"] in by_key and prog["key"] not in after:

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -550,3 +551,15 @@ def test_env_reports_without_initialising_cuda(tmp_path):
         "import mpi4py.MPI as M; assert not M.Is_initialized()\n")],
         capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stderr
+
+
+def test_a_launcher_that_runs_nothing_is_an_infrastructure_error_not_a_pass(tmp_path):
+    # `false` exits 1 at once, like an MPI that cannot start its ranks: nothing ran, so the
+    # run must not pass (found by the nightly pipeline's tests: it used to exit 0)
+    out = harness(tmp_path, "run", "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]",
+                  "--world-sizes", "1", "--no-bench", "--launcher", shutil.which("false"),
+                  timeout=120)
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert "exited with code 1 and no case ran" in out.stderr
+    assert rows(tmp_path / "h.db", "SELECT status FROM runs") == [{"status": "infra_error"}]
+    assert rows(tmp_path / "h.db", "SELECT count(*) AS n FROM results") == [{"n": 0}]
