@@ -97,12 +97,15 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="On CUDA: CUDA events around each call, or CUDA-graph replay of one call.")
 @click.option("--l2-flush", is_flag=True,
               help="Overwrite a buffer of twice the last-level cache before every timed repeat.")
+@click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
+              help="After the run, render the dashboard of the whole history into this "
+                   "directory (as `harness report --out DIR`).")
 @click.pass_context
 def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: str,
         impls: tuple[str, ...], device: str, bench: bool, db: str | None, out_dir: str | None,
         timeout: float | None, fail_on: str, launcher: str | None, launcher_args: str,
         hostfile: str | None, grace: float, golden_dir: str | None, use_golden: bool,
-        timing_mode: str, l2_flush: bool) -> None:
+        timing_mode: str, l2_flush: bool, report_dir: str | None) -> None:
     """Run, check and time the selected cases at each world size; record them in the DB.
 
     SELECTORS are families (collectives), ops (allreduce) or globs over case ids
@@ -128,6 +131,7 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     if timing_mode == "graph" and resolved.type != "cuda":
         _fail("--timing-mode graph replays CUDA graphs and needs a GPU: drop it (CPU timing "
               "uses perf_counter) or run with --device cuda on a machine with one", EXIT_USAGE)
+    report_cmd = command_named(ctx, "report") if report_dir else None  # fail before running
     mpiexec = envinfo.find_launcher(launcher)
     if mpiexec is None:
         _fail(f"no MPI launcher found{f' ({launcher!r})' if launcher else ''}: "
@@ -188,7 +192,7 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
         try:
             store.ingest_dir(conn, run_dir)
             results = store.results_for_run(conn, run_id)
-            findings = regress.analyze_run(conn, run_id)
+            findings = regress.analyze_and_store(conn, run_id)
         finally:
             conn.close()
     except store.StoreError as exc:
@@ -202,6 +206,11 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     summarize(results, missing, info.finished_at - info.started_at, db_path, run_id)
     for msg in infra_errors:
         err_console.print(f"[red]infrastructure error:[/red] {escape(msg)}")
+    if report_cmd is not None:
+        try:  # the report's own exit (never: 0) must not replace the run's verdict
+            ctx.invoke(report_cmd, db=str(db_path), out_dir=Path(report_dir), fail_on="never")
+        except click.exceptions.Exit:
+            pass
     if infra_errors:
         ctx.exit(EXIT_INFRA)
     if failing and fail_on in ("failure", "regression"):
@@ -380,8 +389,17 @@ def env(as_json: bool, launcher: str | None) -> None:
 
 
 # ----------------------------------------------------------- commands of their own modules
+#: entry-point group of commands from other packages (the dashboard's `report` and `demo`):
+#: found, not imported, so that imports keep pointing down
+COMMANDS_GROUP = "harness.commands"
+#: commands of that group that failed to load: named when someone calls them
+_broken_commands: dict[str, str] = {}
+
+
 def _register_commands() -> None:
     # each module defines plain click commands and imports only cli_common, never this module
+    import importlib.metadata
+
     from harness.cli_calibrate import calibrate
     from harness.cli_compare import compare
     from harness.cli_exchange import export, ingest
@@ -389,9 +407,29 @@ def _register_commands() -> None:
 
     for command in (golden, calibrate, compare, ingest, export):
         cli.add_command(command)
+    for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP):
+        try:
+            command = ep.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the CLI
+            _broken_commands[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
+            continue
+        if isinstance(command, click.Command):
+            cli.add_command(command, ep.name)
 
 
 _register_commands()
+
+
+def command_named(ctx: click.Context, name: str) -> click.Command:
+    """A registered subcommand (``report`` for ``run --report``); exit 2 when it is missing."""
+    command = cli.get_command(ctx, name)
+    if command is None:
+        why = _broken_commands.get(name)
+        raise HarnessExit(
+            f"the `{name}` command failed to load ({why}): reinstall kernel-harness"
+            if why else f"no `{name}` command is installed: `pip install -e .` in the "
+            "kernel-harness checkout registers it", EXIT_USAGE)
+    return command
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,0 +1,117 @@
+"""`harness report`: render the dashboard, and judge the newest runs for CI.
+
+Registered with the ``harness`` command through the entry-point group ``harness.commands``
+(the harness package never imports this one: imports point down).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from harness.cli_common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    EXIT_REGRESSION,
+    EXIT_USAGE,
+    HarnessExit,
+    console,
+    err_console,
+    open_history,
+)
+
+DEFAULT_SITE = Path("harness-results/site")
+
+
+@click.command("report")
+@click.option("--db", default=None, help="History DB (default $HARNESS_DB or "
+                                         "harness-results/history.db).")
+@click.option("--out", "out_dir", default=str(DEFAULT_SITE), show_default=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Directory the site is written to (open its index.html).")
+@click.option("--fail-on", default="never", show_default=True,
+              type=click.Choice(["failure", "regression", "never"]),
+              help="After rendering, exit 1 when a judged run has a correctness failure; "
+                   "with 'regression' also exit 3 on a confirmed performance regression.")
+@click.option("--run", "judge", multiple=True, metavar="RUN",
+              help="A run --fail-on judges (id or prefix; repeatable). Default: the newest "
+                   "run of each machine.")
+@click.option("--compare", "compare_pair", nargs=2, default=None, metavar="RUN_A RUN_B",
+              help="Also render a compare page of RUN_A against RUN_B.")
+@click.option("--max-run-pages", default=100, show_default=True, type=click.IntRange(0),
+              help="Run pages (and compare pages) for the newest N runs only.")
+@click.pass_context
+def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
+           judge: tuple[str, ...], compare_pair: tuple[str, str] | None,
+           max_run_pages: int) -> None:
+    """Render the history DB as a static HTML site (works from file://, no network).
+
+    Index: status matrix per machine, regressions, drift and changed bits of the newest runs,
+    per-op trends; a page per op (trend charts per case, busbw against size for
+    collectives), per run (environment, failures with their metrics) and a compare page per
+    run against the previous run of its machine.
+    """
+    from harness import store
+    from reports import data, render
+
+    start = time.perf_counter()
+    conn = open_history(db)
+    label = str(store.resolve_db_path(db))
+    try:
+        try:
+            analysed = data.analyze_missing(conn)
+            judged_ids = [store.resolve_run_id(conn, r) for r in judge]
+            pair = None
+            if compare_pair:
+                pair = (store.resolve_run_id(conn, compare_pair[0]),
+                        store.resolve_run_id(conn, compare_pair[1]))
+            history = data.load(conn, label)
+        except store.StoreError as exc:
+            raise HarnessExit(str(exc), EXIT_USAGE) from exc
+        try:
+            site = render.render(conn, history, out_dir, max_run_pages=max_run_pages,
+                                 compare_pairs=[pair] if pair else None)
+        except OSError as exc:
+            raise HarnessExit(f"cannot write the site to {out_dir} ({exc.strerror or exc}): "
+                              "pass another --out", EXIT_USAGE) from exc
+    finally:
+        conn.close()
+    if analysed:
+        err_console.print(f"analysed {len(analysed)} run(s) stored without findings")
+    console.print(escape(
+        f"site: {site.index} ({site.n_runs} runs, {site.n_results} results; {site.op_pages} "
+        f"op, {site.run_pages} run and {site.compare_pages} compare pages) in "
+        f"{time.perf_counter() - start:.1f} s"), soft_wrap=True)
+    ctx.exit(_judge(history, judged_ids, fail_on))
+
+
+def _judge(history, run_ids: list[str], fail_on: str) -> int:
+    """Print the judged runs' failures and regressions; the exit code ``fail_on`` asks for."""
+    from harness.results import FAILING
+    from reports.data import judged_runs
+
+    runs = judged_runs(history, run_ids)
+    ids = {r.run_id for r in runs}
+    failing = [e.result for e in history.entries
+               if e.run.run_id in ids and e.result.status in FAILING]
+    regressions = [f for f in history.findings
+                   if f["run_id"] in ids and f["kind"] == "regression"]
+    for r in failing:
+        reason = r.reason.splitlines()[0] if r.reason else ""
+        console.print(f"[red]{r.status.upper()}[/red] "
+                      + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"),
+                      soft_wrap=True)
+    for f in regressions:
+        console.print("[red]REGRESSION[/red] " + escape(
+            f"w{f['world_size']} {f['case_id']}@{f['impl']}: {f['detail']}"), soft_wrap=True)
+    console.print(escape(f"judged {len(runs)} run(s) ({', '.join(r.short for r in runs)}): "
+                         f"{len(failing)} failing result(s), {len(regressions)} "
+                         "confirmed regression(s)"), soft_wrap=True)
+    if failing and fail_on in ("failure", "regression"):
+        return EXIT_FAIL
+    if regressions and fail_on == "regression":
+        return EXIT_REGRESSION
+    return EXIT_OK

@@ -1,0 +1,318 @@
+"""Issue 9's acceptance in a real browser: `harness demo` (real runs, real MPI ranks, a real
+SQLite file) plus `harness report`, opened from file:// in headless Chromium (Debian's
+`chromium`, driven by Playwright). Every page loads without a JavaScript error or a failed
+request, its charts are drawn (plotly's SVG is in the page), the numbers on the pages are the
+DB's (read here with plain SQL), and a case name with HTML in it stays text on every page.
+
+Screenshots of the index and of op pages go to $HARNESS_TEST_ARTIFACTS (default
+test-artifacts/ at the repository root). Without Chromium or Playwright the tests skip with
+the reason, except under CI (CI=true), where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli_integration import harness
+
+pytestmark = pytest.mark.mpi
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("HARNESS_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+EVIL = '<script>window.__xss=1</script><img src=x onerror="window.__xss=2">'
+
+
+def _chromium() -> str:
+    path = os.environ.get("HARNESS_CHROMIUM") or shutil.which("chromium") or shutil.which(
+        "chromium-browser")
+    why = None
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        why = "playwright is not installed (pip install -e '.[test]')"
+    if path is None:
+        why = "no Chromium: apt-get install chromium (Debian), or set HARNESS_CHROMIUM"
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"the browser test must run in CI: {why}")
+        pytest.skip(why)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """A quick demo history (3 nights, real runs) and its rendered site."""
+    tmp = tmp_path_factory.mktemp("demo")
+    out = harness(tmp, "demo", "--quick", "--nights", "3", "--db", str(tmp / "demo.db"),
+                  "--out", str(tmp / "site"))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return tmp, out
+
+
+@pytest.fixture(scope="module")
+def browser():
+    path = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+class Page:
+    """One page opened from file://, with every console error, page error, failed request
+    and dialog it produced."""
+
+    def __init__(self, browser, path: Path) -> None:
+        assert path.is_file(), path
+        self.problems: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.on("console", lambda m: self.problems.append(f"console {m.type}: {m.text}")
+                     if m.type in ("error", "warning") else None)
+        self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+        self.page.on("requestfailed", lambda r: self.problems.append(f"request failed: {r.url}"))
+        self.page.on("dialog", lambda d: (self.problems.append(f"dialog: {d.message}"),
+                                          d.dismiss()))
+        self.page.goto(path.as_uri())
+        self.page.wait_for_load_state("load")
+
+    def js(self, expr: str):
+        return self.page.evaluate(expr)
+
+    def drawn(self, selector: str = ".chart") -> tuple[int, int]:
+        """(charts plotly has drawn, charts on the page)."""
+        return (self.js(f"document.querySelectorAll('{selector} .main-svg').length ? "
+                        f"Array.from(document.querySelectorAll('{selector}')).filter("
+                        "d => d.querySelector('.main-svg')).length : 0"),
+                self.js(f"document.querySelectorAll('{selector}').length"))
+
+    def scroll_through(self) -> None:
+        """Scroll to the bottom in steps, as a reader would (charts draw when near view)."""
+        height = self.js("document.body.scrollHeight")
+        for y in range(0, height + 1000, 800):
+            self.js(f"window.scrollTo(0, {y})")
+            self.page.wait_for_timeout(30)
+        self.page.wait_for_timeout(300)
+
+    def shot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / name
+        self.page.screenshot(path=str(path), full_page=False)
+        return path
+
+    def close(self) -> None:
+        self.page.close()
+
+
+def sql(db: Path, query: str, *params):
+    with sqlite3.connect(db) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(r) for r in conn.execute(query, params)]
+
+
+def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
+    tmp, out = demo
+    db = tmp / "demo.db"
+    runs = sql(db, "SELECT run_id, argv FROM runs ORDER BY started_at")
+    assert len(runs) == 6  # 3 nights x (the selection, the kernel under development)
+    kernel = "suites._demo:copy_under_development"
+    rows = sql(db, "SELECT r.run_id, r.case_id, r.status, r.median_ns FROM results r "
+                   "JOIN runs USING (run_id) WHERE r.impl = ? ORDER BY runs.started_at", kernel)
+    by_case: dict[str, list[dict]] = {}
+    for r in rows:
+        by_case.setdefault(r["case_id"], []).append(r)
+    step = next(v for k, v in by_case.items() if "view=step" in k)
+    contiguous = next(v for k, v in by_case.items() if "view=contiguous" in k)
+    # the slowdown: 2 ms planted on nights 2 and 3 of a copy that takes microseconds
+    assert step[1]["median_ns"] > step[0]["median_ns"] + 1.5e6
+    assert [r["status"] for r in step] == ["pass"] * 3
+    assert [r["status"] for r in contiguous] == ["pass", "pass", "fail"]  # the tail bug
+    findings = sql(db, "SELECT run_id, kind, case_id FROM findings WHERE impl = ?", kernel)
+    assert ("regression", step[1]["case_id"]) in {(f["kind"], f["case_id"]) for f in findings}
+    assert ("new_failure", contiguous[2]["case_id"]) in {(f["kind"], f["case_id"])
+                                                         for f in findings}
+    assert "site: " in out.stdout and (tmp / "site" / "index.html").is_file()
+
+
+def test_index_renders_with_charts_and_the_db_state(demo, browser):
+    tmp, _ = demo
+    site, db = tmp / "site", tmp / "demo.db"
+    page = Page(browser, site / "index.html")
+    try:
+        assert page.drawn("#fig-runs") == (1, 1)
+        bars = page.js("document.getElementById('fig-runs').data.map(t => [t.name, t.y])")
+        # the runs chart's bars are the DB's counts per run and status
+        runs = sql(db, "SELECT run_id FROM runs ORDER BY started_at, run_id")
+        for name, ys in bars:
+            expected = [sql(db, "SELECT count(*) AS n FROM results WHERE run_id = ? AND "
+                                "status = ?", r["run_id"], name)[0]["n"] for r in runs]
+            assert ys == expected, name
+        text = page.js("document.body.innerText")
+        assert "new failure" in text and "copy_under_development" in text
+        # the kernel's cell: its latest results, one of the two cases failing
+        cell = page.js("Array.from(document.querySelectorAll('table.matrix tr')).find(tr => "
+                       "tr.textContent.includes('copy_under_development'))"
+                       ".querySelector('td.cell').textContent")
+        assert cell.strip() == "1/2"
+        assert page.js("document.querySelectorAll('svg.spark polyline').length") >= 3
+        page.shot("dashboard-index.png")
+        assert page.problems == []
+    finally:
+        page.close()
+
+
+def test_op_pages_draw_every_chart_with_the_db_numbers_and_markers(demo, browser):
+    tmp, _ = demo
+    site, db = tmp / "site", tmp / "demo.db"
+    page = Page(browser, site / "ops" / "strided_copy.html")
+    try:
+        page.scroll_through()
+        drawn, total = page.drawn()
+        assert total == 2 and drawn == total
+        step_case = next(r["case_id"] for r in sql(
+            db, "SELECT DISTINCT case_id FROM results WHERE case_id LIKE ?", "%view=step%"))
+        figs = page.js("Array.from(document.querySelectorAll('.chart')).map(d => ({"
+                       "case: d.closest('section').dataset.text, data: d.data.map(t => ({"
+                       "name: t.name, y: t.y, symbol: t.marker && t.marker.symbol, "
+                       "yaxis: t.yaxis}))}))")
+        fig = next(f for f in figs if f["case"] == step_case)
+        medians = [r["median_ns"] / 1e3 for r in sql(
+            db, "SELECT median_ns FROM results JOIN runs USING (run_id) WHERE case_id = ? "
+                "ORDER BY runs.started_at", step_case)]
+        line = next(t for t in fig["data"]
+                    if (t["name"] or "").endswith("w1") and t["yaxis"] == "y")
+        assert line["y"] == pytest.approx(medians, rel=1e-12)
+        # the regression found on night 2 is marked on the latency trend
+        assert any(t["symbol"] == "triangle-up" for t in fig["data"])
+        page.shot("dashboard-op-strided_copy.png")
+        assert page.problems == []
+    finally:
+        page.close()
+
+    page = Page(browser, site / "ops" / "allreduce.html")
+    try:
+        assert page.drawn("#fig-busbw") == (1, 1)
+        points = page.js("document.getElementById('fig-busbw').data.filter(t => t.mode === "
+                         "'markers').flatMap(t => t.y)")
+        newest = sql(db, "SELECT run_id FROM results JOIN runs USING (run_id) WHERE op = "
+                         "'allreduce' ORDER BY runs.started_at DESC LIMIT 1")[0]["run_id"]
+        busbw = [r["busbw_gbps"] for r in sql(
+            db, "SELECT busbw_gbps FROM results WHERE run_id = ? AND op = 'allreduce' AND "
+                "busbw_gbps > 0", newest)]
+        assert sorted(points) == pytest.approx(sorted(busbw), rel=1e-12)
+        page.scroll_through()
+        drawn, total = page.drawn()
+        assert drawn == total > 0
+        page.shot("dashboard-op-allreduce.png")
+        assert page.problems == []
+    finally:
+        page.close()
+
+
+def test_run_page_numbers_are_the_db_numbers(demo, browser):
+    tmp, _ = demo
+    site, db = tmp / "site", tmp / "demo.db"
+    last = sql(db, "SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")[0]["run_id"]
+    page = Page(browser, site / "runs" / f"{last}.html")
+    try:
+        shown = page.js("Object.fromEntries(Array.from(document.querySelectorAll("
+                        "'#results tbody tr')).map(tr => [tr.dataset.key, "
+                        "tr.querySelector('td.median').textContent.trim()]))")
+        rows = sql(db, "SELECT case_id, impl, world_size, median_ns, status FROM results "
+                       "WHERE run_id = ?", last)
+        assert len(shown) == len(rows) > 0
+        for r in rows:
+            key = f"w{r['world_size']}:{r['case_id']}@{r['impl']}"
+            want = "-" if r["median_ns"] is None else f"{r['median_ns'] / 1e3:.1f}"
+            assert shown[key] == want, key
+        # the failure shows its first bad element as the record has it
+        failed = [r for r in rows if r["status"] == "fail"]
+        assert failed
+        record = json.loads(sql(db, "SELECT record FROM results WHERE run_id = ? AND "
+                                    "status = 'fail'", last)[0]["record"])
+        metrics = record["outputs"]["out"]["metrics"]
+        text = page.js("document.querySelector('.failure').innerText")
+        assert f"(flat {metrics['first_bad_index']}, rank 0)" in text
+        assert str(metrics["first_bad_position"]) in text
+        assert page.problems == []
+    finally:
+        page.close()
+    compare = sorted((site / "compare").glob(f"*_{last}.html"))
+    assert len(compare) == 1
+    page = Page(browser, compare[0])
+    try:
+        assert "new failure" in page.js("document.body.innerText")
+        assert page.problems == []
+    finally:
+        page.close()
+
+
+def test_a_case_name_with_html_stays_text_on_every_page(demo, browser, tmp_path):
+    tmp, _ = demo
+    db = tmp_path / "evil.db"
+    shutil.copyfile(tmp / "demo.db", db)
+    last = sql(db, "SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")[0]["run_id"]
+    exported = harness(tmp_path, "export", last, "--db", str(db), "--format", "json")
+    assert exported.returncode == 0, exported.stderr
+    doc = json.loads(exported.stdout)
+    # a run from "another runner" whose names carry HTML, ingested like any other
+    doc["run"]["run_id"] = "evil-run"
+    doc["run"]["started_at"] += 60
+    doc["run"]["machine"]["name"] = EVIL
+    doc["run"]["git_commit"] = EVIL
+    for r in doc["results"]:
+        r["run_id"] = "evil-run"
+        r["case_id"] = r["case_id"].replace("[", f"[{EVIL},", 1)
+        r["impl"] = EVIL
+        r["reason"] = EVIL
+    (tmp_path / "evil.json").write_text(json.dumps(doc))
+    ingested = harness(tmp_path, "ingest", str(tmp_path / "evil.json"), "--db", str(db))
+    assert ingested.returncode == 0, ingested.stdout + ingested.stderr
+    site = tmp_path / "site"
+    out = harness(tmp_path, "report", "--db", str(db), "--out", str(site))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 10
+    for path in pages:
+        raw = path.read_text(encoding="utf-8")
+        assert "<script>window.__xss" not in raw, path
+        assert "<img src=x" not in raw, path
+    evil_pages = [site / "index.html", site / "runs" / "evil-run.html",
+                  site / "ops" / "strided_copy.html",
+                  next((site / "compare").glob("*_evil-run.html"))]
+    for path in evil_pages:
+        page = Page(browser, path)
+        try:
+            page.scroll_through()
+            assert page.js("window.__xss") is None, path
+            assert EVIL in page.js("document.body.innerText"), path  # shown, as text
+            drawn, total = page.drawn()
+            assert drawn == total, path
+            # plotly labels (legend, hover) get the name as text too, never as markup
+            assert page.js("document.querySelectorAll('.main-svg script, .main-svg img')"
+                           ".length") == 0
+            assert page.problems == [], (path, page.problems)
+        finally:
+            page.close()
+
+
+def test_report_without_a_db_is_one_line_and_exit_2(tmp_path):
+    out = harness(tmp_path, "report", "--db", str(tmp_path / "none.db"), "--out",
+                  str(tmp_path / "site"))
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "none.db").exists()
+
+
+def test_chromium_is_debians(browser):
+    """The browser the tests drive is the system's Chromium, not a downloaded build."""
+    version = subprocess.run([_chromium(), "--version"], capture_output=True, text=True)
+    assert "Chromium" in version.stdout
