@@ -48,10 +48,11 @@ def _chromium() -> str:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """A quick demo history (3 nights, real runs) and its rendered site."""
+    """A quick demo history (3 nights of real runs; the selection at world size 4 only, which
+    still draws busbw, to spare CI a minute) and its rendered site."""
     tmp = tmp_path_factory.mktemp("demo")
-    out = harness(tmp, "demo", "--quick", "--nights", "3", "--db", str(tmp / "demo.db"),
-                  "--out", str(tmp / "site"))
+    out = harness(tmp, "demo", "--quick", "--nights", "3", "--world-sizes", "4",
+                  "--db", str(tmp / "demo.db"), "--out", str(tmp / "site"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return tmp, out
 
@@ -162,7 +163,9 @@ def test_index_renders_with_charts_and_the_db_state(demo, browser):
                        "tr.textContent.includes('copy_under_development'))"
                        ".querySelector('td.cell').textContent")
         assert cell.strip() == "1/2"
-        assert page.js("document.querySelectorAll('svg.spark polyline').length") >= 3
+        timed_ops = sql(db, "SELECT count(DISTINCT op) AS n FROM results WHERE status = "
+                            "'pass' AND median_ns > 0")[0]["n"]
+        assert page.js("document.querySelectorAll('svg.spark polyline').length") == timed_ops
         page.shot("dashboard-index.png")
         assert page.problems == []
     finally:
@@ -302,6 +305,37 @@ def test_a_case_name_with_html_stays_text_on_every_page(demo, browser, tmp_path)
             assert page.problems == [], (path, page.problems)
         finally:
             page.close()
+
+
+def test_report_judges_the_runs_it_is_told_for_ci(demo, tmp_path):
+    tmp, _ = demo
+    db = tmp / "demo.db"
+    kernel_runs = [r["run_id"] for r in sql(
+        db, "SELECT DISTINCT run_id FROM results JOIN runs USING (run_id) WHERE impl = ? "
+            "ORDER BY runs.started_at", "suites._demo:copy_under_development")]
+    slow_night = kernel_runs[1]  # slower, still correct: a confirmed regression
+
+    def report(*args):
+        return harness(tmp_path, "report", "--db", str(db), "--out", str(tmp_path / "s"), *args)
+
+    slow = report("--run", slow_night[:8], "--fail-on", "regression")
+    assert slow.returncode == 3 and "REGRESSION w1 strided_copy[" in slow.stdout
+    # default: the newest run of each machine, whose tail bug fails; correctness beats speed
+    newest = report("--fail-on", "regression")
+    assert newest.returncode == 1 and "FAIL w1 strided_copy[" in newest.stdout
+    bad = report("--run", "zzzz", "--fail-on", "failure")
+    assert bad.returncode == 2 and "unknown run id 'zzzz'" in bad.stderr
+
+
+def test_run_with_report_renders_after_the_run(tmp_path):
+    case = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"
+    out = harness(tmp_path, "run", case, "--world-sizes", "1", "--no-bench", "--impl",
+                  "harness_test_impls:off_by_one", "--report", "site")
+    # the run's own verdict stands: a failing run still exits 1 after rendering
+    assert out.returncode == 1 and "site: " in out.stdout, out.stdout[-2000:] + out.stderr
+    run_id = sql(tmp_path / "h.db", "SELECT run_id FROM runs")[0]["run_id"]
+    page = (tmp_path / "site" / "runs" / f"{run_id}.html").read_text()
+    assert case in page and "not bitwise equal" in page
 
 
 def test_report_without_a_db_is_one_line_and_exit_2(tmp_path):
