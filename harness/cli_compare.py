@@ -45,7 +45,9 @@ def _fingerprint(conn: sqlite3.Connection, run_id: str) -> str:
 
 
 def _pick_runs(conn: sqlite3.Connection, runs: Sequence[str]) -> tuple[str, str]:
-    """(baseline A, current B) from zero, one or two run arguments."""
+    """(baseline A, current B) from zero, one or two run arguments; with fewer than two, A is
+    the previous run of B's machine that ran some of B's series (store.previous_comparable_run)
+    and B, by default, this machine's newest run."""
     from harness import envinfo, store
 
     if len(runs) > 2:
@@ -59,21 +61,20 @@ def _pick_runs(conn: sqlite3.Connection, runs: Sequence[str]) -> tuple[str, str]
         return a, b
     if len(runs) == 1:
         b = _resolve(conn, runs[0])
-        fp = _fingerprint(conn, b)
-        order = store.run_ids(conn, fp)
-        pos = order.index(b)
-        if pos + 1 >= len(order):
-            raise HarnessExit(f"run {b} is the first run of machine {fp} in "
-                              f"{_db_label(conn)}: name a second run to compare it with",
+        a = store.previous_comparable_run(conn, b)
+        if a is None:
+            raise HarnessExit(f"run {b} is the first run of machine {_fingerprint(conn, b)} "
+                              f"in {_db_label(conn)}: name a second run to compare it with",
                               EXIT_USAGE)
-        return order[pos + 1], b
+        return a, b
     fp = envinfo.machine()["fingerprint"]
-    last = store.run_ids(conn, fp, limit=2)
-    if len(last) < 2:
+    last = store.run_ids(conn, fp, limit=1)
+    a = store.previous_comparable_run(conn, last[0]) if last else None
+    if a is None:
         raise HarnessExit(f"{_db_label(conn)} holds {len(last)} run(s) of this machine "
                           f"(fingerprint {fp}), need two: run `harness run` again, or name "
                           "the runs: harness compare RUN_A RUN_B", EXIT_USAGE)
-    return last[1], last[0]
+    return a, last[0]
 
 
 def _table(rows: Sequence[dict[str, Any]], run_a: str, run_b: str) -> Table:
@@ -109,7 +110,8 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
     and correctness (new failures, fixes, numerical drift, changed bits).
 
     RUN_A RUN_B are run ids or unique prefixes (4+ characters). One run: it against the
-    previous run of its machine. None: the last two runs of this machine.
+    previous run of its machine that ran some of the same series. None: this machine's newest
+    run against that run.
     """
     from harness import regress, store
     from harness.results import ResultsError

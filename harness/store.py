@@ -672,6 +672,27 @@ def resolve_run_id(conn: sqlite3.Connection, text: str) -> str:
                      "id `harness run` printed, `harness ingest` the run, or pass the right --db")
 
 
+def _result_keys(conn: sqlite3.Connection, run_id: str) -> set[tuple[str, str, int]]:
+    return {tuple(row) for row in conn.execute(  # type: ignore[misc]
+        "SELECT case_id, impl, world_size FROM results WHERE run_id = ?", (run_id,))}
+
+
+def previous_comparable_run(conn: sqlite3.Connection, run_id: str, *,
+                            search: int = 50) -> str | None:
+    """The run to compare ``run_id`` with: the newest earlier run of its machine that has a
+    result of the same series (case, impl, world size), among the ``search`` newest earlier
+    runs; else the newest earlier run; None for a machine's first run. A night of two
+    selections, or a partial rerun, then compares with its own kind, not with its neighbour."""
+    run = get_run(conn, run_id)
+    if run is None:
+        raise StoreError(f"run {run_id} is not in history DB {_db_label(conn)}")
+    order = run_ids(conn, str((run.machine or {}).get("fingerprint")))
+    earlier = order[order.index(run_id) + 1:]
+    mine = _result_keys(conn, run_id)
+    found = next((o for o in earlier[:search] if _result_keys(conn, o) & mine), None)
+    return found or (earlier[0] if earlier else None)
+
+
 def get_run(conn: sqlite3.Connection, run_id: str) -> RunInfo | None:
     """The stored metadata of ``run_id``, or None if it is not in the DB."""
     rows = conn.execute(

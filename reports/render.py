@@ -44,6 +44,7 @@ from reports.data import (
     History,
     Run,
     judged_runs,
+    latest_by_series,
     op_trend,
     status_matrix,
 )
@@ -194,25 +195,6 @@ def _size_of(history: History):
     return size
 
 
-def _previous_comparable(history: History) -> dict[str, Run]:
-    """Run id -> the newest earlier run of its machine that ran one of its series (a night
-    with two selections, or a partial rerun, compares with its own kind), else the newest
-    earlier run of the machine."""
-    keys: dict[str, set[str]] = defaultdict(set)
-    for e in history.entries:
-        keys[e.run.run_id].add(e.result.key)
-    previous: dict[str, Run] = {}
-    earlier: dict[str, list[Run]] = defaultdict(list)
-    for run in history.runs:
-        before = earlier[run.machine]
-        if before:
-            mine = keys[run.run_id]
-            previous[run.run_id] = next((r for r in reversed(before) if keys[r.run_id] & mine),
-                                        before[-1])
-        before.append(run)
-    return previous
-
-
 def _findings_of(history: History, runs: list[Run]) -> list[dict[str, Any]]:
     ids = {r.run_id for r in runs}
     found = [f for f in history.findings if f["run_id"] in ids]
@@ -233,8 +215,12 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
     markers = _markers(history)
     size_of = _size_of(history)
     runs_by_id = {r.run_id: r for r in history.runs}
-    previous = _previous_comparable(history)
     paged_runs = history.runs[-max_run_pages:] if max_run_pages > 0 else []
+    previous = {}  # run id -> the run its compare page compares it with
+    for run in paged_runs:
+        other = store.previous_comparable_run(conn, run.run_id)
+        if other is not None:
+            previous[run.run_id] = runs_by_id[other]
     pairs = [(previous[r.run_id].run_id, r.run_id) for r in paged_runs if r.run_id in previous]
     pairs += [p for p in (compare_pairs or []) if p not in pairs]
     compare_href = {b: f"compare/{safe_name(a)}_{safe_name(b)}.html" for a, b in pairs}
@@ -247,20 +233,14 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
             by_case[e.result.case_id].append(e)
         cases = []
         for case_id, case_entries in sorted(by_case.items()):
-            latest = {}
-            for e in case_entries:
-                if e.series not in latest or e.run.index > latest[e.series].run.index:
-                    latest[e.series] = e
+            latest = latest_by_series(case_entries)
             cases.append({"case_id": case_id,
                           "latest": sorted(latest.values(), key=lambda e: e.series),
                           "figure": charts.case_figure(history, case_entries, markers)})
         collective = any(e.result.derived.get("busbw_gbps") for e in entries)
         busbw = charts.busbw_vs_size(history, entries, size_of) if collective else None
         trend = op_trend(entries)
-        latest_all = {}
-        for e in entries:
-            if e.series not in latest_all or e.run.index > latest_all[e.series].run.index:
-                latest_all[e.series] = e
+        latest_all = latest_by_series(entries)
         impls = [e for e in latest_all.values() if not history.is_control(op, e.result.impl)]
         op_rows.append({
             "op": op, "family": history.family_of(op), "series": len(latest_all),

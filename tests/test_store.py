@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import sqlite3
 import threading
@@ -749,3 +750,21 @@ def test_resolve_db_path_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert store.resolve_db_path("cli.db") == Path("cli.db")
     monkeypatch.setenv("HARNESS_DB", "")
     assert store.resolve_db_path(None) == store.DEFAULT_DB
+
+
+def test_previous_comparable_run_is_the_newest_earlier_run_with_a_shared_series(
+        tmp_path: Path) -> None:
+    conn = store.connect(tmp_path / "history.db")
+    t = 1_700_000_000.0
+    store.ingest(conn, make_run("a", started_at=t), some_results("a"))
+    other = [r for r in some_results("b") if r.impl != "ring"]
+    store.ingest(conn, make_run("b", started_at=t + 1), [
+        dataclasses.replace(r, case_id="other[n=1]") for r in other])
+    store.ingest(conn, make_run("c", started_at=t + 2), some_results("c"))
+    assert store.previous_comparable_run(conn, "c") == "a"  # b ran nothing c ran
+    assert store.previous_comparable_run(conn, "b") == "a"  # nothing shared: the newest
+    assert store.previous_comparable_run(conn, "a") is None  # the machine's first run
+    assert store.previous_comparable_run(conn, "c", search=1) == "b"  # searched too little
+    with pytest.raises(StoreError, match="nope is not in history DB"):
+        store.previous_comparable_run(conn, "nope")
+    conn.close()
