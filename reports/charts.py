@@ -90,15 +90,19 @@ def error_metric(entry: dict[str, Any]) -> tuple[str, float | None, float] | Non
 # ----------------------------------------------------------------------------- case trends
 
 
-_ROWS: tuple[tuple[str, str, Callable[[Entry], float | None]], ...] = (
-    ("throughput", "TFLOP/s", lambda e: e.result.derived.get("tflops")),
-    ("throughput", "GB/s", lambda e: e.result.derived.get("gbps")),
-    ("busbw", "busbw GB/s", lambda e: e.result.derived.get("busbw_gbps")),
-    ("memory", "peak MB", lambda e: None if e.result.peak_memory_bytes is None
+#: the rows under latency that read one number per result: (axis title, getter)
+_ROWS: tuple[tuple[str, Callable[[Entry], float | None]], ...] = (
+    ("TFLOP/s", lambda e: e.result.derived.get("tflops")),
+    ("GB/s", lambda e: e.result.derived.get("gbps")),
+    ("busbw GB/s", lambda e: e.result.derived.get("busbw_gbps")),
+    ("peak MB", lambda e: None if e.result.peak_memory_bytes is None
      else e.result.peak_memory_bytes / 1e6),
-    ("peak", "% of peak", lambda e: e.result.derived.get(
+    ("% of peak", lambda e: e.result.derived.get(
         "pct_peak_flops", e.result.derived.get("pct_peak_bw"))),
 )
+ERROR_ROW = "error vs tolerance"
+#: rows top to bottom after latency: speed, then correctness, then resources
+_ROW_ORDER = ("TFLOP/s", "GB/s", "busbw GB/s", ERROR_ROW, "peak MB", "% of peak")
 
 
 def _median_us(e: Entry, stat: str = "median") -> float | None:
@@ -161,7 +165,7 @@ def case_figure(history: History, entries: Sequence[Entry], markers: dict[tuple,
                                        "line": {"width": 1, "color": "#222"}},
                             "text": [esc(f"{kind.upper()}: {f['detail']}") for _, f in hits],
                             "hovertemplate": "%{text}<extra></extra>"})
-        for _kind, label, get in _ROWS:
+        for label, get in _ROWS:
             ys = [get(e) if e.result.status == "pass" else None for e in points]
             if any(isinstance(v, (int, float)) and v for v in ys):
                 extra.setdefault(label, []).append({
@@ -170,13 +174,8 @@ def case_figure(history: History, entries: Sequence[Entry], markers: dict[tuple,
                     "customdata": custom,
                     "hovertemplate": f"{label} %{{y:.4g}}<br>" + _HOVER})
         error_traces.extend(_error_traces(points, name, colour, x, custom))
-    for _kind, label, _get in _ROWS:
-        if label in extra:
-            rows.append((label, extra[label]))
-    if error_traces:
-        rows.insert(1 + sum(1 for lbl, _ in rows[1:] if lbl in ("TFLOP/s", "GB/s",
-                                                                "busbw GB/s")),
-                    ("error vs tolerance", error_traces))
+    extra[ERROR_ROW] = error_traces
+    rows += [(label, extra[label]) for label in _ROW_ORDER if extra.get(label)]
     return _stack(rows)
 
 
@@ -229,7 +228,7 @@ def _stack(rows: list[tuple[str, list[dict]]]) -> dict[str, Any]:
         spec: dict[str, Any] = {"domain": [max(top - height, 0.0), top], "anchor": "x",
                                 "title": {"text": label, "font": {"size": 11}},
                                 "gridcolor": "#e5e5e5"}
-        if label == "error vs tolerance":
+        if label == ERROR_ROW:
             spec["type"] = "log"
             spec["exponentformat"] = "power"
         else:

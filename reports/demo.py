@@ -100,7 +100,7 @@ def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: 
         kernel = _harness(["run", *kernel_cases, "--impl", KERNEL, "--world-sizes", "1",
                            *common], _night_env(night, nights))
         for out in (main, kernel):
-            if out.returncode not in (0,):
+            if out.returncode != 0:
                 tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
                 raise HarnessExit(f"demo night {night}: `harness run` exited "
                                   f"{out.returncode} ({tail}); rerun it by hand to see why",

@@ -109,7 +109,10 @@ class Page:
         self.page.screenshot(path=str(path), full_page=False)
         return path
 
-    def close(self) -> None:
+    def __enter__(self) -> Page:
+        return self
+
+    def __exit__(self, *exc) -> None:
         self.page.close()
 
 
@@ -146,8 +149,7 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
 def test_index_renders_with_charts_and_the_db_state(demo, browser):
     tmp, _ = demo
     site, db = tmp / "site", tmp / "demo.db"
-    page = Page(browser, site / "index.html")
-    try:
+    with Page(browser, site / "index.html") as page:
         assert page.drawn("#fig-runs") == (1, 1)
         bars = page.js("document.getElementById('fig-runs').data.map(t => [t.name, t.y])")
         # the runs chart's bars are the DB's counts per run and status
@@ -168,15 +170,12 @@ def test_index_renders_with_charts_and_the_db_state(demo, browser):
         assert page.js("document.querySelectorAll('svg.spark polyline').length") == timed_ops
         page.shot("dashboard-index.png")
         assert page.problems == []
-    finally:
-        page.close()
 
 
 def test_op_pages_draw_every_chart_with_the_db_numbers_and_markers(demo, browser):
     tmp, _ = demo
     site, db = tmp / "site", tmp / "demo.db"
-    page = Page(browser, site / "ops" / "strided_copy.html")
-    try:
+    with Page(browser, site / "ops" / "strided_copy.html") as page:
         page.scroll_through()
         drawn, total = page.drawn()
         assert total == 2 and drawn == total
@@ -197,11 +196,8 @@ def test_op_pages_draw_every_chart_with_the_db_numbers_and_markers(demo, browser
         assert any(t["symbol"] == "triangle-up" for t in fig["data"])
         page.shot("dashboard-op-strided_copy.png")
         assert page.problems == []
-    finally:
-        page.close()
 
-    page = Page(browser, site / "ops" / "allreduce.html")
-    try:
+    with Page(browser, site / "ops" / "allreduce.html") as page:
         assert page.drawn("#fig-busbw") == (1, 1)
         points = page.js("document.getElementById('fig-busbw').data.filter(t => t.mode === "
                          "'markers').flatMap(t => t.y)")
@@ -216,16 +212,13 @@ def test_op_pages_draw_every_chart_with_the_db_numbers_and_markers(demo, browser
         assert drawn == total > 0
         page.shot("dashboard-op-allreduce.png")
         assert page.problems == []
-    finally:
-        page.close()
 
 
 def test_run_page_numbers_are_the_db_numbers(demo, browser):
     tmp, _ = demo
     site, db = tmp / "site", tmp / "demo.db"
     last = sql(db, "SELECT run_id FROM runs ORDER BY started_at DESC LIMIT 1")[0]["run_id"]
-    page = Page(browser, site / "runs" / f"{last}.html")
-    try:
+    with Page(browser, site / "runs" / f"{last}.html") as page:
         shown = page.js("Object.fromEntries(Array.from(document.querySelectorAll("
                         "'#results tbody tr')).map(tr => [tr.dataset.key, "
                         "tr.querySelector('td.median').textContent.trim()]))")
@@ -246,16 +239,11 @@ def test_run_page_numbers_are_the_db_numbers(demo, browser):
         assert f"(flat {metrics['first_bad_index']}, rank 0)" in text
         assert str(metrics["first_bad_position"]) in text
         assert page.problems == []
-    finally:
-        page.close()
     compare = sorted((site / "compare").glob(f"*_{last}.html"))
     assert len(compare) == 1
-    page = Page(browser, compare[0])
-    try:
+    with Page(browser, compare[0]) as page:
         assert "new failure" in page.js("document.body.innerText")
         assert page.problems == []
-    finally:
-        page.close()
 
 
 def test_a_case_name_with_html_stays_text_on_every_page(demo, browser, tmp_path):
@@ -292,8 +280,7 @@ def test_a_case_name_with_html_stays_text_on_every_page(demo, browser, tmp_path)
                   site / "ops" / "strided_copy.html",
                   next((site / "compare").glob("*_evil-run.html"))]
     for path in evil_pages:
-        page = Page(browser, path)
-        try:
+        with Page(browser, path) as page:
             page.scroll_through()
             assert page.js("window.__xss") is None, path
             assert EVIL in page.js("document.body.innerText"), path  # shown, as text
@@ -303,8 +290,6 @@ def test_a_case_name_with_html_stays_text_on_every_page(demo, browser, tmp_path)
             assert page.js("document.querySelectorAll('.main-svg script, .main-svg img')"
                            ".length") == 0
             assert page.problems == [], (path, page.problems)
-        finally:
-            page.close()
 
 
 def test_report_judges_the_runs_it_is_told_for_ci(demo, tmp_path):
