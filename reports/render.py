@@ -216,6 +216,7 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
     size_of = _size_of(history)
     runs_by_id = {r.run_id: r for r in history.runs}
     paged_runs = history.runs[-max_run_pages:] if max_run_pages > 0 else []
+    paged_ids = {r.run_id for r in paged_runs}
     previous = {}  # run id -> the run its compare page compares it with
     for run in paged_runs:
         other = store.previous_comparable_run(conn, run.run_id)
@@ -253,12 +254,9 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
                family=history.family_of(op), known=history.ops_known.get(op),
                controls=sorted(history.controls.get(op, ())), cases=cases, busbw=busbw,
                is_control=lambda impl, op=op: history.is_control(op, impl),
-               run_pages={r.run_id for r in paged_runs})
+               run_pages=paged_ids)
 
     # ------------------------------------------------------------------ run pages
-    findings_by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for f in history.findings:
-        findings_by_run[f["run_id"]].append(f)
     entries_by_run: dict[str, list[Entry]] = defaultdict(list)
     for e in history.entries:
         entries_by_run[e.run.run_id].append(e)
@@ -267,8 +265,7 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
         failures = [e for e in entries if e.result.status in FAILING]
         w.page(f"runs/{safe_name(run.run_id)}.html", "run.html.j2", run=run,
                entries=entries, failures=failures,
-               findings=_findings_of(history, [run]), previous=previous.get(run.run_id),
-               compare=compare_href.get(run.run_id),
+               findings=_findings_of(history, [run]), compare=compare_href.get(run.run_id),
                is_control=lambda op, impl: history.is_control(op, impl))
 
     # ------------------------------------------------------------------ compare pages
@@ -277,15 +274,15 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
         results_b = store.results_for_run(conn, b)
         shifts = regress.timing_shifts(results_a, results_b)
         rows = regress.compare_rows(results_a, results_b, shifts)
-        findings = [f.to_dict() for f in regress.compare_runs(results_a, results_b)]
+        by_a = {r.key: r for r in results_a}  # timing verdicts are in the rows already
+        findings = [f.to_dict() for r in results_b if r.key in by_a
+                    for f in regress.correctness_findings(by_a[r.key], r)]
         counts = {d: sum(1 for s in shifts.values() if s.direction == d)
                   for d in ("slower", "faster", "same")}
         w.page(f"compare/{safe_name(a)}_{safe_name(b)}.html", "compare.html.j2",
                run_a=runs_by_id[a], run_b=runs_by_id[b], rows=rows, counts=counts,
-               findings=[f for f in findings if f["kind"] not in ("regression",
-                                                                  "improvement")],
-               op_of={r.key: r.op for r in (*results_a, *results_b)},
-               run_pages={r.run_id for r in paged_runs})
+               findings=findings, op_of={r.key: r.op for r in (*results_a, *results_b)},
+               run_pages=paged_ids)
 
     # ------------------------------------------------------------------ index
     machines = []
@@ -304,7 +301,7 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
            op_rows=sorted(op_rows, key=lambda r: (r["family"], r["op"])),
            runs=list(reversed(history.runs[-30:])), n_runs=len(history.runs),
            n_results=len(history.entries), compare_href=compare_href,
-           run_pages={r.run_id for r in paged_runs}, latest_compare=(
+           run_pages=paged_ids, latest_compare=(
                compare_href.get(history.runs[-1].run_id) if history.runs else None))
     return Site(out_dir=out_dir, n_runs=len(history.runs), n_results=len(history.entries),
                 op_pages=len(by_op), run_pages=len(paged_runs), compare_pages=len(pairs),
