@@ -106,6 +106,8 @@ class Page:
     def shot(self, name: str) -> Path:
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         path = ARTIFACTS / name
+        self.js("window.scrollTo(0, 0)")  # the top of the page, as it opens
+        self.page.wait_for_timeout(200)
         self.page.screenshot(path=str(path), full_page=False)
         return path
 
