@@ -176,7 +176,12 @@ def case_figure(history: History, entries: Sequence[Entry], markers: dict[tuple,
         error_traces.extend(_error_traces(points, name, colour, x, custom))
     extra[ERROR_ROW] = error_traces
     rows += [(label, extra[label]) for label in _ROW_ORDER if extra.get(label)]
-    return _stack(rows)
+    notes = {}
+    measured = [t for t in error_traces if not t["name"].startswith("tolerance")]
+    if measured and all(v is None for t in measured for v in t["y"]):
+        notes[ERROR_ROW] = ("error 0 in every run (equal to the reference): nothing to draw "
+                            "on a log scale")
+    return _stack(rows, notes)
 
 
 def _error_traces(points: list[Entry], name: str, colour: str, x: list[str],
@@ -209,8 +214,10 @@ def _error_traces(points: list[Entry], name: str, colour: str, x: list[str],
     return traces
 
 
-def _stack(rows: list[tuple[str, list[dict]]]) -> dict[str, Any]:
-    """Rows of traces as stacked subplots sharing one date axis."""
+def _stack(rows: list[tuple[str, list[dict]]], notes: dict[str, str] | None = None
+           ) -> dict[str, Any]:
+    """Rows of traces as stacked subplots sharing one date axis; ``notes`` writes a line of
+    text inside the row of that title."""
     n = len(rows)
     gap = 0.06 if n > 1 else 0.0
     height = (1.0 - gap * (n - 1)) / n
@@ -234,6 +241,11 @@ def _stack(rows: list[tuple[str, list[dict]]]) -> dict[str, Any]:
         else:
             spec["rangemode"] = "tozero"
         layout["yaxis" if i == 0 else f"yaxis{i + 1}"] = spec
+        if notes and label in notes:
+            layout.setdefault("annotations", []).append({
+                "text": notes[label], "showarrow": False, "xref": "paper",
+                "yref": f"{axis} domain", "x": 0.01, "y": 0.15, "xanchor": "left",
+                "font": {"size": 11, "color": "#666"}})
         for t in traces:
             data.append({**t, "xaxis": "x", "yaxis": axis})
     return {"data": data, "layout": layout, "config": CONFIG}

@@ -170,3 +170,23 @@ def test_render_of_a_small_history(tmp_path):
     busbw = next(f for f in figs if f["layout"]["xaxis"].get("type") == "log")
     assert busbw["data"][0]["y"] == [2.0] and busbw["data"][0]["x"] == [4124.0]
     assert not math.isnan(site.seconds)
+
+
+def _entry(i: int, max_tol_ratio: float) -> data.Entry:
+    info = RunInfo(run_id=f"r{i}", started_at=T0 + i, tier="smoke", world_sizes=[1],
+                   machine={"fingerprint": "f", "name": "m"}, env={})
+    r = result(f"r{i}", "n=1", "torch", 1000.0)
+    r.outputs["out"]["metrics"]["max_tol_ratio"] = max_tol_ratio
+    return data.Entry(r, data.Run(info=info, machine="f", machine_name="m", index=i))
+
+
+@pytest.mark.parametrize("ratios, noted", [([0.0, 0.0], True), ([0.0, 0.3], False)])
+def test_an_error_row_of_zeros_says_so_instead_of_looking_empty(ratios, noted):
+    history = data.History("h.db", [], [], [], {}, {})
+    fig = charts.case_figure(history, [_entry(i, v) for i, v in enumerate(ratios)], {})
+    axes = {v["title"]["text"]: k for k, v in fig["layout"].items() if k.startswith("yaxis")}
+    assert fig["layout"][axes[charts.ERROR_ROW]]["type"] == "log"
+    notes = [a for a in fig["layout"].get("annotations", []) if "error 0" in a["text"]]
+    assert bool(notes) == noted
+    if noted:  # written inside the error row, not somewhere else on the figure
+        assert notes[0]["yref"] == axes[charts.ERROR_ROW].replace("yaxis", "y") + " domain"
