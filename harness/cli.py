@@ -306,6 +306,13 @@ def print_results(results: Sequence[Any]) -> None:
     console.print(table)
 
 
+def print_failure(r: Any) -> None:
+    """One line for a failing result: ``FAIL w4 case@impl: the first line of its reason``."""
+    reason = r.reason.splitlines()[0] if r.reason else ""
+    console.print(f"[red]{r.status.upper()}[/red] "
+                  + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"), soft_wrap=True)
+
+
 def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path: Path,
               run_id: str) -> None:
     """Counts, the failures with their reasons, and where the run was stored."""
@@ -314,10 +321,7 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
         counts[r.status] = counts.get(r.status, 0) + 1
     for r in results:
         if r.status in ("fail", "error", "timeout", "crash"):
-            reason = r.reason.splitlines()[0] if r.reason else ""
-            console.print(f"[red]{r.status.upper()}[/red] "
-                          + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"),
-                          soft_wrap=True)
+            print_failure(r)
         elif r.status == "skip":  # a case that cannot run here says why, never silently
             console.print("[yellow]SKIP[/yellow] "
                           + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {r.reason}"))

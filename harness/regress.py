@@ -29,7 +29,7 @@ import numpy as np
 from scipy.stats import mannwhitneyu
 
 from harness import store
-from harness.results import FAILING, CaseResult
+from harness.results import FAILING, CaseResult, result_key
 
 ALPHA = 0.01  # Mann-Whitney U significance
 LOOKBACK = 30  # earlier runs in the robust baseline
@@ -244,6 +244,13 @@ class Finding:
     p_value: float | None
     baseline_run: str | None
     detail: str  # one human line
+
+    @classmethod
+    def from_stored(cls, d: dict[str, Any]) -> Finding:
+        """A finding as ``store.stored_findings`` gives it back (its key is derived)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"key"}
+        return cls(key=result_key(d["case_id"], d["impl"], d["world_size"]),
+                   **{k: d.get(k) for k in names})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (non-finite numbers become None so strict parsers accept it)."""

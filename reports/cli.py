@@ -90,6 +90,8 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
 
 def _judge(history, run_ids: list[str], fail_on: str) -> int:
     """Print the judged runs' failures and regressions; the exit code ``fail_on`` asks for."""
+    from harness.cli import print_failure, print_findings
+    from harness.regress import Finding
     from harness.results import FAILING
     from reports.data import judged_runs
 
@@ -100,13 +102,8 @@ def _judge(history, run_ids: list[str], fail_on: str) -> int:
     regressions = [f for f in history.findings
                    if f["run_id"] in ids and f["kind"] == "regression"]
     for r in failing:
-        reason = r.reason.splitlines()[0] if r.reason else ""
-        console.print(f"[red]{r.status.upper()}[/red] "
-                      + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"),
-                      soft_wrap=True)
-    for f in regressions:
-        console.print("[red]REGRESSION[/red] " + escape(
-            f"w{f['world_size']} {f['case_id']}@{f['impl']}: {f['detail']}"), soft_wrap=True)
+        print_failure(r)
+    print_findings([Finding.from_stored(f) for f in regressions])
     console.print(escape(f"judged {len(runs)} run(s) ({', '.join(r.short for r in runs)}): "
                          f"{len(failing)} failing result(s), {len(regressions)} "
                          "confirmed regression(s)"), soft_wrap=True)
