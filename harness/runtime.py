@@ -74,6 +74,12 @@ class World:
         dev, backend = resolve_device(device, local_rank, local_size)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
+        # under mpiexec torch starts with one intra-op thread; give each rank its share of the
+        # node's cores instead (one rank on 2 cores: 2), unless the user said otherwise
+        if "OMP_NUM_THREADS" not in os.environ:
+            cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else os.cpu_count() or 1)
+            torch.set_num_threads(max(1, cores // local_size))
         return cls(comm, comm.Get_rank(), comm.Get_size(), local_rank, local_size, dev, backend,
                    timeout_s)
 
