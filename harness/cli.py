@@ -37,17 +37,48 @@ from harness.cli_common import (  # noqa: F401 - re-exported for callers
 
 
 def resolve_plans(selectors: Sequence[str], tier: str, sizes: Sequence[int],
-                  impls: Sequence[str]) -> tuple[list[Any], dict[int, list[Any]]]:
-    """The selected op specs and the items to run per world size; usage errors exit 2."""
+                  impls: Sequence[str], device: str = "auto"
+                  ) -> tuple[list[Any], dict[int, list[Any]], Any]:
+    """The selected op specs, the items to run per world size on ``device`` and that device
+    (resolved as rank 0 resolves it); usage errors exit 2. A CUDA C++ source named by --impl
+    is compiled here first, so that a compile error stops the run before any rank starts."""
+    from harness.runtime import RuntimeSetupError, resolve_device
     from harness.spec import SpecError, registry
 
+    try:
+        resolved, _ = resolve_device(device, 0, 1)
+    except RuntimeSetupError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
     try:
         reg = registry()
         specs = reg.select(list(selectors), tier)
         reg.check_impls(specs, list(impls))
-        return specs, {w: reg.plan(tier, w, list(selectors), list(impls)) for w in sizes}
+        plans = {w: reg.plan(tier, w, list(selectors), list(impls), resolved.type)
+                 for w in sizes}
     except SpecError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    _compile_cuda_sources(impls)
+    return specs, plans, resolved
+
+
+def _compile_cuda_sources(impls: Sequence[str]) -> None:
+    """Compile every ``path.cu:launch`` implementation for this machine's GPU (sm_90 without
+    one) where NVRTC is installed: a compile error exits 2 with the compiler's log."""
+    from harness import cuda
+    from harness.spec import load_callable
+
+    sources = [name for name in impls if name.partition(":")[0].endswith(".cu")]
+    if not sources or cuda.nvrtc_missing():
+        return
+    gpus = cuda.devices()
+    arch = f"sm_{gpus[0]['capability'].replace('.', '')}" if gpus else cuda.DEFAULT_ARCH
+    for name in sources:
+        try:
+            load_callable(name).compile(arch)  # type: ignore[attr-defined]
+        except cuda.CudaCompileError as exc:
+            err_console.print(escape(exc.full()), highlight=False)
+            raise HarnessExit(f"--impl {name}: {exc} (compiling for {arch}; the NVRTC log is "
+                              "above)", EXIT_USAGE) from exc
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -116,18 +147,21 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     from harness import envinfo, store
     from harness.launch import LaunchConfig, LauncherError, run_world_size
     from harness.results import RunInfo
-    from harness.runtime import RuntimeSetupError, resolve_device
     sizes = parse_world_sizes(world_sizes)
     if timeout is not None and timeout <= 0:
         _fail(f"--timeout {timeout} must be a positive number of seconds", EXIT_USAGE)
-    specs, plans = resolve_plans(selectors, tier, sizes, impls)
+    specs, plans, resolved = resolve_plans(selectors, tier, sizes, impls, device)
     if not any(plans.values()):
         _fail(f"the selection has no case in tier {tier!r} at world sizes {world_sizes}; "
               "try `harness list` to see what exists", EXIT_USAGE)
-    try:
-        resolved, _ = resolve_device(device, 0, 1)
-    except RuntimeSetupError as exc:
-        _fail(str(exc), EXIT_USAGE)
+    if not impls:
+        from harness.spec import not_runnable
+
+        left_out = not_runnable(specs, resolved.type)
+        if left_out:
+            err_console.print(f"not run on {resolved.type}: {escape(', '.join(left_out))} "
+                              "(CUDA C++ implementations; they run with --device cuda on a "
+                              "GPU machine)", highlight=False)
     if timing_mode == "graph" and resolved.type != "cuda":
         _fail("--timing-mode graph replays CUDA graphs and needs a GPU: drop it (CPU timing "
               "uses perf_counter) or run with --device cuda on a machine with one", EXIT_USAGE)
@@ -340,12 +374,15 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
               type=click.Choice(["smoke", "nightly", "stress"]))
 @click.option("--world-sizes", default="1,4,8", show_default=True)
 @click.option("--impl", "impls", multiple=True)
+@click.option("--device", default="auto", show_default=True,
+              type=click.Choice(["auto", "cpu", "cuda"]),
+              help="The device a run would use: CUDA C++ implementations need cuda.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tuple[str, ...],
-             as_json: bool) -> None:
+             device: str, as_json: bool) -> None:
     """List the ops, implementations and cases a run would execute."""
     sizes = parse_world_sizes(world_sizes)
-    specs, plans = resolve_plans(selectors, tier, sizes, impls)
+    specs, plans, _ = resolve_plans(selectors, tier, sizes, impls, device)
     if as_json:
         click.echo(json.dumps([{"world_size": w, "case_id": i.case.id, "impl": i.impl,
                                 "op": i.case.spec.name, "family": i.case.spec.family}

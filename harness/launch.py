@@ -173,7 +173,10 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         outcome.launches += 1
         log_path = cfg.run_dir / f"w{world_size}.launch-{outcome.launches}.log"
         outcome.logs.append(log_path)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": cfg.run_id}
+        # ranks run in the run directory; relative --impl paths (kernel.cu:launch) are the
+        # user's, so they resolve against the directory harness was started in
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": cfg.run_id,
+               "HARNESS_INVOKED_FROM": os.environ.get("HARNESS_INVOKED_FROM", os.getcwd())}
         cmd = build_command(cfg, world_size, outcome.launches)
         with open(log_path, "w") as log:
             log.write("$ " + " ".join(cmd) + "\n")

@@ -110,7 +110,8 @@ class HarnessSession:
         return 2 * max(longest, self.timeout or 0.0) + 60.0
 
     def planned(self) -> list[PlannedItem]:
-        return self.registry.plan(self.tier, self.world.size, self.selectors, self.impls)
+        return self.registry.plan(self.tier, self.world.size, self.selectors, self.impls,
+                                  self.world.device.type)
 
     def run(self, item: PlannedItem) -> CaseResult:
         from harness.runner import run_case

@@ -209,12 +209,16 @@ def _gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None,
     return max(p for p, _ in everyone), kind
 
 
-def _skip_reason(world: World, case: Case) -> str:
-    """Why this case cannot run here (the first rank's reason, agreed by all), or ''."""
-    requires = case.spec.requires
-    if requires is None:
-        return ""
-    why = requires(case.params, case.world_size, world.device) or ""
+def _skip_reason(world: World, case: Case, impl: Callable[..., Any]) -> str:
+    """Why this case cannot run here (the first rank's reason, agreed by all), or '': the
+    op's ``requires`` (memory) and the implementation's ``skip_reason`` (device, kernel
+    limits)."""
+    why = ""
+    if case.spec.requires is not None:
+        why = case.spec.requires(case.params, case.world_size, world.device) or ""
+    impl_reason = getattr(impl, "skip_reason", None)
+    if not why and callable(impl_reason):
+        why = impl_reason(case.params, case.world_size, world.device) or ""
     if world.size > 1:
         why = next((r for r in world.comm.allgather(why) if r), "")
     return why
@@ -255,7 +259,7 @@ def run_case(
     expected: dict[str, torch.Tensor] = {}
     tols: dict[str, compare.Tolerance] = {}
     writable: set[str] = set()
-    skip = _skip_reason(world, case)
+    skip = _skip_reason(world, case, impl)
     if skip:
         result.status, result.reason = "skip", skip
         result.duration_s = time.perf_counter() - t0

@@ -241,12 +241,16 @@ class Registry:
 
         return keep
 
-    def resolve_impls(self, spec: OpSpec, requested: Sequence[str]) -> dict[str, Callable]:
+    def resolve_impls(self, spec: OpSpec, requested: Sequence[str],
+                      device_type: str | None = None) -> dict[str, Callable]:
         """Implementations to run for ``spec``: the requested names (implementations, negative
-        controls or ``module:callable``), or all implementations when none is requested.
-        Names this op lacks are skipped (another selected op may have them)."""
+        controls, ``module:callable`` or ``path.cu:launch``), or, when none is requested, every
+        implementation that can run on ``device_type`` (a CUDA C++ one cannot on the CPU;
+        asked for by name it runs and skips, saying why). Names this op lacks are skipped
+        (another selected op may have them)."""
         if not requested:
-            return dict(spec.implementations)
+            return {name: fn for name, fn in spec.implementations.items()
+                    if device_type is None or runs_on(fn, device_type)}
         known = spec.all_impls()
         out: dict[str, Callable] = {}
         for name in requested:
@@ -257,13 +261,14 @@ class Registry:
         return out
 
     def plan(self, tier: str, world_size: int, selectors: Sequence[str] = (),
-             impls: Sequence[str] = ()) -> list[PlannedItem]:
-        """Every (case, implementation) to run at one world size, in a stable order. The
-        launcher and every rank's pytest collection call this, so they agree on the items."""
+             impls: Sequence[str] = (), device_type: str | None = None) -> list[PlannedItem]:
+        """Every (case, implementation) to run at one world size on ``device_type`` (None:
+        any), in a stable order. The launcher and every rank's pytest collection call this, so
+        they agree on the items."""
         keep = self.case_filter(selectors)
         items = []
         for spec in sorted(self.select(selectors, tier), key=lambda s: (s.family, s.name)):
-            chosen = self.resolve_impls(spec, impls)
+            chosen = self.resolve_impls(spec, impls, device_type)
             for case in spec.cases(tier, world_size):
                 if keep(case):
                     items.extend(PlannedItem(case, name, fn) for name, fn in chosen.items())
@@ -279,6 +284,19 @@ class Registry:
                 names = sorted({n for s in specs for n in s.all_impls()})
                 raise SpecError(f"unknown implementation {name!r} for the selected ops; "
                                 f"known: {', '.join(names)} (or module:callable)")
+
+
+def runs_on(impl: Callable[..., Any], device_type: str) -> bool:
+    """Whether ``impl`` can run on a device of this type: an implementation says so with a
+    ``runs_on(device_type)`` method (CUDA C++ sources do); plain callables run anywhere."""
+    check = getattr(impl, "runs_on", None)
+    return bool(check(device_type)) if callable(check) else True
+
+
+def not_runnable(specs: Sequence[OpSpec], device_type: str) -> list[str]:
+    """``op@impl`` of every implementation of ``specs`` left out on ``device_type``."""
+    return [f"{s.name}@{name}" for s in specs for name, fn in s.implementations.items()
+            if not runs_on(fn, device_type)]
 
 
 def glob_match(pattern: str, text: str) -> bool:
@@ -301,7 +319,15 @@ def _matches_op(spec: OpSpec, sel: str, tier: str) -> bool:
 
 
 def load_callable(ref: str) -> Callable[..., Any]:
-    """Import ``package.module:attr`` (attr may be dotted)."""
+    """Import ``package.module:attr`` (attr may be dotted), or load ``path/kernel.cu:launch``
+    (a CUDA C++ source and its launch description, harness.cuda_impl)."""
+    if ref.partition(":")[0].endswith(".cu"):
+        from harness.cuda_impl import CudaImplError, load
+
+        try:
+            return load(ref)
+        except CudaImplError as exc:
+            raise SpecError(str(exc)) from exc
     module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
         raise SpecError(f"--impl {ref!r} is not of the form package.module:callable")

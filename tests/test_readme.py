@@ -24,3 +24,17 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert "bash ci/cpu.sh" in ci_entry
     cpu_lines = (ROOT / "ci" / "cpu.sh").read_text().splitlines()
     assert cpu_lines[-1] == second  # the browser install first, the README's command last
+
+
+def test_the_cuda_example_in_the_readme_is_the_one_in_examples():
+    """The README's CUDA C++ example is shown in full: each block equals its file, which
+    tests/test_cuda_source.py compiles and tests/test_cuda_gpu.py runs."""
+    text = (ROOT / "README.md").read_text()
+    for name, lang in (("embedding.cu", "cuda"), ("embedding.py", "python")):
+        path = ROOT / "examples" / "cuda_embedding" / name
+        heading = f"`examples/cuda_embedding/{name}`\n\n```{lang}\n"
+        assert heading in text, heading
+        block = text.split(heading, 1)[1].split("```", 1)[0]
+        assert block == path.read_text()
+    command = next(b for b in _sh_blocks() if "embedding.cu:launch_embedding" in b)
+    assert "--impl examples/cuda_embedding/embedding.cu:launch_embedding" in command

@@ -16,9 +16,12 @@ from typing import Any
 import torch
 
 from harness.buffers import poisoned
+from harness.cuda_impl import from_source
 from harness.inputs import dtype_from_name, generate, seed_from
 from harness.spec import OpSpec, Work
 from reference_kernels import collectives as ref
+from suites._cuda import source
+from suites._cuda.tile_reduce import launch_allreduce_tile
 
 from .common import (
     MPI_WIRE,
@@ -217,7 +220,8 @@ ALLREDUCE = OpSpec(
     tolerance=reduction_tolerance,
     work=allreduce_work,
     grid={"smoke": _smoke(), "nightly": _nightly()},
-    implementations={"torch": allreduce_torch, "mpi": allreduce_mpi, "tile": allreduce_tile},
+    implementations={"torch": allreduce_torch, "mpi": allreduce_mpi, "tile": allreduce_tile,
+                     "tile_cuda": from_source(source("tile_reduce.cu"), launch_allreduce_tile)},
     negative_controls={"drop_rank": allreduce_drop_rank, "low_precision": allreduce_low_precision},
     distributed=True,
     out_buffers={"out": "out"},

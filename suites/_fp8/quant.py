@@ -11,8 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from harness import compare
+from harness.cuda_impl import from_source
 from harness.spec import OpSpec, Work
 from reference_kernels import fp8 as ref
+from suites._cuda import source
+from suites._cuda.fp8_quant import launch_quantize_per_token
 
 from .common import values
 
@@ -110,7 +113,8 @@ QUANTIZE = OpSpec(
                     for g in ("token", "block") for m, k in ((4096, 7168), (16384, 2048))
                     for u in (False, True)],
     },
-    implementations={"torch": quantize_torch},
+    implementations={"torch": quantize_torch,
+                     "cuda": from_source(source("fp8_quant.cu"), launch_quantize_per_token)},
     negative_controls={"block_off_by_one": quantize_block_off_by_one,
                        "saturation_ignored": quantize_saturation_ignored},
 )
