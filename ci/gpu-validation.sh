@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU validation of every CUDA path (docs/gpu-validation.md), on a machine with a GPU:
+#
+#   ci/gpu-validation.sh OUT_DIR [STEP ...]
+#
+# Steps, in this order when none is named: env calibrate tests smoke1 smoke48 graph kernels
+# nightly1 timers summary. Each step logs to OUT_DIR/STEP.log and records its runs in
+# OUT_DIR/history.db; a failing case does not stop the steps (--fail-on never), `summary`
+# prints the pass/fail counts of every run, each failure, and the headline figures. A step
+# fits in about 10 minutes on an H100, so a lease with a per-command limit can run them one
+# at a time. Exit status: the number of steps whose command failed (0: all ran).
+set -uo pipefail
+
+out=${1:?usage: ci/gpu-validation.sh OUT_DIR [STEP ...]}
+shift
+mkdir -p "$out"
+export HARNESS_DB="$out/history.db"
+export HARNESS_CUDA_CACHE="$out/nvrtc-cache"
+steps=("$@")
+if [ ${#steps[@]} -eq 0 ]; then
+  steps=(env calibrate tests smoke1 smoke48 graph kernels nightly1 timers summary)
+fi
+
+run_step() {
+  case "$1" in
+    env) harness env ;;
+    # the copy bandwidth and matmul peaks that "% of peak" divides by
+    calibrate) harness calibrate --device cuda ;;
+    # the CUDA-only tests: the built-in kernels, CUDA inputs, CUDA timing
+    tests) python -m pytest -q -rs tests/test_cuda_gpu.py tests/test_cuda_source.py \
+             tests/test_inputs.py tests/test_timing.py ;;
+    smoke1) harness run --tier smoke --world-sizes 1 --device cuda --fail-on never ;;
+    # 4 and 8 ranks on one GPU: gloo, with the warning
+    smoke48) harness run --tier smoke --world-sizes 4,8 --device cuda --fail-on never ;;
+    graph) harness run fp8_gemm strided_copy hopper_tasks --world-sizes 1 --device cuda \
+             --timing-mode graph --fail-on never ;;
+    kernels) harness run strided_copy fp8_gemm.quantize allreduce --tier nightly \
+               --world-sizes 1,4 --device cuda --impl cuda --impl tile_cuda --impl torch \
+               --fail-on never &&
+             harness run strided_copy --tier stress --world-sizes 1 --device cuda \
+               --impl cuda --impl cuda_int32_index --impl torch --no-bench --fail-on never ;;
+    nightly1) harness run --tier nightly --world-sizes 1 --device cuda --fail-on never ;;
+    timers) python benchmarks/timer_agreement.py ;;
+    summary) python benchmarks/gpu_validation_summary.py "$HARNESS_DB" ;;
+    *) echo "unknown step $1" >&2; return 2 ;;
+  esac
+}
+
+failed=0
+for step in "${steps[@]}"; do
+  echo "== $step $(date -u +%FT%TZ)"
+  start=$SECONDS
+  if ! run_step "$step" 2>&1 | tee "$out/$step.log"; then
+    failed=$((failed + 1))
+    echo "== $step FAILED after $((SECONDS - start)) s"
+  else
+    echo "== $step done in $((SECONDS - start)) s"
+  fi
+done
+exit "$failed"
