@@ -154,14 +154,6 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     if not any(plans.values()):
         _fail(f"the selection has no case in tier {tier!r} at world sizes {world_sizes}; "
               "try `harness list` to see what exists", EXIT_USAGE)
-    if not impls:
-        from harness.spec import not_runnable
-
-        left_out = not_runnable(specs, resolved.type)
-        if left_out:
-            err_console.print(f"not run on {resolved.type}: {escape(', '.join(left_out))} "
-                              "(CUDA C++ implementations; they run with --device cuda on a "
-                              "GPU machine)", highlight=False)
     if timing_mode == "graph" and resolved.type != "cuda":
         _fail("--timing-mode graph replays CUDA graphs and needs a GPU: drop it (CPU timing "
               "uses perf_counter) or run with --device cuda on a machine with one", EXIT_USAGE)
@@ -190,6 +182,14 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
                        l2_flush=l2_flush, calibrations=calibrations,
                        golden_dir=str(Path(golden_dir).resolve()) if golden_dir else None)
     err_console.print(f"run {run_id}  tier={tier}  world sizes={sizes}  -> {run_dir}")
+    if not impls:  # said once the run is sure to start
+        from harness.spec import not_runnable
+
+        left_out = not_runnable(specs, resolved.type)
+        if left_out:
+            err_console.print(f"not run on {resolved.type}: {escape(', '.join(left_out))} "
+                              "(CUDA C++ implementations; they run with --device cuda on a "
+                              "GPU machine)", highlight=False)
 
     infra_errors: list[str] = []
     total = sum(len(p) for p in plans.values())
