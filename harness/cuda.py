@@ -174,6 +174,23 @@ def cache_dir() -> Path | None:
     return Path(base) / "kernel-harness" / "nvrtc"
 
 
+#: how deep below a source's directory headers are fingerprinted (``#include "sub/x.h"``)
+HEADER_DEPTH = 3
+
+
+def _headers(root: Path) -> list[Path]:
+    """Header files under ``root``, at most HEADER_DEPTH levels down, hidden and cache
+    directories skipped (a source at a project's root must not hash its whole tree)."""
+    found = []
+    for here, dirs, files in os.walk(root):
+        depth = len(Path(here).relative_to(root).parts)
+        dirs[:] = [] if depth >= HEADER_DEPTH else sorted(
+            d for d in dirs if not d.startswith(".") and d not in ("__pycache__",
+                                                                   "node_modules"))
+        found += [Path(here) / f for f in files if Path(f).suffix in HEADER_SUFFIXES]
+    return sorted(found)
+
+
 def _header_digest(include_dirs: Sequence[Path]) -> bytes:
     """A fingerprint of the headers a source may include from its own directories (names and
     contents), so that editing one recompiles; system include directories count by path."""
@@ -182,7 +199,7 @@ def _header_digest(include_dirs: Sequence[Path]) -> bytes:
         h.update(str(d).encode() + b"\0")
         if not d.is_dir() or d.name == "include":  # a toolkit's include dir: its path suffices
             continue
-        for f in sorted(p for p in d.rglob("*") if p.suffix in HEADER_SUFFIXES and p.is_file()):
+        for f in _headers(d):
             h.update(str(f.relative_to(d)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.digest()
 

@@ -99,7 +99,9 @@ def test_a_compile_error_names_the_file_and_line_and_keeps_the_log(tmp_path, pri
 @needs_nvrtc
 def test_compiled_modules_are_cached_in_memory_and_on_disk_by_source_options_and_headers(
         tmp_path, private_cache):
-    (tmp_path / "scale.h").write_text("#define FACTOR 2.0f\n")
+    (tmp_path / "scale.h").write_text('#include "sub/base.h"\n#define FACTOR 2.0f\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "base.h").write_text("#define BASE 1\n")
     src = tmp_path / "scale.cu"
     src.write_text('#include "scale.h"\n'
                    'extern "C" __global__ void scale(float* x, long long n) {\n'
@@ -116,10 +118,12 @@ def test_compiled_modules_are_cached_in_memory_and_on_disk_by_source_options_and
     assert again.from_cache and again.cubin == first.cubin and again.key == first.key
     assert any(private_cache.rglob("*"))
     # an edited header, other options or another architecture is another module
-    (tmp_path / "scale.h").write_text("#define FACTOR 3.0f\n")
+    (tmp_path / "scale.h").write_text('#include "sub/base.h"\n#define FACTOR 3.0f\n')
     edited = impl.compile()
     assert edited.key != first.key and not edited.from_cache
     assert edited.cubin != first.cubin
+    (tmp_path / "sub" / "base.h").write_text("#define BASE 2\n")  # a nested header too
+    assert impl.compile().key != edited.key
     other = CudaSourceImplementation(src, lambda kernels: None, options={"ftz": True})
     assert other.compile().key != edited.key
     assert impl.compile("sm_80").key != edited.key
