@@ -286,12 +286,19 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
             world.barrier()
         return clock.time(timed)
 
-    warm = [one() for _ in range(config.warmup)]
-    per_call = max(warm) if warm else 0.0
+    # the budget is wall time: a repeat costs its call and what surrounds it (the barrier of
+    # a distributed op, an L2 flush, the event sync), which for a small collective on ranks
+    # oversubscribed on a few cores is far more than the call
+    per_repeat = 0.0
+    for _ in range(config.warmup):
+        t0 = time.perf_counter_ns()
+        call_ns = one()
+        per_repeat = max(per_repeat, call_ns, float(time.perf_counter_ns() - t0))
     if distributed:
         # every rank must run the same number of repeats, or the collectives deadlock
-        per_call = world.allreduce_max(per_call)
-    wanted = int(config.budget_s * 1e9 / per_call) if per_call > 0 else config.max_repeats
+        per_repeat = world.allreduce_max(per_repeat)
+    wanted = (int(config.budget_s * 1e9 / per_repeat) if per_repeat > 0
+              else config.max_repeats)
     repeats = min(config.max_repeats, max(config.min_repeats, wanted))
     gpu_before = _gpu_snapshot(device) if cuda else None
     samples = [one() for _ in range(repeats)]

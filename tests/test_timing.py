@@ -263,3 +263,17 @@ def test_cuda_l2_flush_buffer_is_twice_l2() -> None:
     res = time_call(lambda: None, world(dev), False,
                     TimingConfig(warmup=1, min_repeats=3, max_repeats=3, l2_flush=True))
     assert res["l2_flush"] is True and res["l2_flush_bytes"] == 2 * l2
+
+
+def test_the_budget_counts_what_surrounds_each_call() -> None:
+    """An empty call under an L2 flush: the calls alone would fit ~10**5 repeats in the
+    budget, but each repeat's wall time is the flush's, and the budget is wall time."""
+    cfg = TimingConfig(warmup=1, min_repeats=2, max_repeats=100_000, budget_s=0.02,
+                       l2_flush=True)
+    t0 = time.perf_counter()
+    res = time_call(lambda: None, world(), False, cfg)
+    nbytes = res["l2_flush_bytes"]
+    per_repeat_floor_s = nbytes / 1e12  # writing nbytes at 1 TB/s, faster than any CPU
+    assert res["n"] <= max(2, int(0.02 / per_repeat_floor_s)) + 1
+    assert res["median"] < 1e6  # the calls themselves stay empty
+    assert time.perf_counter() - t0 < 5.0
