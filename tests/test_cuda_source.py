@@ -326,3 +326,31 @@ def test_the_kernels_round_as_their_references_do():
     # at += c * stride: a 32-bit multiply-add in the control, none in the kernel
     assert control["mad.lo.s32"] >= 8 and copy["mad.lo.s32"] == 0, (copy, control)
     assert copy["mul.lo.s64"] > control["mul.lo.s64"]
+
+
+def test_a_package_registers_a_cuda_kernel_through_the_entry_point(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    dist = site / "vendorkern-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vendorkern\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[harness.implementations]\nvendor_cuda = vendorkern:implementations\n")
+    (site / "vendorkern.py").write_text(
+        "from harness.cuda_impl import from_source\n"
+        f"from importlib import util\n"
+        f"spec = util.spec_from_file_location('emb', {str(EXAMPLE / 'embedding.py')!r})\n"
+        "emb = util.module_from_spec(spec); spec.loader.exec_module(emb)\n"
+        "def implementations():\n"
+        f"    return {{'hopper_tasks.embedding': from_source({str(EXAMPLE / 'embedding.cu')!r},"
+        " emb.launch_embedding)}\n")
+    monkeypatch.syspath_prepend(str(site))
+    try:
+        reg = registry(reload=True)
+        impl = reg.specs["hopper_tasks.embedding"].implementations["vendor_cuda"]
+        assert isinstance(impl, CudaSourceImplementation)
+        on_cpu = {i.impl for i in reg.plan("smoke", 1, ["hopper_tasks.embedding"], (), "cpu")}
+        on_gpu = {i.impl for i in reg.plan("smoke", 1, ["hopper_tasks.embedding"], (), "cuda")}
+        assert on_cpu == {"torch"} and on_gpu == {"torch", "vendor_cuda"}
+    finally:
+        monkeypatch.undo()
+        registry(reload=True)
