@@ -35,16 +35,19 @@ from harness import cuda
 
 def cuda_launch(*, options: Mapping[str, Any] | None = None,
                 name_expressions: Sequence[str] = (),
-                unsupported: Callable[[Mapping[str, Any]], str | None] | None = None
-                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+                unsupported: Callable[[Mapping[str, Any]], str | None] | None = None,
+                arch_suffix: str = "") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Optional decorator for a launch description: NVRTC ``options`` (cuda.core
     ProgramOptions fields, e.g. ``{"define_macro": "TILE=64"}``), template ``name_expressions``
-    to instantiate (then ``kernels["name<float>"]``), and ``unsupported(params)``, a reason
-    why a case is outside what the kernel does (the case is then a ``skip``), or None."""
+    to instantiate (then ``kernels["name<float>"]``), ``unsupported(params)``, a reason why a
+    case is outside what the kernel does (the case is then a ``skip``), or None, and
+    ``arch_suffix="a"`` for a kernel that needs the architecture-specific features (wgmma,
+    setmaxnreg: ``sm_90a`` on Hopper)."""
     def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn.cuda_options = dict(options or {})  # type: ignore[attr-defined]
         fn.cuda_name_expressions = tuple(name_expressions)  # type: ignore[attr-defined]
         fn.cuda_unsupported = unsupported  # type: ignore[attr-defined]
+        fn.cuda_arch_suffix = arch_suffix  # type: ignore[attr-defined]
         return fn
     return mark
 
@@ -88,7 +91,8 @@ class CudaSourceImplementation:
     def __init__(self, source: str | Path, launch: Callable[..., Any], *,
                  options: Mapping[str, Any] | None = None,
                  name_expressions: Sequence[str] = (),
-                 unsupported: Callable[[Mapping[str, Any]], str | None] | None = None):
+                 unsupported: Callable[[Mapping[str, Any]], str | None] | None = None,
+                 arch_suffix: str | None = None):
         self.source = Path(source)
         self.launch = launch
         self.options = dict(options if options is not None
@@ -96,6 +100,8 @@ class CudaSourceImplementation:
         self.name_expressions = tuple(name_expressions
                                       or getattr(launch, "cuda_name_expressions", ()))
         self.unsupported = unsupported or getattr(launch, "cuda_unsupported", None)
+        self.arch_suffix = (arch_suffix if arch_suffix is not None
+                            else getattr(launch, "cuda_arch_suffix", ""))
         self.__name__ = f"{self.source.name}:{getattr(launch, '__name__', 'launch')}"
         self.__doc__ = launch.__doc__
         #: compiled modules by architecture: a call must not reread and rehash the source
@@ -106,7 +112,10 @@ class CudaSourceImplementation:
         return f"CudaSourceImplementation({str(self.source)!r}, {self.__name__})"
 
     def compile(self, arch: str = cuda.DEFAULT_ARCH) -> cuda.CompiledModule:
-        """The source compiled for ``arch`` (cached by source, options and headers)."""
+        """The source compiled for ``arch`` plus this kernel's suffix (``sm_90`` + ``a``),
+        cached by source, options and headers."""
+        if self.arch_suffix and not arch.endswith(self.arch_suffix):
+            arch += self.arch_suffix
         try:
             text = self.source.read_text()
         except OSError as exc:

@@ -354,3 +354,20 @@ def test_a_package_registers_a_cuda_kernel_through_the_entry_point(tmp_path, mon
     finally:
         monkeypatch.undo()
         registry(reload=True)
+
+
+@needs_nvrtc
+def test_a_hopper_only_kernel_compiles_for_sm_90a(tmp_path, private_cache):
+    from harness.cuda_impl import cuda_launch
+
+    src = tmp_path / "fence.cu"  # wgmma.fence exists on sm_90a only
+    src.write_text('extern "C" __global__ void k() {\n'
+                   '  asm volatile("wgmma.fence.sync.aligned;");\n}\n')
+
+    @cuda_launch(arch_suffix="a")
+    def launch(kernels):
+        return None
+
+    assert CudaSourceImplementation(src, launch).compile("sm_90").arch == "sm_90a"
+    with pytest.raises(cuda.CudaCompileError):  # the same source without the suffix
+        CudaSourceImplementation(src, lambda kernels: None).compile("sm_90")
