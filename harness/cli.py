@@ -70,8 +70,7 @@ def _compile_cuda_sources(impls: Sequence[str]) -> None:
     sources = [name for name in impls if name.partition(":")[0].endswith(".cu")]
     if not sources or cuda.nvrtc_missing():
         return
-    gpus = cuda.devices()
-    arch = f"sm_{gpus[0]['capability'].replace('.', '')}" if gpus else cuda.DEFAULT_ARCH
+    arch = cuda.driver_arch()
     for name in sources:
         try:
             load_callable(name).compile(arch)  # type: ignore[attr-defined]

@@ -142,6 +142,12 @@ def arch_for(device: Any) -> str:
     return f"sm_{major}{minor}"
 
 
+def driver_arch() -> str:
+    """``sm_XY`` of the first GPU the driver sees (no torch context), else DEFAULT_ARCH."""
+    gpus = devices()
+    return f"sm_{gpus[0]['capability'].replace('.', '')}" if gpus else DEFAULT_ARCH
+
+
 _LOG_LINE = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<kind>(?:catastrophic )?error): "
                        r"(?P<text>.*)$", re.MULTILINE)
 
