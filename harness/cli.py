@@ -76,8 +76,8 @@ def _compile_cuda_sources(impls: Sequence[str]) -> None:
             load_callable(name).compile(arch)  # type: ignore[attr-defined]
         except cuda.CudaCompileError as exc:
             err_console.print(escape(exc.full()), highlight=False)
-            raise HarnessExit(f"--impl {name}: {exc} (compiling for {arch}; the NVRTC log is "
-                              "above)", EXIT_USAGE) from exc
+            raise HarnessExit(f"--impl {name}: {exc.headline} (compiling for {arch}; the NVRTC "
+                              "log is above)", EXIT_USAGE) from exc
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -104,13 +104,17 @@ HEADER_SUFFIXES = (".h", ".cuh", ".hpp", ".hh", ".inc", ".inl")
 
 
 class CudaCompileError(Exception):
-    """NVRTC rejected a source. ``str()`` is the first error as ``file:line: error: text``;
-    ``log`` is the compiler's whole log."""
+    """NVRTC rejected a source. ``headline`` is the first error as ``file:line: error: text``,
+    ``log`` the compiler's whole log; ``str()`` is the headline with the log under it, so a
+    case whose kernel fails to compile keeps the log in its reason."""
 
     def __init__(self, headline: str, log: str):
         super().__init__(headline)
         self.headline = headline
         self.log = log
+
+    def __str__(self) -> str:
+        return self.full()
 
     def full(self) -> str:
         """The headline, then the compiler log indented under it."""
