@@ -130,8 +130,8 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
     finally:
         conn.close()
 
-    shifts = regress.timing_shifts(results_a, results_b)
-    findings = regress.compare_runs(results_a, results_b)
+    shifts = regress.timing_shifts(results_a, results_b)  # one Mann-Whitney test per series
+    findings = regress.compare_runs(results_a, results_b, shifts=shifts)
     rows = regress.compare_rows(results_a, results_b, shifts)
     correctness = [f for f in findings if f.kind not in ("regression", "improvement")]
     counts = {d: sum(1 for s in shifts.values() if s.direction == d)

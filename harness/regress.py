@@ -405,15 +405,18 @@ def timing_shifts(baseline: Sequence[CaseResult], current: Sequence[CaseResult],
 
 
 def compare_runs(baseline: Sequence[CaseResult], current: Sequence[CaseResult],
-                 threshold: Callable[[str], float] = threshold_of) -> list[Finding]:
+                 threshold: Callable[[str], float] = threshold_of,
+                 shifts: dict[str, Shift] | None = None) -> list[Finding]:
     """Findings of ``current`` against one ``baseline`` run, results matched by key.
 
     Timing: ``pairwise`` on the samples of results that passed in both ("regression" when
-    slower, "improvement" when faster; two runs cannot tell a spike from a step).
+    slower, "improvement" when faster; two runs cannot tell a spike from a step), or the
+    ``shifts`` a caller already has from ``timing_shifts``.
     Correctness: new_failure, fixed, drift, bits_changed.
     """
     base_by_key = {r.key: r for r in baseline}
-    shifts = timing_shifts(baseline, current, threshold)
+    if shifts is None:
+        shifts = timing_shifts(baseline, current, threshold)
     findings: list[Finding] = []
     for cur in current:
         base = base_by_key.get(cur.key)
