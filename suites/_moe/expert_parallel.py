@@ -81,4 +81,4 @@ def layer_ep(world: Any, hidden, logits, w13, w13_scale, w2, w2_scale, topk, ren
     # ---- combine: each row back to its owner, which sums its token's rows in float32
     back = _all_to_all(world, weighted, recv_rows, send_rows)
     out = torch.zeros(s, h, dtype=torch.float32, device=dev)
-    return out.index_add_(0, tokens, back.float()).to(BF16)
+    return torch_ops.ordered_index_add(out, tokens, back.float()).to(BF16)

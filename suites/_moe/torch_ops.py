@@ -1,6 +1,8 @@
 """The ``torch`` implementations of the MoE ops: vectorised candidates (sorts, scatters,
-index_add), written independently of the loop-per-expert reference. Keyword switches plant
-the bugs the negative controls need, so each control differs from the real thing in one place.
+ordered row sums), written independently of the loop-per-expert reference. Keyword switches
+plant the bugs the negative controls need, so each control differs from the real thing in one
+place. Every one gives the same bits on every run and device (no float atomics), as the ops'
+``deterministic`` flag promises.
 
 fp8 rows move as uint8 views: index_put has no float8 kernel on every device.
 """
@@ -32,8 +34,14 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def route(logits: torch.Tensor, topk: int, renormalize: bool
           ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(probs [S, topk] float32, routemap [S, topk] int32): softmax, then torch.topk."""
-    probs, experts = torch.topk(torch.softmax(logits.float(), dim=-1), topk, dim=-1)
+    """(probs [S, topk] float32, routemap [S, topk] int32): softmax, and the k largest
+    logits, equal logits lower expert first (the op's semantics). Not torch.topk, whose order
+    of ties is unspecified (the nightly's 256-expert logits hold ties), and not on the probs:
+    the softmax can round two different logits to one probability."""
+    x = logits.float()
+    # a stable descending sort keeps equal elements in their original (expert) order
+    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
+    probs = torch.softmax(x, dim=-1).gather(-1, experts)
     if renormalize:
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs, experts.to(torch.int32)
@@ -99,10 +107,31 @@ def permute_into(hidden, scale, routemap, probs, num_experts, tokens_per_expert,
     return out, out_rowmap, out_probs, out_scale
 
 
+def ordered_index_add(acc: torch.Tensor, index: torch.Tensor, src: torch.Tensor
+                      ) -> torch.Tensor:
+    """``acc[index[i]] += src[i]`` for each i in order, as the CPU's ``index_add_`` does, with
+    the same bits on every device: on CUDA ``index_add_`` adds floating-point rows with
+    atomics, in whatever order they land (torch's reproducibility notes list it), which would
+    change the output's bits from night to night. Each step adds one occurrence per target
+    row, so no row is written twice in a step, and a row's sum runs in index order."""
+    if index.numel() == 0:
+        return acc
+    order = torch.argsort(index, stable=True)
+    targets = index[order]
+    counts = torch.bincount(targets, minlength=acc.shape[0])
+    first = torch.cumsum(counts, 0) - counts
+    occurrence = torch.arange(targets.numel(), device=index.device) - first[targets]
+    for j in range(int(counts.max())):
+        pick = occurrence == j
+        rows = targets[pick]
+        acc[rows] = acc[rows] + src[order[pick]]
+    return acc
+
+
 def unpermute(permuted, rowmap, routemap, permuted_probs, num_tokens, num_experts, *,
               reweight: bool = False, bf16_accumulation: bool = False):
-    """moe_unpermute: gather each token's rows and index_add them in float32; give back each
-    slot's prob."""
+    """moe_unpermute: gather each token's rows and add them in float32, in expert order; give
+    back each slot's prob."""
     rows = rowmap.long()
     tokens, experts = (rows >= 0).nonzero(as_tuple=True)
     src = rows[tokens, experts]
@@ -118,7 +147,7 @@ def unpermute(permuted, rowmap, routemap, permuted_probs, num_tokens, num_expert
     else:
         acc = torch.zeros(num_tokens, permuted.shape[1], dtype=torch.float32,
                           device=permuted.device)
-        out = acc.index_add_(0, tokens, gathered).to(permuted.dtype)
+        out = ordered_index_add(acc, tokens, gathered).to(permuted.dtype)
     used = routemap >= 0
     slot_tokens = used.nonzero()[:, 0]
     probs = torch.zeros(routemap.shape, dtype=torch.float32, device=routemap.device)
