@@ -44,7 +44,7 @@ def _quantized_pair(tag: str, params: Mapping[str, Any], m: int, n: int, k: int,
 def _bf16_acc_matmul(a32: torch.Tensor, b32: torch.Tensor, step: int = 128) -> torch.Tensor:
     """The bug of a kernel whose K loop keeps its accumulator in bf16 (one bf16 add per
     128-wide K block, as a WGMMA pipeline promoting partials would)."""
-    acc = torch.zeros(a32.shape[0], b32.shape[0], dtype=torch.bfloat16)
+    acc = torch.zeros(a32.shape[0], b32.shape[0], dtype=torch.bfloat16, device=a32.device)
     for k in range(0, a32.shape[1], step):
         acc = (acc.float() + a32[:, k : k + step] @ b32[:, k : k + step].T).to(torch.bfloat16)
     return acc.float()
@@ -85,6 +85,32 @@ def per_tensor_scaled_mm(a, scale_a, b, scale_b, out_dtype):
     """torch._scaled_mm, the vendor path (b passed column-major)."""
     return torch._scaled_mm(a, b.t(), scale_a=scale_a.float().to(a.device),
                             scale_b=scale_b.float().to(a.device), out_dtype=out_dtype)
+
+
+def scaled_mm_cuda_limits(n: int, k: int, fmt: str, capability: tuple[int, int]) -> str | None:
+    """Why torch._scaled_mm refuses a GEMM on a CUDA device of ``capability``, or None.
+
+    Its CUDA checks (torch's ScaledBlas.cpp, _scaled_mm_out_cuda; repeated for non-CPU devices
+    in torch/_meta_registrations.py): the trailing dim of mat1 (K) and both dims of mat2 (K, N)
+    divisible by 16, not both operands e5m2, and compute capability 8.9 or 9.0+. Its CPU
+    kernel checks none of these."""
+    why = [f"{name}={v} is not a multiple of 16" for name, v in (("K", k), ("N", n)) if v % 16]
+    if fmt == "e5m2":
+        why.append("it does not multiply two e5m2 matrices")
+    if capability < (8, 9):
+        why.append(f"it needs compute capability 8.9 or newer (this GPU: "
+                   f"{capability[0]}.{capability[1]})")
+    return f"torch._scaled_mm on CUDA: {'; '.join(why)}" if why else None
+
+
+def _scaled_mm_skip(params: Mapping[str, Any], world_size: int, device: Any) -> str | None:
+    if torch.device(device).type != "cuda":
+        return None
+    return scaled_mm_cuda_limits(params["n"], params["k"], params.get("fmt", "e4m3"),
+                                 torch.cuda.get_device_capability(device))
+
+
+per_tensor_scaled_mm.skip_reason = _scaled_mm_skip  # type: ignore[attr-defined]
 
 
 def per_tensor_bf16_accumulation(a, scale_a, b, scale_b, out_dtype):

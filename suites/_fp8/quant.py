@@ -56,7 +56,7 @@ def _quantize(x, fmt, granularity, ue8m0, scale, *, group: int = 128, saturate: 
     x32 = x.float()
     if granularity == "tensor":
         if scale is not None:
-            s = torch.tensor(float(scale))
+            s = torch.tensor(float(scale), device=x.device)
         else:
             s = x32.abs().max().clamp_min(ref.AMAX_FLOOR) / fmax
             s = _pow2_ceil(s) if ue8m0 else s
