@@ -209,19 +209,33 @@ def _gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None,
     return max(p for p, _ in everyone), kind
 
 
-def _skip_reason(world: World, case: Case, impl: Callable[..., Any]) -> str:
-    """Why this case cannot run here (the first rank's reason, agreed by all), or '': the
-    op's ``requires`` (memory) and the implementation's ``skip_reason`` (device, kernel
-    limits)."""
+def _local_skip_reason(world: World, case: Case, impl: Callable[..., Any]) -> str:
     why = ""
     if case.spec.requires is not None:
         why = case.spec.requires(case.params, case.world_size, world.device) or ""
     impl_reason = getattr(impl, "skip_reason", None)
     if not why and callable(impl_reason):
         why = impl_reason(case.params, case.world_size, world.device) or ""
-    if world.size > 1:
-        why = next((r for r in world.comm.allgather(why) if r), "")
     return why
+
+
+def _skip_or_error(world: World, case: Case, impl: Callable[..., Any]) -> tuple[str, str]:
+    """(status, reason) agreed by every rank before the case starts: ("skip", why) when it
+    cannot run here (the op's ``requires``, such as memory, or the implementation's
+    ``skip_reason``: device, kernel limits), ("error", what raised) when asking raised (a
+    sticky CUDA error makes ``mem_get_info`` raise), else ("", ""). Every rank takes part in
+    exactly one gather whatever happened, so the ranks' collectives stay paired case by
+    case."""
+    try:
+        local = ("skip", _local_skip_reason(world, case, impl))
+    except Exception as exc:
+        local = ("error", f"asking whether the case can run raised {type(exc).__name__}: "
+                          f"{exc}")
+    everyone = world.comm.allgather(local) if world.size > 1 else [local]
+    for rank, (kind, why) in enumerate(everyone):
+        if kind == "error":
+            return "error", f"rank {rank}: {why}"
+    return next((("skip", why) for _, why in everyone if why), ("", ""))
 
 
 def run_case(
@@ -259,9 +273,9 @@ def run_case(
     expected: dict[str, torch.Tensor] = {}
     tols: dict[str, compare.Tolerance] = {}
     writable: set[str] = set()
-    skip = _skip_reason(world, case, impl)
-    if skip:
-        result.status, result.reason = "skip", skip
+    status, why = _skip_or_error(world, case, impl)
+    if status:
+        result.status, result.reason = status, why
         result.duration_s = time.perf_counter() - t0
         return result
     mem = PeakMemory(world.device)

@@ -186,3 +186,26 @@ def test_an_out_buffer_passed_as_none_is_an_output_the_case_lacks(world):
         r = run_case(world, Case(spec, {"scaled": scaled}, 1), "ok", impl, timing=TIMING)
         assert r.status == "pass", r.reason
         assert set(r.outputs) == ({"out", "scale"} if scaled else {"out"})
+
+
+def test_a_skip_question_that_raises_is_an_error_result_not_an_escaped_exception(world):
+    # after a sticky CUDA error or an OOM, `requires` (mem_get_info) raises: the case must
+    # still record a result, or at several ranks the next gathers would pair across cases
+    def requires(params, world_size, device):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    r = _run(world, doubled, requires=requires)
+    assert r.status == "error"
+    assert "illegal memory access" in r.reason and r.reason.startswith("rank 0:")
+
+
+def test_an_implementation_skip_reason_that_raises_is_an_error_too(world):
+    def flaky(x, out):
+        return doubled(x, out)
+
+    def skip_reason(params, world_size, device):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    flaky.skip_reason = skip_reason
+    r = _run(world, flaky)
+    assert r.status == "error" and "OutOfMemoryError" in r.reason
