@@ -12,7 +12,11 @@
 // dims that are contiguous with each other first. Elements are copied as raw bytes of their
 // width (1, 2, 4 or 8), so every dtype of that width takes the same kernel.
 //
-// -DINDEX_32BIT plants the classic bug for the negative control: the source position in int.
+// -DINDEX_32BIT plants the classic bug for the negative control: the source position in 32
+// bits. It wraps modulo 2**32 (unsigned arithmetic, so the wrap is defined C++), is read back
+// as a signed int, and is then clamped into the storage, as the torch control does: a wrapped
+// position must read wrong values, never an address outside the storage, whose illegal-address
+// error would be sticky and end every later case of the process with it.
 
 #define MAX_DIMS 8
 typedef long long i64;
@@ -20,10 +24,19 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 
 #ifdef INDEX_32BIT
-typedef int position_t;
+typedef u32 position_t;
 #else
 typedef i64 position_t;
 #endif
+
+__device__ __forceinline__ i64 source_index(position_t at, i64 storage_numel) {
+#ifdef INDEX_32BIT
+  const i64 p = (i64)(int)at;
+  return p < 0 ? 0 : (p >= storage_numel ? storage_numel - 1 : p);
+#else
+  return at;  // the launcher checked that the view lies inside the storage
+#endif
+}
 
 struct View {
   i64 size[MAX_DIMS];
@@ -33,7 +46,8 @@ struct View {
 
 template <typename T, typename U>
 __device__ __forceinline__ void copy_view(T* __restrict__ out, const T* __restrict__ src,
-                                          i64 numel, i64 offset, const View& v) {
+                                          i64 numel, i64 storage_numel, i64 offset,
+                                          const View& v) {
   const i64 step = (i64)gridDim.x * blockDim.x;
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += step) {
     U rest = (U)i;
@@ -45,7 +59,7 @@ __device__ __forceinline__ void copy_view(T* __restrict__ out, const T* __restri
       at += (position_t)c * (position_t)v.stride[d];
     }
     if (v.ndim > 0) at += (position_t)rest * (position_t)v.stride[0];  // what is left
-    out[i] = src[at];
+    out[i] = src[source_index(at, storage_numel)];
   }
 }
 
@@ -55,12 +69,12 @@ __device__ __forceinline__ void copy_view(T* __restrict__ out, const T* __restri
 
 #define DEFINE_COPY(NAME, T)                                                               \
   extern "C" __global__ void NAME(T* __restrict__ out, const T* __restrict__ src,         \
-                                  i64 numel, i64 offset, VIEW_PARAMS) {                    \
+                                  i64 numel, i64 storage_numel, i64 offset, VIEW_PARAMS) { \
     const View v = {{n0, n1, n2, n3, n4, n5, n6, n7}, {s0, s1, s2, s3, s4, s5, s6, s7}, ndim}; \
     if ((u64)numel <= 0xffffffffULL)                                                       \
-      copy_view<T, u32>(out, src, numel, offset, v);                                       \
+      copy_view<T, u32>(out, src, numel, storage_numel, offset, v);                        \
     else                                                                                   \
-      copy_view<T, u64>(out, src, numel, offset, v);                                       \
+      copy_view<T, u64>(out, src, numel, storage_numel, offset, v);                        \
   }
 
 DEFINE_COPY(strided_copy_1, unsigned char)

@@ -49,7 +49,8 @@ def _launch(kernels: Any, storage, size, stride, offset, out) -> Any:
     blocks = min(-(-numel // BLOCK), kernels.sm_count * BLOCKS_PER_SM)
     kernels[f"strided_copy_{storage.element_size()}"](
         grid=blocks, block=BLOCK,
-        args=(out, storage, np.int64(numel), np.int64(offset), *view, np.int32(len(sizes))))
+        args=(out, storage, np.int64(numel), np.int64(storage.numel()), np.int64(offset),
+              *view, np.int32(len(sizes))))
     return out
 
 
