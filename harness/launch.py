@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +29,11 @@ _PYTEST_NORMAL = (0, 1, 5)
 
 class LauncherError(RuntimeError):
     """The MPI launcher is missing or keeps failing (exit code 4)."""
+
+
+class PlacementFailed(RuntimeError):
+    """The ranks started but found no placement for themselves (a CPU-only torch beside GPUs,
+    ranks sharing an exclusive GPU): a configuration error, said in one line (exit code 2)."""
 
 
 @dataclass
@@ -73,7 +78,23 @@ class WorldOutcome:
     world_size: int
     launches: int = 0
     infra_error: str | None = None
+    #: the ranks' devices, backend and any warning about them (rank 0's placement report)
+    placement: dict | None = None
     logs: list[Path] = field(default_factory=list)
+
+
+def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
+    """The ranks' environment: ``base`` plus the run id, where harness was started (relative
+    ``--impl`` paths resolve there; ranks run in the run directory), unbuffered output, and
+    ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it. A GPU-enabled MPICH initialises CUDA in
+    every rank at MPI_Init (MPICH 4.0's yaksa makes a context on every visible GPU, which an
+    exclusive compute mode refuses); the harness never hands MPI device memory (its ``mpi``
+    implementations stage through the host), so it turns that off. An implementation that
+    passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set by its user."""
+    env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
+           "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd())}
+    env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
+    return env
 
 
 def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]:
@@ -91,6 +112,7 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
         "--harness-results", str(cfg.results_path), "--harness-progress", f"{w}.progress.json",
         "--harness-run-id", cfg.run_id, "--harness-skip", f"{w}.skip",
         "--harness-env-id", cfg.env_id, "--junitxml", f"{w}.junit-{attempt}.xml",
+        "--harness-placement", f"{w}.placement.json",
     ]
     for sel in cfg.selectors:
         cmd += ["--harness-select", sel]
@@ -170,13 +192,13 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             return outcome
         (cfg.run_dir / f"w{world_size}.skip").write_text("\n".join(sorted(done)))
         progress_path.unlink(missing_ok=True)
+        (cfg.run_dir / f"w{world_size}.placement.json").unlink(missing_ok=True)
         outcome.launches += 1
         log_path = cfg.run_dir / f"w{world_size}.launch-{outcome.launches}.log"
         outcome.logs.append(log_path)
         # ranks run in the run directory; relative --impl paths (kernel.cu:launch) are the
         # user's, so they resolve against the directory harness was started in
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": cfg.run_id,
-               "HARNESS_INVOKED_FROM": os.environ.get("HARNESS_INVOKED_FROM", os.getcwd())}
+        env = rank_environment(os.environ, cfg.run_id)
         cmd = build_command(cfg, world_size, outcome.launches)
         with open(log_path, "w") as log:
             log.write("$ " + " ".join(cmd) + "\n")
@@ -202,6 +224,10 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
                 _kill_group(proc)  # Ctrl-C: take the ranks down with us
                 raise
         rc = proc.returncode
+        placement = _read_progress(cfg.run_dir / f"w{world_size}.placement.json")
+        if placement and placement.get("error"):
+            raise PlacementFailed(f"world size {world_size}: {placement['error']}")
+        outcome.placement = placement or outcome.placement
         after = recorded_keys(cfg, world_size)
         new = len(after - done)
         prog = _read_progress(progress_path)

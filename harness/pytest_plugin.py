@@ -55,6 +55,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="overwrite a buffer of twice the last-level cache between repeats")
     g.addoption("--harness-calibrations", default=None,
                 help="JSON file of calibrations by device key (harness calibrate)")
+    g.addoption("--harness-placement", default=None,
+                help="JSON file rank 0 writes the ranks' devices and backend (or the reason "
+                     "there are none) to")
 
 
 def _calibration_for(path: str | None, device: Any) -> dict[str, Any] | None:
@@ -92,11 +95,20 @@ class HarnessSession:
         self.skip: set[str] = set()
         if opt.harness_skip and Path(opt.harness_skip).exists():
             self.skip = set(Path(opt.harness_skip).read_text().split())
+        placement_path = Path(opt.harness_placement) if opt.harness_placement else None
         try:
             self.registry: Registry = registry()
             self.world = World.from_mpi(opt.harness_device, timeout_s=self._group_timeout())
         except (SpecError, RuntimeSetupError) as exc:
+            # every rank decided the same; rank 0 tells the launcher, which stops with exit 2
+            if placement_path is not None and MPI.COMM_WORLD.Get_rank() == 0:
+                _write_json(placement_path, {"error": str(exc)})
             raise pytest.UsageError(str(exc)) from exc
+        if placement_path is not None and self.world.rank == 0:
+            _write_json(placement_path, {
+                "backend": self.world.backend, "warning": self.world.placements[0].warning,
+                "devices": [p.device for p in self.world.placements],
+                "gpus": [p.gpu_uuid for p in self.world.placements]})
         self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code))
         self.timing = dataclasses.replace(TimingConfig.for_tier(self.tier),
                                           mode=opt.harness_timing_mode,

@@ -142,7 +142,8 @@ class RunInfo:
     impls: list[str] = field(default_factory=list)
     argv: list[str] = field(default_factory=list)
     git_commit: str | None = None
-    #: "running", "complete", "partial" (some launches failed) or "infra_error"
+    #: "running", "complete", "partial" (some launches failed), "infra_error" or
+    #: "config_error" (the ranks found no placement for themselves)
     status: str = "running"
     schema: int = SCHEMA
 

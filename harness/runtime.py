@@ -1,10 +1,12 @@
 """The World: this process's place among the MPI ranks, its device and its process group.
 
-Every rank of a launch builds one ``World`` from ``MPI.COMM_WORLD``. The torch.distributed
-group is made on first use; its rendezvous goes through MPI (rank 0 opens a TCPStore on a port
-the OS picks and broadcasts host and port), so no fixed port is ever needed. Device ``auto`` is
-CUDA when the driver sees devices, each rank on ``cuda:(local_rank % device_count)``; backend
-``nccl`` when every rank on a node has its own GPU, ``gloo`` otherwise.
+Every rank of a launch builds one ``World`` from ``MPI.COMM_WORLD``. Its device and the
+group's backend come from ``placement.place`` over the facts every rank reports (the GPUs it
+sees, by UUID): device ``auto`` is CUDA when the ranks see GPUs, each rank on
+``cuda:(local_rank % visible)``; the backend is ``nccl`` when no two ranks chose the same
+GPU, ``gloo`` otherwise. The torch.distributed group is made on first use; its rendezvous goes
+through MPI (rank 0 opens a TCPStore on a port the OS picks and broadcasts host and port), so
+no fixed port is ever needed.
 """
 
 from __future__ import annotations
@@ -19,32 +21,28 @@ from typing import Any
 import torch
 
 from harness import cuda
+from harness.placement import Placement, PlacementError, RankFacts, place
 
 
 class RuntimeSetupError(RuntimeError):
     """The device or process group cannot be set up as asked (exit code 2 or 4)."""
 
 
-def resolve_device(requested: str, local_rank: int, local_size: int) -> tuple[torch.device, str]:
-    """Device of this rank and the torch.distributed backend for ``requested``
-    (``auto``, ``cpu``, ``cuda``). Only queries the driver (no torch CUDA context) unless a
-    GPU is actually chosen."""
-    if requested not in ("auto", "cpu", "cuda"):
-        raise RuntimeSetupError(f"unknown device {requested!r}; use auto, cpu or cuda")
-    n_gpu = cuda.device_count() if requested != "cpu" else 0
-    if requested == "cuda" and n_gpu == 0:
-        raise RuntimeSetupError("--device cuda but no CUDA device is visible; use --device cpu")
-    if n_gpu == 0:
-        return torch.device("cpu"), "gloo"
-    device = torch.device("cuda", local_rank % n_gpu)
-    if local_size <= n_gpu:
-        return device, "nccl"
-    if local_rank == 0:
-        warnings.warn(
-            f"{local_size} ranks share {n_gpu} GPU(s) on this node: using gloo, not nccl",
-            stacklevel=2,
-        )
-    return device, "gloo"
+def rank_facts(requested: str, node: str = "", local_rank: int = 0) -> RankFacts:
+    """What this process sees: its GPUs (none asked for under --device cpu, so a CPU run never
+    touches CUDA), its torch build, an MPS daemon."""
+    gpus = cuda.visible_gpus() if requested != "cpu" else ()
+    return RankFacts(node or socket.gethostname(), local_rank, gpus, torch.__version__,
+                     torch.version.cuda, mps=bool(gpus) and cuda.mps_running())
+
+
+def resolve_device(requested: str) -> Placement:
+    """This process's placement as the only rank (the CLI's view before any rank starts):
+    RuntimeSetupError with one line when it cannot run as asked."""
+    try:
+        return place(requested, [rank_facts(requested)], 0)
+    except PlacementError as exc:
+        raise RuntimeSetupError(str(exc)) from exc
 
 
 @dataclass
@@ -59,29 +57,40 @@ class World:
     device: torch.device
     backend: str
     timeout_s: float = 300.0
+    #: every rank's placement (the same list on every rank)
+    placements: list[Placement] = field(default_factory=list, repr=False)
     _group: Any = field(default=None, repr=False)
     _store: Any = field(default=None, repr=False)
 
     @classmethod
     def from_mpi(cls, device: str = "auto", timeout_s: float = 300.0) -> World:
-        """Build the World of this process from MPI.COMM_WORLD."""
+        """Build the World of this process from MPI.COMM_WORLD: every rank's facts gathered,
+        the same placement decided on every rank (RuntimeSetupError where there is none)."""
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         local_rank, local_size = local.Get_rank(), local.Get_size()
         local.Free()
-        dev, backend = resolve_device(device, local_rank, local_size)
+        facts = comm.allgather(rank_facts(device, MPI.Get_processor_name(), local_rank))
+        try:
+            placements = [place(device, facts, r) for r in range(len(facts))]
+        except PlacementError as exc:
+            raise RuntimeSetupError(str(exc)) from exc
+        mine = placements[comm.Get_rank()]
+        dev = torch.device(mine.device)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
+        if mine.warning and local_rank == 0:
+            warnings.warn(mine.warning, stacklevel=2)
         # under mpiexec torch starts with one intra-op thread; give each rank its share of the
         # node's cores instead (one rank on 2 cores: 2), unless the user said otherwise
         if "OMP_NUM_THREADS" not in os.environ:
             cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                      else os.cpu_count() or 1)
             torch.set_num_threads(max(1, cores // local_size))
-        return cls(comm, comm.Get_rank(), comm.Get_size(), local_rank, local_size, dev, backend,
-                   timeout_s)
+        return cls(comm, comm.Get_rank(), comm.Get_size(), local_rank, local_size, dev,
+                   mine.backend, timeout_s, placements=placements)
 
     @property
     def is_root(self) -> bool:
