@@ -55,11 +55,13 @@ def cuda_launch(*, options: Mapping[str, Any] | None = None,
 class Kernels:
     """The compiled source as a launch description sees it: ``kernels.NAME(grid, block,
     args, shared_mem=0)`` or ``kernels["name<T>"](...)``, plus the device's facts that size a
-    grid."""
+    grid. One per (implementation, device), made on the first call: a launch pays no Python
+    set-up that can be done once."""
 
     def __init__(self, module: cuda.CompiledModule, device: Any):
         self.module = module
         self.device = device
+        self._launchers: dict[str, Callable[..., None]] = {}
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         if name.startswith("_"):
@@ -67,11 +69,17 @@ class Kernels:
         return self[name]
 
     def __getitem__(self, name: str) -> Callable[..., None]:
-        def launch(grid: int | Sequence[int], block: int | Sequence[int],
-                   args: Sequence[Any], shared_mem: int = 0) -> None:
-            cuda.launch(self.module, name, grid, block, args, shared_mem=shared_mem,
-                        device=self.device)
-        return launch
+        launcher = self._launchers.get(name)
+        if launcher is None:
+            module, device = self.module, self.device
+
+            def launcher(grid: Any, block: Any, args: Sequence[Any],
+                         shared_mem: int = 0) -> None:
+                cuda.launch(module, name, grid, block, args, shared_mem=shared_mem,
+                            device=device)
+
+            self._launchers[name] = launcher
+        return launcher
 
     @functools.cached_property
     def sm_count(self) -> int:
@@ -107,6 +115,8 @@ class CudaSourceImplementation:
         #: compiled modules by architecture: a call must not reread and rehash the source
         #: (host time a small kernel's timing would see)
         self._compiled: dict[str, cuda.CompiledModule] = {}
+        #: the Kernels of each device index, made once
+        self._kernels: dict[int | None, Kernels] = {}
 
     def __repr__(self) -> str:
         return f"CudaSourceImplementation({str(self.source)!r}, {self.__name__})"
@@ -132,23 +142,33 @@ class CudaSourceImplementation:
 
     def skip_reason(self, params: Mapping[str, Any], world_size: int, device: Any
                     ) -> str | None:
-        """Why this case cannot run here: no CUDA device, or outside what the kernel does."""
+        """Why this case cannot run here: no CUDA device, no NVRTC that makes cubins this
+        driver loads (the reason names the install command), or outside what the kernel
+        does."""
         kind = getattr(device, "type", str(device))
         if kind != "cuda":
             return (f"{self.source.name} is CUDA C++ and needs a CUDA device; this run is on "
                     f"{kind} (run with --device cuda on a GPU machine)")
+        problem = cuda.run_problem()
+        if problem:
+            return f"{self.source.name} is CUDA C++ and cannot be compiled here: {problem}"
         return self.unsupported(params) if self.unsupported is not None else None
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:
         import torch
 
         device = _cuda_device(args, inputs)
-        arch = cuda.arch_for(device)
-        module = self._compiled.get(arch)
-        if module is None:
-            module = self._compiled[arch] = self.compile(arch)
+        kernels = self._kernels.get(device.index)
+        if kernels is None:
+            arch = cuda.arch_for(device)
+            module = self._compiled.get(arch)
+            if module is None:
+                module = self._compiled[arch] = self.compile(arch)
+            kernels = self._kernels[device.index] = Kernels(module, device)
+        if torch.cuda.current_device() == device.index:  # the usual case: no switch to pay
+            return self.launch(kernels, *args, **inputs)
         with torch.cuda.device(device):
-            return self.launch(Kernels(module, device), *args, **inputs)
+            return self.launch(kernels, *args, **inputs)
 
 
 def _cuda_device(args: Sequence[Any], inputs: Mapping[str, Any]) -> Any:

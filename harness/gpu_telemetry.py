@@ -52,6 +52,11 @@ def _nvml() -> Any | None:
     return pynvml
 
 
+def nvml() -> Any | None:
+    """The initialised pynvml module, or None (for other modules' one-off questions)."""
+    return _nvml()
+
+
 def _handle(nvml: Any, device_index: int) -> Any | None:
     """NVML's handle of the CUDA device ``device_index`` as this process numbers it.
 

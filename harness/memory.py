@@ -85,11 +85,20 @@ class PeakMemory:
             self.bytes, self.kind = max(0, peak - self._base), CPU_KIND
 
 
+def cuda_free_bytes(driver_free: int, reserved: int, allocated: int) -> int:
+    """What a new tensor can use on a GPU: the driver's free memory plus what torch's caching
+    allocator holds but no tensor uses (the driver counts that as used, so after one large
+    case every later one would look short of memory)."""
+    return driver_free + max(0, reserved - allocated)
+
+
 def available_bytes(device: torch.device) -> int | None:
     """Memory free for a new allocation on ``device``: CUDA's free device memory, a Linux CPU's
     MemAvailable; None where it cannot be known."""
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        return cuda_free_bytes(int(torch.cuda.mem_get_info(device)[0]),
+                               torch.cuda.memory_reserved(device),
+                               torch.cuda.memory_allocated(device))
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):

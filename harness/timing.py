@@ -123,20 +123,40 @@ def percent_of_peak(derived: Mapping[str, float], calibration: Mapping[str, Any]
     return out
 
 
+#: an events time is launch-bound when the host took at least this share of it to enqueue the
+#: call: the GPU then waited on Python, and the time measures the launch set-up, not the kernel
+LAUNCH_BOUND_SHARE = 0.8
+
+
+def launch_bound(host_median_ns: float | None, device_median_ns: float | None) -> bool:
+    """Whether an events-mode time is the host's enqueue time rather than the device's work.
+
+    Between the two events the stream runs whatever the host enqueues; when the host spends
+    most of the interval in Python (argument packing, a launch description's set-up) the
+    device idles, and the interval is the host's. Graph replay has no such host part."""
+    if not host_median_ns or not device_median_ns:
+        return False
+    return host_median_ns >= LAUNCH_BOUND_SHARE * device_median_ns
+
+
 class Clock:
-    """One call's elapsed time in ns: CUDA events on a GPU, ``perf_counter_ns`` on the CPU."""
+    """One call's elapsed time in ns: CUDA events on a GPU, ``perf_counter_ns`` on the CPU.
+    On a GPU ``host_ns`` keeps how long the host took to enqueue the call (event to event)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.host_ns: list[float] = []
 
     def time(self, fn: Callable[[], Any]) -> float:
         """Run ``fn`` once and return its elapsed time in nanoseconds."""
         if self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
+            h0 = time.perf_counter_ns()
             start.record()
             fn()
             end.record()
+            self.host_ns.append(float(time.perf_counter_ns() - h0))
             end.synchronize()
             return start.elapsed_time(end) * 1e6
         t0 = time.perf_counter_ns()
@@ -241,6 +261,18 @@ def capture_graph(fn: Callable[[], Any], device: torch.device,
     return None, _first_line(error)
 
 
+def graph_mode_refusal(device_type: str, distributed: bool, backend: str) -> str:
+    """Why graph mode is not even attempted for a call, or "" when capture is worth trying:
+    CUDA graphs need CUDA, and gloo's collectives run on host threads that a capture cannot
+    record (NCCL's kernels on the capturing stream can be captured)."""
+    if device_type != "cuda":
+        return "graph mode needs CUDA: timed with perf_counter on the CPU"
+    if distributed and backend == "gloo":
+        return ("graph mode is not attempted for distributed ops on the gloo backend "
+                "(gloo collectives cannot be captured): timed with CUDA events")
+    return ""
+
+
 # ------------------------------------------------------------------------------ time_call
 def _gpu_snapshot(device: torch.device) -> dict[str, Any] | None:
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -251,7 +283,9 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
               config: TimingConfig) -> dict[str, Any]:
     """Time ``fn``: ``summarize`` of the per-repeat samples (max over ranks), plus ``mode``
     (what ran: "events", "graph" or "perf_counter"), ``mode_note`` (why a requested graph
-    mode fell back, else ""), ``l2_flush`` and ``l2_flush_bytes``, and ``gpu`` (NVML telemetry
+    mode fell back, else ""), ``host_median`` and ``launch_bound`` (events mode: the host's
+    enqueue time, and whether it set the time; :func:`launch_bound`), ``l2_flush`` and
+    ``l2_flush_bytes``, and ``gpu`` (NVML telemetry
     right before and after the repeats on CUDA, else None)."""
     device = world.device
     cuda = device.type == "cuda"
@@ -260,12 +294,8 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
     timed = fn
     graph = None
     if config.mode == "graph":
-        if not cuda:
-            note = "graph mode needs CUDA: timed with perf_counter on the CPU"
-        elif distributed and world.backend == "gloo":
-            note = ("graph mode is not attempted for distributed ops on the gloo backend "
-                    "(gloo collectives cannot be captured): timed with CUDA events")
-        else:
+        note = graph_mode_refusal(device.type, distributed, world.backend)
+        if not note:
             graph, why = capture_graph(fn, device, config.warmup)
             if distributed:
                 # every rank must time the same way, or their repeats run different collectives
@@ -307,7 +337,11 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
         gathered = world.comm.allgather(samples)
         samples = list(np.max(np.asarray(gathered), axis=0))
     stats = summarize(samples)
+    host = clock.host_ns[-len(samples):] if cuda and mode == "events" else []
+    host_median = float(np.median(host)) if host else None
     stats.update(
+        host_median=host_median,
+        launch_bound=launch_bound(host_median, stats.get("median")),
         mode=mode,
         mode_note=note,
         l2_flush=flusher is not None,

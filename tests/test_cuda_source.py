@@ -274,7 +274,7 @@ def test_registering_the_cuda_implementations_touches_nothing_of_cuda():
             "from harness.spec import registry\n"
             "registry().plan('smoke', 1, ['strided_copy'], ['cuda'], 'cpu')\n"
             "print(sorted(m for m in sys.modules if m.startswith('cuda.core')),\n"
-            "      cuda._driver.cache_info().currsize)\n")
+            "      cuda.driver_state.cache_info().currsize)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
