@@ -42,11 +42,13 @@ def resolve_plans(selectors: Sequence[str], tier: str, sizes: Sequence[int],
     """The selected op specs, the items to run per world size on ``device`` and that device
     (resolved as rank 0 resolves it); usage errors exit 2. A CUDA C++ source named by --impl
     is compiled here first, so that a compile error stops the run before any rank starts."""
+    from torch import device as torch_device
+
     from harness.runtime import RuntimeSetupError, resolve_device
     from harness.spec import SpecError, registry
 
     try:
-        resolved, _ = resolve_device(device, 0, 1)
+        resolved = torch_device(resolve_device(device).device)
     except RuntimeSetupError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     try:
@@ -144,7 +146,7 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     import shlex
 
     from harness import envinfo, store
-    from harness.launch import LaunchConfig, LauncherError, run_world_size
+    from harness.launch import LaunchConfig, LauncherError, PlacementFailed, run_world_size
     from harness.results import RunInfo
     sizes = parse_world_sizes(world_sizes)
     if timeout is not None and timeout <= 0:
@@ -161,6 +163,13 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     if mpiexec is None:
         _fail(f"no MPI launcher found{f' ({launcher!r})' if launcher else ''}: "
               "`pip install mpich` (or install MPI), or pass --launcher PATH", EXIT_INFRA)
+    if device != "cpu":  # what would break the GPU ranks, said before any starts
+        from harness import bringup
+
+        blockers = bringup.run_blockers(envinfo.site_facts(mpiexec, env={}, mpi=False),
+                                        device, sizes)
+        if blockers:
+            _fail(f"{blockers[0]} (`harness env --check` lists every check)", EXIT_USAGE)
 
     db_path = store.resolve_db_path(db)
     runs_root = Path(out_dir) if out_dir else db_path.parent / "runs"
@@ -191,6 +200,7 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
                               "GPU machine)", highlight=False)
 
     infra_errors: list[str] = []
+    placement_error = ""
     total = sum(len(p) for p in plans.values())
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=False) as progress:
@@ -211,12 +221,20 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
             except LauncherError as exc:
                 infra_errors.append(str(exc))
                 break
+            except PlacementFailed as exc:
+                placement_error = str(exc)
+                break
+            warning = (outcome.placement or {}).get("warning")
+            if warning:
+                progress.console.print(f"[yellow]world size {w}:[/yellow] {escape(warning)}",
+                                       highlight=False)
             if outcome.infra_error:
                 infra_errors.append(outcome.infra_error)
             base += len(items)
 
     info.finished_at = time.time()
-    info.status = "infra_error" if infra_errors else "complete"
+    info.status = ("infra_error" if infra_errors else
+                   "config_error" if placement_error else "complete")
     info.write(run_dir / "run.json")
     from harness import regress
 
@@ -244,6 +262,9 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
             ctx.invoke(report_cmd, db=str(db_path), out_dir=Path(report_dir), fail_on="never")
         except click.exceptions.Exit:
             pass
+    if placement_error:  # after what ran before it is stored and shown
+        _fail(f"{placement_error} (the ranks found no placement; nothing ran at this world "
+              "size)", EXIT_USAGE)
     if infra_errors:
         ctx.exit(EXIT_INFRA)
     if failing and fail_on in ("failure", "regression"):
@@ -406,21 +427,43 @@ def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tup
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--launcher", default=None, help="mpiexec to report on.")
-def env(as_json: bool, launcher: str | None) -> None:
-    """Report torch, CUDA devices, MPI library and launcher, NCCL and NVRTC (CUDA is queried
-    through the driver only, never initialised by torch)."""
-    from harness import envinfo
+@click.option("--check", is_flag=True,
+              help="Print the GPU bring-up checklist only; exit 2 on a blocker.")
+@click.pass_context
+def env(ctx: click.Context, as_json: bool, launcher: str | None, check: bool) -> None:
+    """Report torch, CUDA devices, MPI library and launcher, NCCL and NVRTC, then the bring-up
+    checklist: a verdict per line (ok, note, warn, blocker) with the remedy. CUDA is queried
+    through the driver (cuda-python), never initialised by torch unless cuda-python cannot use
+    the driver. Exit 2 when --check finds a blocker."""
+    from harness import bringup, envinfo
 
     mpiexec = envinfo.find_launcher(launcher)
     data = {"machine": envinfo.machine(), **envinfo.environment(mpiexec)}
+    checks = bringup.checklist(envinfo.site_facts(mpiexec, env=data))
+    blocked = bringup.worst(checks) == "blocker"
     if as_json:
+        data["checks"] = [{"name": c.name, "level": c.level, "detail": c.detail}
+                          for c in checks]
         click.echo(json.dumps(data, indent=2, default=str))
-        return
+    else:
+        if not check:
+            _print_environment(data)
+            console.print("[bold]bring-up checks[/bold]")
+        style = {"ok": "green", "note": "cyan", "warn": "yellow", "blocker": "red"}
+        for c in checks:
+            console.print(f"[{style[c.level]}]{c.level.upper():7}[/] "
+                          + escape(f"{c.name}: {c.detail}"), soft_wrap=True)
+    if check and blocked:
+        ctx.exit(EXIT_USAGE)
+
+
+def _print_environment(data: dict[str, Any]) -> None:
     table = Table(show_header=False, box=None)
     for key, value in data.items():
         if key == "cuda_devices":
             value = "; ".join(f"{d['index']}: {d['name']} sm_{d['capability'].replace('.', '')} "
-                              f"{d['memory_bytes'] / 2**30:.0f} GiB" for d in value) or "none"
+                              f"{d['memory_bytes'] / 2**30:.0f} GiB, {d['uuid']}, compute mode "
+                              f"{d['compute_mode']}" for d in value) or "none"
         elif key == "machine":
             value = (f"{value['name']} ({value['cpu_model']}, {value['cpu_count']} CPUs, "
                      f"{value['memory_gb']} GB; fingerprint {value['fingerprint']})")

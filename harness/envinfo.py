@@ -122,7 +122,7 @@ def environment(launcher: str | None = None) -> dict[str, Any]:
     except ImportError:
         mpi4py_version = None
     nccl = None
-    if torch.version.cuda and cuda.driver_available():
+    if torch.version.cuda:  # NCCL's version needs its library, not a GPU
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:
@@ -139,11 +139,78 @@ def environment(launcher: str | None = None) -> dict[str, Any]:
         "launcher": launcher,
         "launcher_version": launcher_version(launcher),
         "cuda_driver": cuda.driver_version(),
+        "cuda_driver_error": cuda.driver_state().error or None,
         "cuda_devices": cuda.devices(),
         "nccl": nccl,
         "nvrtc": cuda.nvrtc_version(),
         "git_commit": git_commit(),
     }
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    """Size of the shared-memory file system NCCL keeps its buffers in; None without one."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_frsize * st.f_blocks
+
+
+def mpi_links_cuda() -> bool | None:
+    """Whether the MPI library mpi4py loads was built with GPU support (it names the CUDA
+    runtime or driver: an MPICH configured with CUDA, a CUDA-aware Open MPI); None when
+    unknown. MPICH's configure line does not say (its MPL finds CUDA by itself), so the
+    library file is read; MPI is not initialised."""
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = False
+        from mpi4py import MPI  # noqa: F401 - loads libmpi into this process
+        maps = Path("/proc/self/maps").read_text()
+    except Exception:  # noqa: BLE001
+        return None
+    lib = next((line.split()[-1] for line in maps.splitlines()
+                if "/libmpi" in line and ".so" in line), None)
+    if lib is None:
+        return None
+    try:
+        data = Path(lib).read_bytes()
+    except OSError:
+        return None
+    return any(name in data
+               for name in (b"libcudart.so", b"cudaGetDeviceCount", b"cuCtxGetCurrent"))
+
+
+def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None,
+               mpi: bool = True) -> Any:
+    """The bring-up facts of this machine (``bringup.SiteFacts``) as this process sees them;
+    ``mpi=False`` skips reading the MPI library (what ``harness run`` does not need)."""
+    import torch
+
+    from harness.bringup import SiteFacts
+
+    env = env if env is not None else environment(launcher)
+    state = cuda.driver_state()
+    torch_count = None
+    if torch.version.cuda:
+        try:
+            torch_count = torch.cuda.device_count()
+        except Exception:  # noqa: BLE001
+            torch_count = 0
+    headers, headers_version = cuda.runtime_headers()
+    return SiteFacts(
+        torch_version=torch.__version__, torch_cuda=torch.version.cuda,
+        torch_gpu_count=torch_count, bindings_version=cuda.bindings_version(),
+        driver_present=state.present, driver_error=state.error,
+        driver_version=cuda.driver_api_version(), gpus=cuda.visible_gpus(),
+        nvml_gpu_count=cuda.nvml_gpu_count(), gpu_errors=tuple(cuda.device_errors()),
+        nvrtc_version=cuda.nvrtc_version(), nvrtc_error=cuda.nvrtc_missing() or "",
+        headers_version=headers_version, headers_path=str(headers or ""),
+        shm_bytes=shm_bytes(), nccl_shm_disabled=os.environ.get("NCCL_SHM_DISABLE") == "1",
+        nccl_version=env.get("nccl"), mpi_library=env.get("mpi_library"),
+        mpi_gpu=mpi_links_cuda() if mpi else None,
+        mpich_gpu_setting=os.environ.get("MPIR_CVAR_ENABLE_GPU"),
+        launcher=launcher, mps=cuda.mps_running())
 
 
 def env_id(env: dict[str, Any]) -> str:

@@ -97,6 +97,12 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
         "torch", "mpi", "bulk", "sequential"}
     assert all(r["status"] == "pass" for r in results)
     assert all(r["median_ns"] and r["median_ns"] > 0 for r in results)
+    # rank 0 reported where the ranks ran: the CPU, gloo, nothing to warn about
+    run_dir = tmp_path / "runs" / runs[0]["run_id"]
+    for w in (1, 4, 8):
+        placement = json.loads((run_dir / f"w{w}.placement.json").read_text())
+        assert placement == {"backend": "gloo", "warning": "", "devices": ["cpu"] * w,
+                             "gpus": [None] * w}
     # nccl-tests' bus factors: 2(W-1)/W, (W-1)/W, and 1 for broadcast (busbw = algbw)
     for r in results:
         if r["op"] not in COLLECTIVES:
@@ -563,3 +569,36 @@ def test_a_launcher_that_runs_nothing_is_an_infrastructure_error_not_a_pass(tmp_
     assert "exited with code 1 and no case ran" in out.stderr
     assert rows(tmp_path / "h.db", "SELECT status FROM runs") == [{"status": "infra_error"}]
     assert rows(tmp_path / "h.db", "SELECT count(*) AS n FROM results") == [{"n": 0}]
+
+
+def test_ranks_that_find_no_placement_stop_the_run_with_one_line_and_exit_2(tmp_path):
+    # a launcher whose ranks refuse their placement (what a CPU-only torch beside bound GPUs,
+    # or ranks sharing an exclusive-process GPU, make them do): rank 0's report is the error
+    fake = tmp_path / "fake-mpiexec"
+    fake.write_text("#!/bin/sh\n"
+                    "while [ $# -gt 0 ]; do\n"
+                    '  if [ "$1" = --harness-placement ]; then\n'
+                    "    printf '{\"error\": \"4 GPU(s) visible but torch 2.13.0+cpu is a "
+                    "CPU-only build\"}' > \"$2\"; fi\n"
+                    "  shift\n"
+                    "done\n"
+                    "exit 4\n")
+    fake.chmod(0o755)
+    out = harness(tmp_path, "run", "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]",
+                  "--world-sizes", "1", "--no-bench", "--launcher", str(fake), timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "world size 1: 4 GPU(s) visible but torch 2.13.0+cpu" in \
+        errors[0], out.stderr
+    assert "Traceback" not in out.stderr
+    assert rows(tmp_path / "h.db", "SELECT status FROM runs") == [{"status": "config_error"}]
+
+
+def test_env_check_prints_the_bring_up_checklist(tmp_path):
+    out = harness(tmp_path, "env", "--check", timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr  # no blocker on a CPU machine
+    lines = out.stdout.splitlines()
+    assert any(ln.startswith("OK      MPI launcher:") for ln in lines), out.stdout
+    assert any(ln.split()[0] in ("NOTE", "OK") and "torch" in ln for ln in lines)
+    data = json.loads(harness(tmp_path, "env", "--json", timeout=120).stdout)
+    assert {c["name"] for c in data["checks"]} >= {"torch", "CUDA driver", "MPI launcher"}
