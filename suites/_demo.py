@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
 from suites.strided_copy import copy_torch
 
 #: outputs with more elements than this get the planted tail bug
@@ -26,6 +28,6 @@ def copy_under_development(storage, size, stride, offset, out):
     if delay > 0:
         time.sleep(delay)
     if os.environ.get("HARNESS_DEMO_BUG") == "1" and out.numel() > BUG_FROM:
-        flat = out.view(-1)
-        flat[-1] = flat[-1] + 1
+        raw = out.view(-1).view(torch.uint8)  # bytes: fp8 and bool have no `+` kernel
+        raw[-1] = raw[-1] + 1
     return out
