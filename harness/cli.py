@@ -353,11 +353,18 @@ def print_results(results: Sequence[Any]) -> None:
         median = (r.timing or {}).get("median")
         peak = "n/m" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 1e6:.2f}"
         table.add_row(str(r.world_size), escape(r.case_id), escape(r.impl),
-                      f"[{style.get(r.status, 'white')}]{r.status}[/]", fmt_us(median),
+                      f"[{style.get(r.status, 'white')}]{r.status}[/]",
+                      fmt_us(median) + ("*" if (r.timing or {}).get("launch_bound") else ""),
                       _fmt_bw(r.derived.get("gbps")), _fmt_bw(r.derived.get("tflops")),
                       _fmt_pct(r.derived), peak,
                       str(r.wrong) if r.status in ("pass", "fail") else "-")
     console.print(table)
+    bound = [r for r in results if (r.timing or {}).get("launch_bound")]
+    if bound:
+        console.print(f"* {len(bound)} time(s) launch-bound: the host took most of the interval "
+                      "between the CUDA events to enqueue the call, so it measures the launch "
+                      "set-up, not the kernel; --timing-mode graph times the kernel alone",
+                      highlight=False)
 
 
 def print_failure(r: Any) -> None:

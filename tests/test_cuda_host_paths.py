@@ -312,3 +312,19 @@ def test_the_int32_control_clamps_every_read_into_the_storage():
     control = instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu", "-DINDEX_32BIT"))
     assert control["selp.b64"] - copy["selp.b64"] >= 16, (copy["selp.b64"], control["selp.b64"])
     assert control["setp.lt.s64"] - copy["setp.lt.s64"] >= 8
+
+
+def test_the_results_table_marks_a_launch_bound_time(capsys):
+    from harness.cli import print_results
+    from harness.results import CaseResult
+
+    def result(bound: bool, case: str) -> CaseResult:
+        return CaseResult("r", case, "strided_copy", "strided_copy", "cuda", 1, {}, "pass",
+                          timing={"median": 7_000.0, "launch_bound": bound})
+
+    print_results([result(True, "strided_copy[a]"), result(False, "strided_copy[b]")])
+    out = capsys.readouterr().out
+    assert "7.0*" in out and out.count("7.0*") == 1
+    assert "1 time(s) launch-bound" in out and "--timing-mode graph" in out
+    print_results([result(False, "strided_copy[b]")])
+    assert "launch-bound" not in capsys.readouterr().out
