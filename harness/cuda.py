@@ -136,6 +136,8 @@ def device_records(drv: Any) -> tuple[list[dict[str, Any]], list[str]]:
                 _p.append(err)
             return value
 
+        # cuda-bindings 13: cuDeviceGetUuid(dev) -> (CUresult, CUuuid), the _v2 entry point
+        # inside; CUuuid.bytes is 16 bytes. cuDeviceGetAttribute(attr, dev) -> (CUresult, int)
         uuid = ask("uuid", drv.cuDeviceGetUuid, dev)
         name = ask("name", drv.cuDeviceGetName, 256, dev)
         major = ask("capability", drv.cuDeviceGetAttribute,
@@ -736,8 +738,9 @@ _CACHE = _LaunchCache()
 
 
 def current_stream_handle(device: Any) -> int:
-    """The raw cudaStream_t of torch's current stream on ``device`` (what torch's own Triton
-    launcher passes: torch._C._cuda_getCurrentRawStream), without making a Stream object."""
+    """The raw cudaStream_t of torch's current stream on ``device``, without making a Stream
+    object: torch._C._cuda_getCurrentRawStream(device_index) -> int, what torch's Inductor
+    passes its Triton launches (torch 2.13: _dynamo/device_interface.py, _C/__init__.pyi)."""
     import torch
 
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -763,4 +766,6 @@ def launch(module: CompiledModule, kernel: str, grid: Any, block: Any, args: Seq
     converted = kernel_arguments(kernel, args, device)
     stream = _CACHE.stream(current_stream_handle(device))
     config = _CACHE.config(grid, block, int(shared_mem))
+    # cuda.core 1.2 launch(stream, config, kernel, *args): packs args (ParamHolder), then
+    # cuLaunchKernelEx with the GIL released (_launcher.pyx)
     _CACHE.core_names()[2](stream, config, module.kernel(kernel), *converted)

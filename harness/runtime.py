@@ -80,6 +80,8 @@ class World:
         mine = placements[comm.Get_rank()]
         dev = torch.device(mine.device)
         if dev.type == "cuda":
+            # before the group: init_process_group(device_id=) binds NCCL's communicator to
+            # the device but sets no current device (torch 2.13 distributed_c10d.py)
             torch.cuda.set_device(dev)
         if mine.warning and local_rank == 0:
             warnings.warn(mine.warning, stacklevel=2)
