@@ -3,8 +3,9 @@
 #
 #   ci/gpu-validation.sh OUT_DIR [STEP ...]
 #
-# Steps, in this order when none is named: env calibrate tests smoke1 smoke48 graph kernels
-# nightly1 timers summary. Each step logs to OUT_DIR/STEP.log and records its runs in
+# Steps, in this order when none is named: check env calibrate tests smoke1 smoke48 graph
+# kernels nightly1 timers summary. `check` (harness env --check) comes first and stops the
+# script on a blocker: nothing after it could mean anything on a machine that fails it. Each step logs to OUT_DIR/STEP.log and records its runs in
 # OUT_DIR/history.db; a failing case does not stop the steps (--fail-on never), `summary`
 # prints the pass/fail counts of every run, each failure, and the headline figures. A step
 # fits in about 10 minutes on an H100, so a lease with a per-command limit can run them one
@@ -18,11 +19,14 @@ export HARNESS_DB="$out/history.db"
 export HARNESS_CUDA_CACHE="$out/nvrtc-cache"
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
-  steps=(env calibrate tests smoke1 smoke48 graph kernels nightly1 timers summary)
+  steps=(check env calibrate tests smoke1 smoke48 graph kernels nightly1 timers summary)
 fi
 
 run_step() {
   case "$1" in
+    # the bring-up checklist: torch build, driver and cuda-python majors, compute modes,
+    # NVRTC, /dev/shm, MPI; exit 2 on a blocker
+    check) harness env --check ;;
     env) harness env ;;
     # the copy bandwidth and matmul peaks that "% of peak" divides by
     calibrate) harness calibrate --device cuda ;;
@@ -53,6 +57,10 @@ for step in "${steps[@]}"; do
   if ! run_step "$step" 2>&1 | tee "$out/$step.log"; then
     failed=$((failed + 1))
     echo "== $step FAILED after $((SECONDS - start)) s"
+    if [ "$step" = check ]; then
+      echo "== stopping: fix the blockers above (see $out/check.log), then run again"
+      exit "$failed"
+    fi
   else
     echo "== $step done in $((SECONDS - start)) s"
   fi

@@ -411,3 +411,20 @@ def test_sbatch_names_a_missing_history_dir(tmp_path):
     proc = run_script(SBATCH, tmp_path)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "HARNESS_HISTORY_DIR" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- GPU validation
+def test_gpu_validation_starts_with_the_bring_up_check_and_stops_on_a_blocker(tmp_path):
+    script = CI / "gpu-validation.sh"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    ok = subprocess.run(["bash", str(script), str(tmp_path / "ok"), "check"], env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stdout + ok.stderr  # a CPU machine has no blocker
+    assert "MPI launcher" in (tmp_path / "ok" / "check.log").read_text()
+    # no MPI launcher is a blocker: the script says so and runs nothing after it
+    blocked = subprocess.run(["bash", str(script), str(tmp_path / "bad"), "check", "env"],
+                             env={**env, "HARNESS_MPIEXEC": "/nonexistent/mpiexec"},
+                             capture_output=True, text=True, timeout=300)
+    assert blocked.returncode == 1, blocked.stdout + blocked.stderr
+    assert "BLOCKER MPI launcher" in blocked.stdout and "stopping" in blocked.stdout
+    assert not (tmp_path / "bad" / "env.log").exists()
