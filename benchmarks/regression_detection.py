@@ -5,7 +5,7 @@ The noise is real: the same selection of cases (21 series at world size 1 across
 families, 5 collective series at world size 4) run 40 times with ``harness run`` on this
 2-core machine, every run's raw timing samples kept per series (world size, case id, impl).
 Three recordings in ``benchmarks/data/``: ``regression_noise.json`` and
-``regression_noise_holdout.json`` were made while other agents loaded the machine (the
+``regression_noise_holdout.json`` were made while other work loaded the machine (the
 harness's MAD_K = 2 and its in-band significance reference were chosen on the first and
 checked on the second); ``regression_noise_quiet.json`` (the default) was made afterwards with
 nothing else running and was not used to choose anything. ``--record`` redoes one (~10 min
