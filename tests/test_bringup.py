@@ -65,6 +65,8 @@ def test_an_old_driver_with_cuda_python_13_warns_and_names_the_cuda_12_install()
     assert checks["CUDA driver"].level == "warn"
     assert "cuda-bindings 13.4.4 needs a CUDA 13 driver" in checks["CUDA driver"].detail
     assert "nvidia-cuda-nvrtc-cu12" in checks["CUDA driver"].detail
+    # both NVRTC wheels installed, cuda-python loads 13's: the remedy removes it first
+    assert "pip uninstall -y nvidia-cuda-nvrtc &&" in checks["CUDA driver"].detail
     assert checks["NVRTC"].level == "warn"
     assert "cannot load" in checks["NVRTC"].detail and "cu12" in checks["NVRTC"].detail
     assert run_blockers(facts, "auto", [1, 4, 8]) == []  # torch runs; CUDA C++ skips
