@@ -328,3 +328,25 @@ def test_the_results_table_marks_a_launch_bound_time(capsys):
     assert "1 time(s) launch-bound" in out and "--timing-mode graph" in out
     print_results([result(False, "strided_copy[b]")])
     assert "launch-bound" not in capsys.readouterr().out
+
+
+def test_gpus_come_from_torch_when_cuda_python_cannot_use_the_driver(monkeypatch):
+    from harness.placement import GpuFacts
+
+    from_torch = (GpuFacts("GPU-t0", "H100"),)
+    monkeypatch.setattr(cuda, "torch_gpus", lambda: from_torch)
+    # cuInit failed: the error is kept for harness env, the devices come from torch
+    monkeypatch.setattr(cuda, "driver_state",
+                        lambda: cuda.DriverState(None, True, "cuInit failed with X"))
+    monkeypatch.setattr(cuda, "_device_records", lambda: ([], []))
+    assert cuda.visible_gpus() == from_torch
+    # the driver works but could not describe its devices: torch's list too
+    monkeypatch.setattr(cuda, "driver_state", lambda: cuda.DriverState(object(), True))
+    monkeypatch.setattr(cuda, "_device_records", lambda: ([], ["device 0 uuid: E"]))
+    assert cuda.visible_gpus() == from_torch
+    # the driver works and sees none: no GPU, torch is not asked
+    monkeypatch.setattr(cuda, "_device_records", lambda: ([], []))
+    assert cuda.visible_gpus() == ()
+    record = {"uuid": "GPU-d0", "name": "H100", "compute_mode": "exclusive_process"}
+    monkeypatch.setattr(cuda, "_device_records", lambda: ([record], []))
+    assert cuda.visible_gpus() == (GpuFacts("GPU-d0", "H100", "exclusive_process"),)
