@@ -12,9 +12,9 @@ GPU-enabled MPI library.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from harness.placement import TORCH_CUDA_INSTALL, GpuFacts
+from harness.placement import EXCLUSIVE_MODES, TORCH_CUDA_INSTALL, GpuFacts
 
 #: a verdict's level, mildest first
 LEVELS = ("ok", "note", "warn", "blocker")
@@ -72,8 +72,9 @@ class SiteFacts:
     nvml_gpu_count: int = 0
     #: devices whose queries failed, with the driver's error
     gpu_errors: tuple[str, ...] = ()
-    #: NVRTC "13.5", or None with the reason in nvrtc_error
+    #: NVRTC "13.5", or None
     nvrtc_version: str | None = None
+    #: why compiling is impossible though NVRTC may load (cuda.core missing): nvrtc_missing()
     nvrtc_error: str = ""
     #: CUDART_VERSION of the CUDA runtime headers found for NVRTC's include path (13000)
     headers_version: int | None = None
@@ -89,7 +90,6 @@ class SiteFacts:
     mpich_gpu_setting: str | None = None
     launcher: str | None = None
     mps: bool = False
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def version_major(version: str | int | None) -> int | None:
@@ -192,7 +192,7 @@ def check_gpus(f: SiteFacts) -> list[Check]:
             out.append(Check(f"GPU {i} compute mode", "blocker",
                              f"{g.uuid} is in prohibited compute mode: no process may use it; "
                              "an administrator sets `nvidia-smi -c DEFAULT`"))
-        elif g.compute_mode in ("exclusive_process", "exclusive_thread"):
+        elif g.compute_mode in EXCLUSIVE_MODES:
             out.append(Check(f"GPU {i} compute mode", "warn" if not f.mps else "ok",
                              f"{g.uuid} is in {g.compute_mode.replace('_', '-')} compute mode: "
                              + ("an MPS daemon lets ranks share it" if f.mps else
@@ -201,24 +201,25 @@ def check_gpus(f: SiteFacts) -> list[Check]:
     return out
 
 
-def nvrtc_problem(f: SiteFacts) -> str:
-    """Why CUDA C++ implementations cannot compile or load here, with the remedy, or ""."""
-    drv = version_major(f.driver_version)
-    if f.nvrtc_version is None:
+def nvrtc_problem(nvrtc_version: str | None, driver_version: int | None) -> str:
+    """Why CUDA C++ implementations cannot compile or load on this driver, with the remedy for
+    its CUDA major, or "": NVRTC missing, or of a newer major than the driver."""
+    drv = version_major(driver_version)
+    if nvrtc_version is None:
         fix = CUDA12_INSTALL if drv == 12 else CUDA13_INSTALL
-        why = f" ({f.nvrtc_error})" if f.nvrtc_error else ""
-        return f"NVRTC is not installed or not loadable{why}: {fix}"
-    nv = version_major(f.nvrtc_version)
+        return f"NVRTC is not installed or not loadable: {fix}"
+    nv = version_major(nvrtc_version)
     if drv is not None and nv is not None and nv > drv:
         fix = CUDA12_INSTALL if drv == 12 else f"an NVRTC of CUDA {drv}.x"
-        return (f"NVRTC {f.nvrtc_version} makes cubins the CUDA "
-                f"{fmt_api_version(f.driver_version)} driver cannot load (a newer major): "
-                f"{fix}, or update the driver")
+        return (f"NVRTC {nvrtc_version} makes cubins the CUDA {fmt_api_version(driver_version)} "
+                f"driver cannot load (a newer major): {fix}, or update the driver")
     return ""
 
 
 def check_nvrtc(f: SiteFacts) -> Check:
-    problem = nvrtc_problem(f)
+    # what cuda.run_problem says in the ranks: the driver-aware problem, else nvrtc_error
+    # (cuda.core missing)
+    problem = nvrtc_problem(f.nvrtc_version, f.driver_version) or f.nvrtc_error
     if problem:
         # only CUDA C++ implementations need it: they skip, saying why
         return Check("NVRTC", "warn" if f.gpus else "note",
@@ -331,8 +332,7 @@ def run_blockers(f: SiteFacts, device: str, world_sizes: Sequence[int]) -> list[
         if c.level == "blocker":
             out.append(c.detail)
     if gpus and not f.mps:
-        exclusive = [g for g in gpus if g.compute_mode in ("exclusive_process",
-                                                           "exclusive_thread")]
+        exclusive = [g for g in gpus if g.compute_mode in EXCLUSIVE_MODES]
         over = [w for w in world_sizes if w > len(gpus)]
         if exclusive and over:
             out.append(f"world size {over[0]} puts several ranks on a GPU, but {len(exclusive)}"

@@ -44,7 +44,8 @@ def _error_name(drv: Any, err: Any) -> str:
     return getattr(err, "name", str(err))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
@@ -62,7 +63,7 @@ def driver_state() -> DriverState:
     try:
         from cuda.bindings import driver
     except Exception as exc:  # noqa: BLE001
-        return DriverState(None, False, f"cuda-python cannot be imported ({_first_line(exc)})")
+        return DriverState(None, False, f"cuda-python cannot be imported ({first_line(exc)})")
     return init_driver(driver)
 
 
@@ -73,7 +74,7 @@ def init_driver(driver: Any) -> DriverState:
     except Exception as exc:  # noqa: BLE001
         if type(exc).__name__ == "DynamicLibNotFoundError":
             return DriverState(None, False)
-        return DriverState(None, True, f"cuInit raised {_first_line(exc)}")
+        return DriverState(None, True, f"cuInit raised {first_line(exc)}")
     if err == driver.CUresult.CUDA_SUCCESS:
         return DriverState(driver, True)
     name = _error_name(driver, err)
@@ -107,10 +108,18 @@ def _query(drv: Any, what: str, fn: Any, *args: Any) -> tuple[Any, str]:
     try:
         err, *value = fn(*args)
     except Exception as exc:  # noqa: BLE001
-        return None, f"{what}: {_first_line(exc)}"
+        return None, f"{what}: {first_line(exc)}"
     if err != drv.CUresult.CUDA_SUCCESS:
         return None, f"{what}: {_error_name(drv, err)}"
     return (value[0] if len(value) == 1 else tuple(value)), ""
+
+
+def _ask(drv: Any, errors: list[str], what: str, fn: Any, *args: Any) -> Any:
+    """A driver query's value, or None with its error appended to ``errors``."""
+    value, why = _query(drv, what, fn, *args)
+    if why:
+        errors.append(why)
+    return value
 
 
 def device_records(drv: Any) -> tuple[list[dict[str, Any]], list[str]]:
@@ -122,32 +131,22 @@ def device_records(drv: Any) -> tuple[list[dict[str, Any]], list[str]]:
     if why:
         return [], [why]
     attr = drv.CUdevice_attribute
-    records, errors = [], []
+    records: list[dict[str, Any]] = []
+    errors: list[str] = []
     for i in range(int(count)):
-        dev, why = _query(drv, f"cuDeviceGet({i})", drv.cuDeviceGet, i)
-        if why:
-            errors.append(why)
+        dev = _ask(drv, errors, f"cuDeviceGet({i})", drv.cuDeviceGet, i)
+        if dev is None:
             continue
-        problems: list[str] = []
-
-        def ask(what: str, fn: Any, *args: Any, _i: int = i, _p: list[str] = problems) -> Any:
-            value, err = _query(drv, f"device {_i} {what}", fn, *args)
-            if err:
-                _p.append(err)
-            return value
-
         # cuda-bindings 13: cuDeviceGetUuid(dev) -> (CUresult, CUuuid), the _v2 entry point
         # inside; CUuuid.bytes is 16 bytes. cuDeviceGetAttribute(attr, dev) -> (CUresult, int)
-        uuid = ask("uuid", drv.cuDeviceGetUuid, dev)
-        name = ask("name", drv.cuDeviceGetName, 256, dev)
-        major = ask("capability", drv.cuDeviceGetAttribute,
-                    attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-        minor = ask("capability", drv.cuDeviceGetAttribute,
-                    attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-        mode = ask("compute mode", drv.cuDeviceGetAttribute,
-                   attr.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, dev)
-        total = ask("memory", drv.cuDeviceTotalMem, dev)
-        errors += problems
+        uuid = _ask(drv, errors, f"device {i} uuid", drv.cuDeviceGetUuid, dev)
+        name = _ask(drv, errors, f"device {i} name", drv.cuDeviceGetName, 256, dev)
+        major, minor, mode = (
+            _ask(drv, errors, f"device {i} {what}", drv.cuDeviceGetAttribute, a, dev)
+            for what, a in (("capability", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                            ("capability", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+                            ("compute mode", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_MODE)))
+        total = _ask(drv, errors, f"device {i} memory", drv.cuDeviceTotalMem, dev)
         if uuid is None:  # without its UUID a device cannot be told apart: leave it out
             continue
         records.append({
@@ -259,8 +258,10 @@ def mps_running() -> bool:
 
 def driver_version() -> str | None:
     """CUDA driver API version as ``major.minor``, or None."""
+    from harness.bringup import fmt_api_version
+
     v = driver_api_version()
-    return None if v is None else f"{v // 1000}.{(v % 1000) // 10}"
+    return None if v is None else fmt_api_version(v)
 
 
 def driver_api_version() -> int | None:
@@ -352,14 +353,9 @@ def run_problem() -> str | None:
     the install command, or None: NVRTC missing (the right wheel for the driver's CUDA major
     named), cuda.core missing, or an NVRTC of a newer CUDA major than the driver (its cubins
     do not load: minor-version compatibility holds within a major only)."""
-    from harness import bringup
+    from harness.bringup import nvrtc_problem
 
-    facts = bringup.SiteFacts(nvrtc_version=nvrtc_version(),
-                              driver_version=driver_api_version(), gpus=())
-    problem = bringup.nvrtc_problem(facts)
-    if problem:
-        return problem
-    return nvrtc_missing()
+    return nvrtc_problem(nvrtc_version(), driver_api_version()) or nvrtc_missing()
 
 
 def arch_for(device: Any) -> str:
@@ -579,7 +575,7 @@ def _cache_unusable(exc: OSError) -> None:
     where = str(cache_dir())
     if where not in _UNUSABLE_CACHES:
         _UNUSABLE_CACHES.add(where)
-        warnings.warn(f"the NVRTC disk cache {where} is unusable ({_first_line(exc)}): compiled "
+        warnings.warn(f"the NVRTC disk cache {where} is unusable ({first_line(exc)}): compiled "
                       "kernels are kept in memory only; point HARNESS_CUDA_CACHE at a writable "
                       "directory (or set it to off)", RuntimeWarning, stacklevel=3)
 

@@ -27,6 +27,8 @@ DEVICES = ("auto", "cpu", "cuda")
 #: CUcomputemode values (cuda.h: CU_COMPUTEMODE_DEFAULT = 0, _PROHIBITED = 2,
 #: _EXCLUSIVE_PROCESS = 3; 1 was exclusive-thread, removed in CUDA 8)
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+#: the modes that allow one process per GPU (several need an MPS daemon to share it)
+EXCLUSIVE_MODES = ("exclusive_process", "exclusive_thread")
 TORCH_CUDA_INSTALL = "https://pytorch.org/get-started/locally/"
 
 
@@ -138,7 +140,7 @@ def place(requested: str, ranks: Sequence[RankFacts], rank: int) -> Placement:
     shared = {uuid: rs for uuid, rs in sharing.items() if len(rs) > 1}
     for uuid, rs in shared.items():
         gpu = chosen[rs[0]]
-        if gpu.compute_mode in ("exclusive_process", "exclusive_thread") and not all(
+        if gpu.compute_mode in EXCLUSIVE_MODES and not all(
                 ranks[r].mps for r in rs):
             raise PlacementError(
                 f"ranks {ranges(rs)} would share GPU {uuid} ({gpu.name or 'unnamed'}), which "

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from harness import gpu_telemetry
+from harness.cuda import first_line
 from harness.spec import Work
 
 MODES = ("events", "graph")
@@ -215,11 +216,6 @@ class L2Flusher:
 
 
 # ------------------------------------------------------------------------------ CUDA graphs
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def capture_graph(fn: Callable[[], Any], device: torch.device,
                   warmup: int) -> tuple[Any | None, str]:
     """Capture one call of ``fn`` into a CUDA graph: (graph, "") or (None, why it failed).
@@ -244,7 +240,7 @@ def capture_graph(fn: Callable[[], Any], device: torch.device,
         try:
             graph.capture_begin(capture_error_mode="thread_local")
         except Exception as exc:
-            return None, f"capture could not begin ({_first_line(exc)})"
+            return None, f"capture could not begin ({first_line(exc)})"
         try:
             fn()
         except Exception as exc:
@@ -258,7 +254,7 @@ def capture_graph(fn: Callable[[], Any], device: torch.device,
     del graph
     # a failed capture leaves no sticky error; if something else broke, say so here
     torch.cuda.synchronize(device)
-    return None, _first_line(error)
+    return None, first_line(error)
 
 
 def graph_mode_refusal(device_type: str, distributed: bool, backend: str) -> str:

@@ -97,14 +97,14 @@ def test_a_torch_newer_than_the_driver_sees_no_gpu_and_says_why():
                                             (12080, "nvidia-cuda-nvrtc-cu12"),
                                             (None, "nvidia-cuda-nvrtc>=13")])
 def test_no_nvrtc_names_the_wheel_of_the_drivers_cuda_major(driver, install):
-    problem = bringup.nvrtc_problem(SiteFacts(driver_version=driver))
+    problem = bringup.nvrtc_problem(None, driver)
     assert "NVRTC is not installed" in problem and install in problem
 
 
 def test_nvrtc_of_the_drivers_major_or_older_is_fine():
-    assert bringup.nvrtc_problem(SiteFacts(nvrtc_version="12.9", driver_version=12040)) == ""
-    assert bringup.nvrtc_problem(SiteFacts(nvrtc_version="12.9", driver_version=13000)) == ""
-    assert bringup.nvrtc_problem(SiteFacts(nvrtc_version="13.0", driver_version=None)) == ""
+    assert bringup.nvrtc_problem("12.9", 12040) == ""
+    assert bringup.nvrtc_problem("12.9", 13000) == ""
+    assert bringup.nvrtc_problem("13.0", None) == ""
 
 
 def test_runtime_headers_of_another_major_are_a_warning():
