@@ -86,7 +86,7 @@ def test_a_planted_delay_is_a_regression_and_the_same_code_is_not(tmp_path):
     compare_same = harness(tmp_path, "compare", "--fail-on", "regression")
     assert compare_same.returncode == 0, compare_same.stdout[-3000:]
 
-    slow = _timed_run(tmp_path, 0.001)  # 2 ms -> 3 ms: 50% slower
+    slow = _timed_run(tmp_path, 0.01)  # 20 ms -> 30 ms: 50% slower
     assert slow.returncode == 3, slow.stdout[-3000:] + slow.stderr[-2000:]
     assert "REGRESSION" in slow.stdout
     compare_slow = harness(tmp_path, "compare", "--fail-on", "regression", "--json")
