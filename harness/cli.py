@@ -103,8 +103,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "default: every implementation).")
 @click.option("--device", default="auto", show_default=True,
               type=click.Choice(["auto", "cpu", "cuda"]))
-@click.option("--bench/--no-bench", default=True, show_default=True,
-              help="Time the implementations that pass.")
+@click.option("--bench/--no-bench", default=None,
+              help="Time the implementations that pass (default: fully where each rank has "
+                   "its own CPUs and GPU, with a token budget where ranks contend, their times "
+                   "marked ~ and kept out of the regression series). --bench times fully "
+                   "everywhere and keeps every time in the series; --no-bench checks only.")
 @click.option("--db", default=None, help="History DB (default $HARNESS_DB or "
                                          "harness-results/history.db).")
 @click.option("--out-dir", default=None, type=click.Path(file_okay=False),
@@ -134,7 +137,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "directory (as `harness report --out DIR`).")
 @click.pass_context
 def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: str,
-        impls: tuple[str, ...], device: str, bench: bool, db: str | None, out_dir: str | None,
+        impls: tuple[str, ...], device: str, bench: bool | None, db: str | None,
+        out_dir: str | None,
         timeout: float | None, fail_on: str, launcher: str | None, launcher_args: str,
         hostfile: str | None, grace: float, golden_dir: str | None, use_golden: bool,
         timing_mode: str, l2_flush: bool, report_dir: str | None) -> None:
@@ -183,7 +187,8 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     info.write(run_dir / "run.json")
     calibrations = _write_calibrations(db_path, info.machine["fingerprint"], run_dir)
     cfg = LaunchConfig(launcher=mpiexec, run_dir=run_dir, run_id=run_id, tier=tier,
-                       selectors=selectors, impls=impls, device=device, bench=bench,
+                       selectors=selectors, impls=impls, device=device,
+                       bench=bench is not False, full_timing=bench is True,
                        timeout=timeout, env_id=envinfo.env_id(env),
                        launcher_args=shlex.split(launcher_args), hostfile=hostfile,
                        grace_s=grace, golden=use_golden, timing_mode=timing_mode,
@@ -339,8 +344,18 @@ def print_results(results: Sequence[Any]) -> None:
         (collective if r.family == "collectives" and "n" in r.params else others).append(r)
     if collective:
         click.echo(format_blocks(collective, _work_of))
-    if not others:
-        return
+    if others:
+        _print_table(others)
+    print_contention(results)
+    bound = [r for r in results if (r.timing or {}).get("launch_bound")]
+    if bound:
+        console.print(f"* {len(bound)} time(s) launch-bound: the host took most of the interval "
+                      "between the CUDA events to enqueue the call, so it measures the launch "
+                      "set-up, not the kernel; --timing-mode graph times the kernel alone",
+                      highlight=False)
+
+
+def _print_table(others: Sequence[Any]) -> None:
     table = Table(title="results", show_lines=False, header_style="bold")
     for col, just in (("world", "right"), ("case", "left"), ("impl", "left"),
                       ("status", "left"), ("time us", "right"), ("GB/s", "right"),
@@ -354,16 +369,29 @@ def print_results(results: Sequence[Any]) -> None:
         peak = "n/m" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 1e6:.2f}"
         table.add_row(str(r.world_size), escape(r.case_id), escape(r.impl),
                       f"[{style.get(r.status, 'white')}]{r.status}[/]",
-                      fmt_us(median) + ("*" if (r.timing or {}).get("launch_bound") else ""),
+                      fmt_us(median) + r.time_marks,
                       _fmt_bw(r.derived.get("gbps")), _fmt_bw(r.derived.get("tflops")),
                       _fmt_pct(r.derived), peak,
                       str(r.wrong) if r.status in ("pass", "fail") else "-")
     console.print(table)
-    bound = [r for r in results if (r.timing or {}).get("launch_bound")]
-    if bound:
-        console.print(f"* {len(bound)} time(s) launch-bound: the host took most of the interval "
-                      "between the CUDA events to enqueue the call, so it measures the launch "
-                      "set-up, not the kernel; --timing-mode graph times the kernel alone",
+
+
+def print_contention(results: Sequence[Any]) -> None:
+    """The footnote of the ``~`` times: taken while ranks contended for CPUs or a GPU."""
+    contended = [r for r in results if (r.timing or {}).get("contention")]
+    if not contended:
+        return
+    why = "; ".join(sorted({f"world size {r.world_size}: {r.timing['contention']}"
+                            for r in contended}))
+    token = sum(1 for r in contended if r.timing.get("minimal"))
+    if token:
+        console.print(f"~ {token} time(s) taken while ranks contended ({why}): they measure "
+                      "the contention, not the implementation, so each got a token budget "
+                      "(still checked after the repeats) and stays out of the regression "
+                      "series; --bench times them fully", highlight=False)
+    if len(contended) > token:
+        console.print(f"~ {len(contended) - token} time(s) taken fully (--bench) while ranks "
+                      f"contended ({why}): compare them only with times taken the same way",
                       highlight=False)
 
 

@@ -13,7 +13,8 @@ memory of the call), and the block's average bus bandwidth at the end::
     # Wrong elements       : 0 OK
 
 #wrong is the number of elements outside tolerance summed over ranks (nccl-tests' #wrong);
-a case that did not finish shows its status (error, timeout, crash) there instead.
+a case that did not finish shows its status (error, timeout, crash) there instead. A time
+marked ``~`` was taken while ranks contended for CPUs or a GPU, ``*`` is launch-bound.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _side(r: CaseResult | None) -> list[str]:
     if r is None:
         return ["-"] * 5
     median = (r.timing or {}).get("median")
-    time_us = f"{median / 1e3:.1f}" if median else "-"
+    time_us = f"{median / 1e3:.1f}{r.time_marks}" if median else "-"
     algbw = r.derived.get("gbps")
     busbw = r.derived.get("busbw_gbps")
     wrong = str(r.wrong) if r.status in ("pass", "fail") else r.status

@@ -20,6 +20,7 @@ unique across nodes too), whatever the device count each rank sees.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,6 +61,8 @@ class RankFacts:
     torch_cuda: str | None = None
     #: an MPS control daemon serves this node (several processes may share an exclusive GPU)
     mps: bool = False
+    #: the logical CPUs this process may run on (``os.sched_getaffinity``); () where unknown
+    cpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,3 +159,36 @@ def place(requested: str, ranks: Sequence[RankFacts], rank: int) -> Placement:
     warning = (f"{len(ranks)} ranks on {len(sharing)} GPU(s), some shared ({groups}): using "
                "gloo, not nccl (NCCL needs a GPU of its own per rank)")
     return Placement(device, "gloo", chosen[rank].uuid, warning)
+
+
+def usable_cpus() -> tuple[int, ...]:
+    """The logical CPUs this process may run on (its affinity; every CPU where the platform
+    has no affinity call)."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
+
+
+def contention(ranks: Sequence[RankFacts], placements: Sequence[Placement]) -> str:
+    """Why times taken with these placements measure contention rather than the
+    implementation, or "" when they can mean something; the same answer on every rank.
+
+    A node runs more ranks than the CPUs they may use between them (the union of their
+    affinities, so ranks bound one per core count as many cores as ranks), or two ranks share
+    one GPU: a rank's time then includes the other ranks' turns on the same core or GPU. A
+    node whose ranks report no CPUs is not judged by CPUs."""
+    reasons: list[str] = []
+    by_node: dict[str, list[RankFacts]] = {}
+    for f in ranks:
+        by_node.setdefault(f.node, []).append(f)
+    for node, facts in sorted(by_node.items()):
+        cpus = set().union(*(f.cpus for f in facts))
+        if cpus and len(facts) > len(cpus):
+            reasons.append(f"{len(facts)} ranks on {len(cpus)} CPU(s) of {node}")
+    sharing: dict[str, list[int]] = {}
+    for r, p in enumerate(placements):
+        if p.gpu_uuid:
+            sharing.setdefault(p.gpu_uuid, []).append(r)
+    reasons += [f"ranks {ranges(rs)} share GPU {_short(uuid)}"
+                for uuid, rs in sorted(sharing.items(), key=lambda kv: kv[1][0]) if len(rs) > 1]
+    return "; ".join(reasons)

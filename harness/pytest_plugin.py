@@ -38,6 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="implementation, negative control or module:callable (repeatable)")
     g.addoption("--harness-device", default="auto", help="auto, cpu or cuda")
     g.addoption("--harness-no-bench", action="store_true", help="check only, do not time")
+    g.addoption("--harness-full-timing", action="store_true",
+                help="time fully even where ranks contend for CPUs or a GPU (by default "
+                     "they get a token budget and their times stay out of the series)")
     g.addoption("--harness-results", default=None, help="JSONL file rank 0 appends results to")
     g.addoption("--harness-progress", default=None, help="file naming the case in progress")
     g.addoption("--harness-run-id", default=None, help="run id stamped on every result")
@@ -110,9 +113,10 @@ class HarnessSession:
                 "devices": [p.device for p in self.world.placements],
                 "gpus": [p.gpu_uuid for p in self.world.placements]})
         self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code))
-        self.timing = dataclasses.replace(TimingConfig.for_tier(self.tier),
-                                          mode=opt.harness_timing_mode,
-                                          l2_flush=opt.harness_l2_flush)
+        self.timing = dataclasses.replace(
+            TimingConfig.for_tier(self.tier), mode=opt.harness_timing_mode,
+            l2_flush=opt.harness_l2_flush,
+        ).for_placement(self.world.contention, force=opt.harness_full_timing)
         self.calibration = _calibration_for(opt.harness_calibrations, self.world.device)
         self.golden = None if opt.harness_no_golden else GoldenStore(opt.harness_golden_dir)
 

@@ -295,9 +295,17 @@ def _finding(kind: str, r: CaseResult, metric: str, detail: str, *,
                    ratio=ratio, p_value=p_value, baseline_run=baseline_run, detail=detail)
 
 
+def in_series(r: CaseResult) -> bool:
+    """Whether ``r``'s times belong in its regression series: it passed (times of wrong outputs
+    mean nothing) and was not timed with a token budget because its ranks contended for CPUs
+    or a GPU (``timing.minimal``: those times measure the contention)."""
+    return (r.status == "pass" and isinstance(r.timing, dict)
+            and not r.timing.get("minimal"))
+
+
 def _samples(r: CaseResult) -> list[float]:
-    """Raw timing samples of a passing result (timings of wrong outputs mean nothing)."""
-    if r.status != "pass" or not isinstance(r.timing, dict):
+    """Raw timing samples of a result in its series (``in_series``), else []."""
+    if not in_series(r):
         return []
     samples = r.timing.get("samples")
     return samples if isinstance(samples, list) else []
@@ -461,6 +469,8 @@ def compare_rows(results_a: Sequence[CaseResult], results_b: Sequence[CaseResult
             verdict = "only in A"
         elif a.status != "pass" or b.status != "pass":
             verdict = f"{a.status} -> {b.status}"
+        elif not (in_series(a) and in_series(b)):
+            verdict = "not a measurement (ranks contended)"
         else:
             verdict = "no samples"
         ratio = shift.ratio if shift is not None and math.isfinite(shift.ratio) else None

@@ -43,7 +43,9 @@ class CaseResult:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: elements outside tolerance, summed over ranks and outputs (nccl-tests' #wrong)
     wrong: int = 0
-    #: timing stats in nanoseconds: median, p10, p90, min, mean, std, n, samples
+    #: timing stats in nanoseconds: median, p10, p90, min, mean, std, n, samples; how they
+    #: were taken (mode, l2_flush, launch_bound); ``contention``: why the ranks contended for
+    #: CPUs or a GPU ("" when they did not) and ``minimal``: a token budget was spent on them
     timing: dict[str, Any] | None = None
     #: derived figures: tflops, gbps (algbw), busbw_gbps
     derived: dict[str, float] = field(default_factory=dict)
@@ -64,6 +66,13 @@ class CaseResult:
     #: short environment fingerprint; the full environment lives in the run's metadata
     env_id: str = ""
     schema: int = SCHEMA
+
+    @property
+    def time_marks(self) -> str:
+        """What a table prints after the time: ``~`` taken while ranks contended, ``*``
+        launch-bound (the host's enqueue time set it)."""
+        t = self.timing or {}
+        return ("~" if t.get("contention") else "") + ("*" if t.get("launch_bound") else "")
 
     @property
     def key(self) -> str:

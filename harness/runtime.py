@@ -21,7 +21,14 @@ from typing import Any
 import torch
 
 from harness import cuda
-from harness.placement import Placement, PlacementError, RankFacts, place
+from harness.placement import (
+    Placement,
+    PlacementError,
+    RankFacts,
+    contention,
+    place,
+    usable_cpus,
+)
 
 
 class RuntimeSetupError(RuntimeError):
@@ -33,7 +40,9 @@ def rank_facts(requested: str, node: str = "", local_rank: int = 0) -> RankFacts
     touches CUDA), its torch build, an MPS daemon."""
     gpus = cuda.visible_gpus() if requested != "cpu" else ()
     return RankFacts(node or socket.gethostname(), local_rank, gpus, torch.__version__,
-                     torch.version.cuda, mps=bool(gpus) and cuda.mps_running())
+                     torch.version.cuda, mps=bool(gpus) and cuda.mps_running(),
+                     cpus=usable_cpus())
+
 
 
 def resolve_device(requested: str) -> Placement:
@@ -59,6 +68,9 @@ class World:
     timeout_s: float = 300.0
     #: every rank's placement (the same list on every rank)
     placements: list[Placement] = field(default_factory=list, repr=False)
+    #: why times taken here measure contention (ranks oversubscribed on CPUs, a shared
+    #: GPU), or "" (``placement.contention``; the same on every rank)
+    contention: str = ""
     _group: Any = field(default=None, repr=False)
     _store: Any = field(default=None, repr=False)
 
@@ -88,11 +100,10 @@ class World:
         # under mpiexec torch starts with one intra-op thread; give each rank its share of the
         # node's cores instead (one rank on 2 cores: 2), unless the user said otherwise
         if "OMP_NUM_THREADS" not in os.environ:
-            cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                     else os.cpu_count() or 1)
-            torch.set_num_threads(max(1, cores // local_size))
+            torch.set_num_threads(max(1, len(facts[comm.Get_rank()].cpus) // local_size))
         return cls(comm, comm.Get_rank(), comm.Get_size(), local_rank, local_size, dev,
-                   mine.backend, timeout_s, placements=placements)
+                   mine.backend, timeout_s, placements=placements,
+                   contention=contention(facts, placements))
 
     @property
     def is_root(self) -> bool:

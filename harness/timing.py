@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ MODES = ("events", "graph")
 CPU_MODE = "perf_counter"
 CPU_CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 FALLBACK_LLC_BYTES = 32 * 2**20
+#: repeats of a minimal timing (no warm-up): one, on a shifted copy of the inputs whose
+#: output is then checked
+MINIMAL_REPEATS = 1
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,10 @@ class TimingConfig:
     budget_s: float = 0.5
     mode: str = "events"
     l2_flush: bool = False
+    #: why times taken here measure contention (``World.contention``), or ""
+    contention: str = ""
+    #: a token budget, spent because the times cannot mean anything (``for_placement``)
+    minimal: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -65,6 +72,20 @@ class TimingConfig:
         if tier == "smoke":
             return cls(warmup=1, min_repeats=5, max_repeats=20, budget_s=0.05)
         return cls()
+
+    def for_placement(self, contention: str, force: bool = False) -> TimingConfig:
+        """This config where the ranks run with ``contention`` (``World.contention``): as it
+        is when there is none or ``force`` (``--bench``), else a token budget of one warm-up
+        and two repeats. The timed repeats still rotate over shifted input copies and the
+        last output is still checked; the times are kept, marked, and left out of the
+        regression series (``regress.in_series``)."""
+        if not contention:
+            return self
+        if force:
+            return replace(self, contention=contention)
+        return replace(self, warmup=0, min_repeats=MINIMAL_REPEATS,
+                       max_repeats=MINIMAL_REPEATS, budget_s=0.0, contention=contention,
+                       minimal=True)
 
 
 def summarize(samples_ns: list[float]) -> dict[str, Any]:
@@ -281,8 +302,8 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
     (what ran: "events", "graph" or "perf_counter"), ``mode_note`` (why a requested graph
     mode fell back, else ""), ``host_median`` and ``launch_bound`` (events mode: the host's
     enqueue time, and whether it set the time; :func:`launch_bound`), ``l2_flush`` and
-    ``l2_flush_bytes``, and ``gpu`` (NVML telemetry
-    right before and after the repeats on CUDA, else None)."""
+    ``l2_flush_bytes``, ``gpu`` (NVML telemetry right before and after the repeats on CUDA,
+    else None), and ``contention`` and ``minimal`` from ``config``."""
     device = world.device
     cuda = device.type == "cuda"
     mode, note = ("events" if cuda else CPU_MODE), ""
@@ -320,7 +341,7 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
         t0 = time.perf_counter_ns()
         call_ns = one()
         per_repeat = max(per_repeat, call_ns, float(time.perf_counter_ns() - t0))
-    if distributed:
+    if distributed and config.min_repeats < config.max_repeats:
         # every rank must run the same number of repeats, or the collectives deadlock
         per_repeat = world.allreduce_max(per_repeat)
     wanted = (int(config.budget_s * 1e9 / per_repeat) if per_repeat > 0
@@ -344,5 +365,7 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
         l2_flush_bytes=flusher.nbytes if flusher is not None else None,
         gpu=({"before": gpu_before, "after": gpu_after}
              if gpu_before is not None or gpu_after is not None else None),
+        contention=config.contention,
+        minimal=config.minimal,
     )
     return stats

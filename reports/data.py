@@ -148,8 +148,11 @@ def load(conn: sqlite3.Connection, db_label: str) -> History:
     for row in conn.execute("SELECT run_id, record FROM results ORDER BY world_size, case_id, "
                             "impl").fetchall():
         data = json.loads(row["record"])
-        if isinstance(data.get("timing"), dict):
-            data["timing"].pop("samples", None)  # the bulk of a record; charts need stats
+        timing = data.get("timing")
+        if isinstance(timing, dict):
+            timing.pop("samples", None)  # the bulk of a record; charts need stats
+            if timing.get("minimal"):  # a token timing where ranks contended: no trend point
+                data["timing"] = {k: timing.get(k) for k in ("minimal", "contention")}
         result = CaseResult.from_dict(data)
         run = by_id[row["run_id"]]
         run.counts[result.status] = run.counts.get(result.status, 0) + 1

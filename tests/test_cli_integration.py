@@ -97,6 +97,22 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
         "torch", "mpi", "bulk", "sequential"}
     assert all(r["status"] == "pass" for r in results)
     assert all(r["median_ns"] and r["median_ns"] > 0 for r in results)
+    # ranks that outnumber the CPUs get one timed call, marked, and out of the series
+    cpus = len(os.sched_getaffinity(0))
+    records = [json.loads(r["record"]) for r in rows(db, "SELECT record FROM results")]
+    for rec in records:
+        t = rec["timing"]
+        contended = rec["world_size"] > cpus
+        assert t["minimal"] is contended and bool(t["contention"]) is contended, rec["case_id"]
+        assert (t["n"] == 1) if contended else (t["n"] >= 5)
+        assert "after_timing" in rec["checks"] or rec["params"].get("inplace") or \
+            not rec["checks"], rec["case_id"]
+        if contended:
+            assert t["contention"] == f"{rec['world_size']} ranks on {cpus} CPU(s) of " \
+                                      f"{os.uname().nodename}"
+    if cpus < 8:
+        assert "time(s) taken while ranks contended" in out.stdout
+        assert re.search(r"\d~ ", out.stdout)  # the tables mark those times
     # rank 0 reported where the ranks ran: the CPU, gloo, nothing to warn about
     run_dir = tmp_path / "runs" / runs[0]["run_id"]
     for w in (1, 4, 8):

@@ -3,9 +3,19 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from harness.placement import GpuFacts, PlacementError, RankFacts, place, ranges
+from harness.placement import (
+    GpuFacts,
+    PlacementError,
+    RankFacts,
+    contention,
+    place,
+    ranges,
+    usable_cpus,
+)
 
 CUDA_TORCH = {"torch_version": "2.13.0+cu130", "torch_cuda": "13.0"}
 H100 = "NVIDIA H100 80GB HBM3"
@@ -134,3 +144,60 @@ def test_ranges_reads_like_a_person_would_write_it():
     assert ranges([0, 1, 2, 3, 6]) == "0-3, 6"
     assert ranges([5]) == "5" and ranges([]) == ""
     assert ranges([7, 1, 0]) == "0-1, 7"
+
+
+# --------------------------------------------------------------------- contention (timing)
+def _cpu_ranks(n: int, cpus: tuple[int, ...] | list[tuple[int, ...]], node: str = "n0"
+               ) -> list[RankFacts]:
+    each = cpus if isinstance(cpus, list) else [cpus] * n
+    return [RankFacts(node, r, cpus=each[r]) for r in range(n)]
+
+
+def _judge(ranks: list[RankFacts], requested: str = "auto") -> str:
+    return contention(ranks, [place(requested, ranks, r) for r in range(len(ranks))])
+
+
+def test_one_rank_on_two_cpus_does_not_contend():
+    assert _judge(_cpu_ranks(1, (0, 1))) == ""
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_more_ranks_than_cpus_on_a_node_contend_and_say_how_many(n):
+    assert _judge(_cpu_ranks(n, (0, 1))) == f"{n} ranks on 2 CPU(s) of n0"
+
+
+def test_as_many_ranks_as_cpus_do_not_contend():
+    assert _judge(_cpu_ranks(2, (0, 1))) == ""
+
+
+def test_ranks_bound_one_per_core_count_the_union_of_their_cores():
+    # mpiexec -bind-to core: each rank sees one CPU, all different
+    assert _judge(_cpu_ranks(8, [(c,) for c in range(8)])) == ""
+    # every rank bound to the same core: 8 ranks take turns on it
+    assert _judge(_cpu_ranks(8, [(3,)] * 8)) == "8 ranks on 1 CPU(s) of n0"
+
+
+def test_only_the_oversubscribed_node_is_named():
+    ranks = _cpu_ranks(4, tuple(range(16)), "a") + _cpu_ranks(4, (0, 1), "b")
+    assert _judge(ranks) == "4 ranks on 2 CPU(s) of b"
+
+
+def test_unknown_cpus_are_not_judged():
+    assert _judge(_cpu_ranks(8, ())) == ""
+
+
+def test_ranks_sharing_a_gpu_contend_even_with_cpus_to_spare():
+    gpu = GpuFacts("GPU-0000aaaa")
+    ranks = [RankFacts("n0", r, (gpu,), "2.13", "12.9", cpus=tuple(range(16)))
+             for r in range(4)]
+    assert _judge(ranks) == "ranks 0-3 share GPU GPU-0000aaaa"
+
+
+def test_one_gpu_per_rank_and_enough_cpus_do_not_contend():
+    gpus = tuple(GpuFacts(f"GPU-{i}") for i in range(8))
+    ranks = [RankFacts("n0", r, gpus, "2.13", "12.9", cpus=tuple(range(16))) for r in range(8)]
+    assert _judge(ranks) == ""
+
+
+def test_usable_cpus_is_this_process_affinity():
+    assert set(usable_cpus()) == set(os.sched_getaffinity(0))

@@ -501,3 +501,37 @@ def test_analyze_ingested_stores_findings_and_redoes_later_runs_out_of_order(tmp
             for f in store.stored_findings(conn, "r2")]
     finally:
         conn.close()
+
+
+# ------------------------------------------------------------ token timings (contended ranks)
+def token(r: CaseResult, why: str = "8 ranks on 2 CPU(s) of box") -> CaseResult:
+    r.timing = dict(r.timing or {}, minimal=True, contention=why)
+    return r
+
+
+def test_token_timings_are_out_of_the_series_and_forced_ones_in():
+    r = result("a", samples=draw(1))
+    assert regress.in_series(r)
+    assert not regress.in_series(token(result("a", samples=draw(1))))
+    forced = result("a", samples=draw(1))
+    forced.timing["contention"] = "8 ranks on 2 CPU(s) of box"  # --bench: timed fully
+    assert regress.in_series(forced)
+    assert not regress.in_series(result("a", status="fail", samples=draw(1)))
+
+
+def test_a_token_timing_makes_no_timing_finding_however_slow(tmp_path):
+    conn = series_db(tmp_path, [1.0] * 6)
+    try:
+        put(conn, "slow1", T0 + 6 * 86400, [token(result("slow1", samples=draw(9, 3.0)))])
+        put(conn, "slow2", T0 + 7 * 86400, [token(result("slow2", samples=draw(10, 3.0)))])
+        assert regress.analyze_run(conn, "slow2") == []
+        # the same times taken fully would be a regression
+        put(conn, "full", T0 + 8 * 86400, [result("full", samples=draw(11, 3.0))])
+        put(conn, "full2", T0 + 9 * 86400, [result("full2", samples=draw(12, 3.0))])
+        assert kinds(regress.analyze_run(conn, "full2")) == ["regression"]
+    finally:
+        conn.close()
+    base, cur = result("a", samples=draw(1)), token(result("b", samples=draw(2, 3.0)))
+    assert regress.compare_runs([base], [cur]) == []
+    rows = regress.compare_rows([base], [cur], regress.timing_shifts([base], [cur]))
+    assert rows[0]["verdict"] == "not a measurement (ranks contended)"

@@ -277,3 +277,35 @@ def test_the_budget_counts_what_surrounds_each_call() -> None:
     assert res["n"] <= max(2, int(0.02 / per_repeat_floor_s)) + 1
     assert res["median"] < 1e6  # the calls themselves stay empty
     assert time.perf_counter() - t0 < 5.0
+
+
+# ----------------------------------------------------------------------------- contention
+SMOKE = TimingConfig.for_tier("smoke")
+
+
+def test_without_contention_the_config_is_unchanged() -> None:
+    assert SMOKE.for_placement("") == SMOKE
+    assert SMOKE.for_placement("", force=True) == SMOKE
+
+
+def test_contended_ranks_get_one_call_marked_minimal() -> None:
+    cfg = SMOKE.for_placement("8 ranks on 2 CPU(s) of vm")
+    assert (cfg.warmup, cfg.min_repeats, cfg.max_repeats) == (0, 1, 1)
+    calls = []
+    res = time_call(lambda: calls.append(1), world(), False, cfg)
+    assert len(calls) == 1 and res["n"] == 1
+    assert res["minimal"] is True and res["contention"] == "8 ranks on 2 CPU(s) of vm"
+
+
+def test_forced_timing_is_full_but_still_says_the_ranks_contended() -> None:
+    cfg = SMOKE.for_placement("4 ranks on 2 CPU(s) of vm", force=True)
+    assert (cfg.warmup, cfg.min_repeats, cfg.max_repeats, cfg.budget_s) == (
+        SMOKE.warmup, SMOKE.min_repeats, SMOKE.max_repeats, SMOKE.budget_s)
+    res = time_call(lambda: None, world(), False, cfg)
+    assert res["n"] >= SMOKE.min_repeats
+    assert res["minimal"] is False and res["contention"] == "4 ranks on 2 CPU(s) of vm"
+
+
+def test_an_uncontended_timing_says_so() -> None:
+    res = time_call(lambda: None, world(), False, SMOKE)
+    assert res["minimal"] is False and res["contention"] == ""

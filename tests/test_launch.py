@@ -1,0 +1,72 @@
+"""The launcher's plain decisions: how ranks wait when they outnumber the CPUs, whether a job
+stays on this host, and the incremental read of the results file it polls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.launch import HEAVY_YIELD, LaunchConfig, RecordedKeys, one_node, wait_environment
+from harness.results import CaseResult, append
+
+
+def cfg(tmp_path: Path, **kw) -> LaunchConfig:
+    return LaunchConfig(launcher=kw.pop("launcher", "/venv/bin/mpiexec"), run_dir=tmp_path,
+                        run_id="r", **kw)
+
+
+@pytest.mark.parametrize("world,cpus,expected", [
+    (1, 2, {}), (2, 2, {}), (4, 2, {HEAVY_YIELD: "1"}), (8, 2, {HEAVY_YIELD: "1"}),
+    (8, 16, {}),
+])
+def test_ranks_wait_politely_only_where_they_outnumber_the_cpus(world, cpus, expected):
+    assert wait_environment(world, cpus, single_node=True) == expected
+
+
+def test_ranks_on_other_hosts_are_not_judged_by_this_hosts_cpus():
+    assert wait_environment(8, 2, single_node=False) == {}
+
+
+def test_a_job_stays_on_this_host_unless_told_otherwise(tmp_path):
+    assert one_node(cfg(tmp_path), {})
+    assert one_node(cfg(tmp_path), {"SLURM_JOB_NUM_NODES": "1"})
+    assert not one_node(cfg(tmp_path), {"SLURM_JOB_NUM_NODES": "2"})
+    assert not one_node(cfg(tmp_path, hostfile="hosts"), {})
+    assert not one_node(cfg(tmp_path, launcher="/usr/bin/srun"), {})
+    assert not one_node(cfg(tmp_path, launcher_args=["-hosts", "a,b"]), {})
+    assert not one_node(cfg(tmp_path, launcher_args=["--hostfile=h"]), {})
+    assert one_node(cfg(tmp_path, launcher_args=["-bind-to", "core"]), {})
+
+
+def _result(case: str, world: int) -> CaseResult:
+    return CaseResult(run_id="r", case_id=case, op="op", family="f", impl="torch",
+                      world_size=world, params={}, status="pass")
+
+
+def test_recorded_keys_reads_only_complete_new_lines(tmp_path):
+    path = tmp_path / "results.jsonl"
+    keys = RecordedKeys(path, 4)
+    assert keys.update() == set()  # no file yet
+    append(path, _result("a", 4))
+    append(path, _result("b", 1))  # another world size
+    assert keys.update() == {"w4:a@torch"}
+    first_offset = keys.offset
+    with open(path, "a") as fh:  # a line still being written
+        fh.write(json.dumps(_result("c", 4).to_dict())[:40])
+    assert keys.update() == {"w4:a@torch"} and keys.offset == first_offset
+    with open(path, "a") as fh:
+        fh.write(json.dumps(_result("c", 4).to_dict())[40:] + "\n")
+    append(path, _result("d", 4))
+    assert keys.update() == {"w4:a@torch", "w4:c@torch", "w4:d@torch"}
+    assert keys.offset == path.stat().st_size
+
+
+def test_recorded_keys_skips_a_torn_line_the_next_launch_wrote_past(tmp_path):
+    path = tmp_path / "results.jsonl"
+    with open(path, "w") as fh:
+        fh.write('{"case_id": "torn", "imp')  # the writer died mid-line
+    append(path, _result("e", 8))  # glued to the torn line by the next launch
+    append(path, _result("f", 8))
+    assert RecordedKeys(path, 8).update() == {"w8:f@torch"}
