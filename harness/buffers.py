@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -110,7 +111,8 @@ def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
              device: torch.device | str | None = None) -> dict[str, Any]:
     """A copy of ``values`` whose tensors live in new storage, ``shift_bytes`` past its start,
     on ``device`` (default: where they are). Tensors that shared a storage share the new one
-    with the same offsets and strides; the same tensor object maps to one new object."""
+    with the same offsets and strides; the same tensor object maps to one new object. Plain
+    mutable values (lists, dicts, sets) are copied too; immutable ones are shared."""
     if shift_bytes % ALIGN_BYTES:
         raise ValueError(f"shift_bytes must be a multiple of {ALIGN_BYTES}")
     storages: dict[tuple[str, int], torch.UntypedStorage] = {}
@@ -139,6 +141,8 @@ def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
             out[name] = move(v)
         elif isinstance(v, (list, tuple)) and any(isinstance(i, torch.Tensor) for i in v):
             out[name] = type(v)(move(i) if isinstance(i, torch.Tensor) else i for i in v)
+        elif isinstance(v, (list, dict, set)):  # a list of split sizes is the copy's own too
+            out[name] = copy.deepcopy(v)
         else:
             out[name] = v
     return out

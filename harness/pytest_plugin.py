@@ -119,6 +119,9 @@ class HarnessSession:
         ).for_placement(self.world.contention, force=opt.harness_full_timing)
         self.calibration = _calibration_for(opt.harness_calibrations, self.world.device)
         self.golden = None if opt.harness_no_golden else GoldenStore(opt.harness_golden_dir)
+        from harness.runner import SetupCache
+
+        self.setups = SetupCache()  # a case's inputs and reference, shared by its impls
 
     def _group_timeout(self) -> float:
         # collectives must outlive the watchdog: the watchdog, not gloo, decides a timeout
@@ -142,7 +145,8 @@ class HarnessSession:
         self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire)
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
                           bench=self.bench, timing=self.timing, env_id=self.env_id,
-                          golden=self.golden, calibration=self.calibration)
+                          golden=self.golden, calibration=self.calibration,
+                          setups=self.setups)
         if self.watchdog.disarm() and root and self.results_path is not None:
             results_mod.append(self.results_path, result)
         return result

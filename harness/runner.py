@@ -91,6 +91,57 @@ def expected_outputs(case: Case, rank: int) -> dict[str, torch.Tensor]:
     return normalize_outputs(value, spec.outputs)
 
 
+#: a case's pristine inputs are kept for its next implementation up to this size; bigger ones
+#: (the stress tier) are generated again, as a copy would double their memory
+SETUP_CACHE_CAP_BYTES = 256 << 20
+
+
+class CaseSetup:
+    """One rank's inputs and reference outputs of one case, made once for all of the case's
+    implementations (they run back to back): each call gets a fresh copy of the pristine
+    inputs, in new memory, bit for bit what generating them again would give. Inputs over
+    ``SETUP_CACHE_CAP_BYTES`` are not kept; each copy is then generated afresh."""
+
+    def __init__(self, case: Case, rank: int) -> None:
+        spec = case.spec
+        self.case, self.rank = case, rank
+        made = spec.make_inputs(case.params, rank, case.world_size)
+        self.pristine: dict[str, Any] | None = (
+            made if nbytes(made) <= SETUP_CACHE_CAP_BYTES else None)
+        if spec.expected is not None:
+            value = spec.expected(case.params, rank, case.world_size)
+        elif self.pristine is not None:  # the reference gets its own copy: it may write it
+            value = spec.reference(**relocate(made))
+        else:
+            value = spec.reference(**spec.make_inputs(case.params, rank, case.world_size))
+        self.expected = normalize_outputs(value, spec.outputs)
+        self._first: dict[str, Any] | None = made if self.pristine is None else None
+
+    def inputs(self, device: torch.device, shift_bytes: int = 0) -> dict[str, Any]:
+        """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory."""
+        if self.pristine is not None:
+            return relocate(self.pristine, shift_bytes=shift_bytes, device=device)
+        made, self._first = self._first, None
+        if made is None:  # not kept: generate again
+            made = self.case.spec.make_inputs(self.case.params, self.rank, self.case.world_size)
+        return _place(made, device, shift_bytes)
+
+
+class SetupCache:
+    """The ``CaseSetup`` of the last case a rank ran."""
+
+    def __init__(self) -> None:
+        self._last: CaseSetup | None = None
+
+    def get(self, case: Case, rank: int) -> CaseSetup:
+        last = self._last
+        if last is None or last.case.id != case.id or last.rank != rank or \
+                last.case.world_size != case.world_size or last.pristine is None:
+            self._last = None  # free the last case's tensors before making the next
+            last = self._last = CaseSetup(case, rank)
+        return last
+
+
 def _hash(outputs: Mapping[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(outputs):
@@ -250,11 +301,13 @@ def run_case(
     env_id: str = "",
     golden: GoldenStore | None = None,
     calibration: Mapping[str, Any] | None = None,
+    setups: SetupCache | None = None,
 ) -> CaseResult:
     """Run, check and time one implementation on one case, on every rank.
 
     With a ``golden`` store the first call's outputs are also compared with the stored golden
-    (when the case has one); a mismatch fails the case with the golden's file named.
+    (when the case has one); a mismatch fails the case with the golden's file named. With
+    ``setups`` the inputs and reference of a case are made once for all its implementations.
     """
     spec = case.spec
     started = time.time()
@@ -281,11 +334,12 @@ def run_case(
     mem = PeakMemory(world.device)
     checks = ["poisoned_outputs"] if spec.out_buffers else []
     try:
-        inputs = _place(spec.make_inputs(case.params, world.rank, case.world_size), world.device)
+        setup = (setups or SetupCache()).get(case, world.rank)
+        inputs = setup.inputs(world.device)
         writable = _writable(case, inputs)
         guards = {k: v.clone() for k, v in inputs.items()
                   if isinstance(v, torch.Tensor) and k not in writable}
-        expected = expected_outputs(case, world.rank)
+        expected = setup.expected
         tols = tolerances(case, expected)
         with mem:
             outputs = _call(world, case, impl, inputs)
@@ -295,8 +349,7 @@ def run_case(
         if golden is not None:
             golden_local = _golden_check(golden, case, outputs, tols, world.rank)
         if spec.shift_buffers and nbytes(inputs) <= RELOCATE_CAP_BYTES:
-            shifted = _place(spec.make_inputs(case.params, world.rank, case.world_size),
-                             world.device, SHIFT_BYTES)
+            shifted = setup.inputs(world.device, SHIFT_BYTES)
             for _, t in tensors(inputs):
                 poison_(t)
             del outputs
@@ -403,14 +456,17 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     slots = [inputs]
     if spec.shift_buffers:
         size = max(nbytes(inputs), 1)
-        count = max(1, min(TIMING_SLOTS, TIMING_SLOT_BUDGET_BYTES // size))
+        # no more copies than calls: a token timing makes one
+        calls = cfg.warmup + cfg.max_repeats
+        count = max(1, min(TIMING_SLOTS, TIMING_SLOT_BUDGET_BYTES // size, calls + 1))
         slots += [relocate(inputs, shift_bytes=SHIFT_BYTES * (j + 1)) for j in range(1, count)]
     if recheck:
         for slot in slots:
             for name in out_names:
                 if slot[name] is not None:
                     poison_(slot[name])
-    rotation = itertools.cycle(slots)
+    # the first call takes a new copy (the inputs of the shifted check have been used)
+    rotation = itertools.cycle(slots[1:] + slots[:1])
     last: dict[str, Any] = {}
 
     def call() -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import memory
+from harness import memory, runner
 from harness.buffers import poisoned
 from harness.inputs import generate
-from harness.runner import run_case
+from harness.runner import SetupCache, run_case
 from harness.runtime import World
 from harness.spec import Case, OpSpec
 from harness.timing import TimingConfig
@@ -209,3 +209,96 @@ def test_an_implementation_skip_reason_that_raises_is_an_error_too(world):
     flaky.skip_reason = skip_reason
     r = _run(world, flaky)
     assert r.status == "error" and "OutOfMemoryError" in r.reason
+
+
+# ----------------------------------------------------------------- a case's set-up, shared
+def _counting_spec(calls: dict, **extra) -> OpSpec:
+    def make(params, rank, world_size):
+        calls["inputs"] = calls.get("inputs", 0) + 1
+        return dict(_inputs(params, rank, world_size), sizes=[1, 2, 3])
+
+    def reference(x, out, sizes):
+        calls["reference"] = calls.get("reference", 0) + 1
+        x.add_(1)  # a reference that writes its inputs must not reach the implementations
+        return (x - 1) * 2
+
+    return OpSpec(name="toy_double", family="toy", reference=reference, make_inputs=make,
+                  grid={"smoke": [{"n": 1031}]}, implementations={"ok": doubled},
+                  out_buffers={"out": "out"}, **extra)
+
+
+def test_the_implementations_of_a_case_share_one_set_up_but_never_its_tensors(world):
+    calls: dict = {}
+    spec = _counting_spec(calls)
+    case = Case(spec, {"n": 1031}, 1)
+    setups = SetupCache()
+    seen = []
+
+    def ok(x, out, sizes):
+        seen.append((x.data_ptr(), x.clone(), list(sizes)))
+        sizes.append(99)  # mutating a plain list input must not reach the next call either
+        return torch.mul(x, 2, out=out)
+
+    for _ in range(3):  # three implementations, two checked calls each
+        r = run_case(world, case, "ok", ok, bench=False, setups=setups)
+        assert r.status == "pass", r.reason
+    assert len(seen) == 6 and calls == {"inputs": 1, "reference": 1}
+    fresh = _inputs({"n": 1031}, 0, 1)["x"]
+    assert all(torch.equal(x, fresh) and sizes == [1, 2, 3] for _, x, sizes in seen)
+    pristine = setups.get(case, 0).pristine
+    assert pristine is not None  # never handed out: every call got a copy
+    assert pristine["x"].data_ptr() not in {ptr for ptr, _, _ in seen}
+    r = run_case(world, case, "ok", ok, bench=True, timing=TIMING, setups=setups)
+    assert r.status == "pass" and calls == {"inputs": 1, "reference": 1}
+    # a new case makes its own
+    run_case(world, Case(spec, {"n": 517}, 1), "ok", ok, bench=False, setups=setups)
+    assert calls == {"inputs": 2, "reference": 2}
+
+
+def test_a_shared_set_up_still_catches_a_clobbered_input_in_every_implementation(world):
+    calls: dict = {}
+    case = Case(_counting_spec(calls), {"n": 1031}, 1)
+    setups = SetupCache()
+
+    def clobbers(x, out, sizes):
+        torch.mul(x, 2, out=out)
+        x.zero_()
+        return out
+
+    for _ in range(2):
+        r = run_case(world, case, "clobbers", clobbers, bench=False, setups=setups)
+        assert r.status == "error" and "input 'x' was modified" in r.reason
+    r = run_case(world, case, "ok", lambda x, out, sizes: torch.mul(x, 2, out=out),
+                 bench=False, setups=setups)
+    assert r.status == "pass", r.reason
+
+
+def test_inputs_over_the_cap_are_generated_for_every_call(world, monkeypatch):
+    monkeypatch.setattr(runner, "SETUP_CACHE_CAP_BYTES", 1024)
+    calls: dict = {}
+    case = Case(_counting_spec(calls), {"n": 1031}, 1)
+    setups = SetupCache()
+    for _ in range(2):
+        r = run_case(world, case, "ok", lambda x, out, sizes: torch.mul(x, 2, out=out),
+                     bench=False, setups=setups)
+        assert r.status == "pass", r.reason
+    # per implementation: the first call's, the shifted check's and the reference's own
+    assert calls == {"inputs": 6, "reference": 2}
+
+
+def test_a_token_timing_still_checks_its_call_on_a_shifted_copy(world):
+    calls = {"n": 0}
+
+    def breaks_on_third_call(x, out):
+        calls["n"] += 1
+        if calls["n"] <= 2:  # the first call and the shifted check
+            return torch.mul(x, 2, out=out)
+        torch.mul(x[:-1], 2, out=out[:-1])
+        return out
+
+    case = Case(_spec(), {"n": 1031}, 1)
+    token = TIMING.for_placement("8 ranks on 2 CPU(s) of vm")
+    r = run_case(world, case, "b", breaks_on_third_call, bench=True, timing=token)
+    assert calls["n"] == 3 and r.status == "fail"
+    assert r.reason.startswith("after the timed repeats")
+    assert r.timing["minimal"] and r.timing["n"] == 1
