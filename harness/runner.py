@@ -115,6 +115,8 @@ class CaseSetup:
         else:
             value = spec.reference(**spec.make_inputs(case.params, rank, case.world_size))
         self.expected = normalize_outputs(value, spec.outputs)
+        #: per output, what a chunk equal to the reference adds to the metrics (compare.measure)
+        self.memos: dict[str, dict[Any, Any]] = {}
         self._first: dict[str, Any] | None = made if self.pristine is None else None
 
     def inputs(self, device: torch.device, shift_bytes: int = 0) -> dict[str, Any]:
@@ -214,14 +216,17 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
 
 
 def _measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
-             tols: Mapping[str, compare.Tolerance], rank: int) -> dict[str, dict[str, Any]]:
+             tols: Mapping[str, compare.Tolerance], rank: int,
+             memos: dict[str, dict[Any, Any]] | None = None) -> dict[str, dict[str, Any]]:
     # an expected entry "out:label" is a second reference for output "out" (an FP8 GEMM is
     # compared with the dequantized product and with the unquantized one)
     missing = {name.split(":")[0] for name in expected} - set(outputs)
     if missing:
         raise CaseError(f"missing outputs {sorted(missing)}")
+    memos = {} if memos is None else memos
     return {name: {"metrics": compare.measure(outputs[name.split(":")[0]], expected[name], tol,
-                                              rank=rank).to_dict(),
+                                              rank=rank, memo=memos.setdefault(name, {})
+                                              ).to_dict(),
                    "tolerance": tol.to_dict()}
             for name, tol in tols.items()}
 
@@ -344,7 +349,7 @@ def run_case(
         with mem:
             outputs = _call(world, case, impl, inputs)
         _check_contract(case, inputs, outputs, guards)
-        stages["call"] = _measure(outputs, expected, tols, world.rank)
+        stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos)
         digest = _hash(outputs)
         if golden is not None:
             golden_local = _golden_check(golden, case, outputs, tols, world.rank)
@@ -358,7 +363,7 @@ def run_case(
             with mem:
                 outputs = _call(world, case, impl, inputs)
             _check_contract(case, inputs, outputs, guards)
-            stages["shifted"] = _measure(outputs, expected, tols, world.rank)
+            stages["shifted"] = _measure(outputs, expected, tols, world.rank, setup.memos)
             checks.append("shifted_buffers")
     except CaseError as exc:
         local_error = str(exc)
@@ -381,7 +386,7 @@ def run_case(
     # ---- timing, only of implementations that are correct
     if bench and result.status == "pass":
         _time_and_recheck(world, case, impl, inputs, writable, expected, tols, result,
-                          timing or TimingConfig(), checks, calibration)
+                          timing or TimingConfig(), checks, calibration, setup.memos)
     result.checks = checks
     result.peak_memory_bytes, result.peak_memory_kind = _gather_peak(world, mem.bytes, mem.kind)
     result.duration_s = time.perf_counter() - t0
@@ -447,7 +452,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                       expected: Mapping[str, torch.Tensor],
                       tols: Mapping[str, compare.Tolerance], result: CaseResult,
                       cfg: TimingConfig, checks: list[str],
-                      calibration: Mapping[str, Any] | None = None) -> None:
+                      calibration: Mapping[str, Any] | None = None,
+                      memos: dict[str, dict[Any, Any]] | None = None) -> None:
     """Time over rotating shifted copies of the inputs, then check the last output again."""
     spec = case.spec
     out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
@@ -487,7 +493,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     if recheck and not local_error:
         try:
             outputs = normalize_outputs(last["value"], spec.outputs)
-            stages["after_timing"] = _measure(outputs, expected, tols, world.rank)
+            stages["after_timing"] = _measure(outputs, expected, tols, world.rank, memos)
             checks.append("after_timing")
         except Exception as exc:
             local_error = f"after timing: {type(exc).__name__}: {exc}"

@@ -519,3 +519,26 @@ def test_identical_chunks_take_a_fast_path_with_the_same_metrics(dtype):
     fast = compare.measure(x, x.clone(), tol, chunk_elems=64).to_dict()
     full = compare.measure(x, x.to(torch.float64), tol, chunk_elems=64).to_dict()
     assert fast == full
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_a_memo_of_the_reference_gives_the_metrics_measuring_afresh_gives(dtype):
+    g = torch.Generator().manual_seed(3)
+    e = (torch.randn(1000, generator=g) * 50).to(dtype)
+    if dtype.is_floating_point:
+        e[7], e[300], e[901] = math.nan, math.inf, -math.inf
+    same = e.clone()
+    off = e.clone()
+    off[650] = off[650] + 1  # chunk 650-699 differs, the others match bitwise
+    tol = compare.exact()
+    memo: dict = {}
+    for actual in (same, off, same, off):
+        with_memo = compare.measure(actual, e, tol, chunk_elems=50, memo=memo)
+        afresh = compare.measure(actual, e, tol, chunk_elems=50)
+        assert json.dumps(with_memo.to_dict(), sort_keys=True) == json.dumps(
+            afresh.to_dict(), sort_keys=True)
+    assert len(memo) == 20  # one entry per chunk that matched, the differing one never
+    # a memo answers by chunk position: a wrong chunk is measured, never looked up
+    bad = e.clone()
+    bad[0] = bad[0] + 1
+    assert compare.measure(bad, e, tol, chunk_elems=50, memo=memo).n_mismatch == 1
