@@ -55,12 +55,15 @@ def tensors(values: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def flat_bytes(t: torch.Tensor) -> torch.Tensor:
-    """The elements of ``t`` as one flat uint8 tensor (on ``t``'s device)."""
-    # contiguous() keeps the stride of a size-1 dim (it counts as contiguous), which view()
-    # to bytes refuses; a clone in contiguous format has standard strides
+    """The elements of ``t`` as one flat uint8 tensor (on ``t``'s device), to read only: a view
+    of ``t`` where its elements are already one dense run, else a copy."""
     flat = t.detach().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
+    if flat.stride(0) == 1:  # dense (a 2 GiB input is compared without two copies)
+        return flat.view(torch.uint8)
+    # a single element may keep any stride, which view() to bytes refuses; a clone in
+    # contiguous format has standard strides
     return flat.clone(memory_format=torch.contiguous_format).view(torch.uint8)
 
 

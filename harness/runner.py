@@ -152,7 +152,7 @@ def _hash(outputs: Mapping[str, torch.Tensor]) -> str:
             h.update(name.encode())
             h.update(str(t.dtype).encode())
             h.update(str(tuple(t.shape)).encode())
-            h.update(flat_bytes(t).cpu().numpy().tobytes())
+            h.update(flat_bytes(t).cpu().numpy().data)  # hashed in place, not copied
     return h.hexdigest()
 
 
