@@ -413,13 +413,16 @@ def _dtensor_uneven_1d_shard(case_id: str) -> bool:
     return int(p["shape"].split("x")[int(dst[1:])]) % int(mesh) != 0
 
 
-def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(tmp_path):
+def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(tmp_path, smoke_run):
+    # the planners ran in the shared smoke run; only the controls run here
     out = harness(tmp_path, "run", "dtensor", "--world-sizes", "1,4,8", "--no-bench",
-                  "--impl", "torch", "--impl", "torch-graph", "--impl", "floor_chunks",
-                  "--impl", "strided_as_plain")
+                  "--impl", "floor_chunks", "--impl", "strided_as_plain")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    results = rows(tmp_path / "h.db", "SELECT world_size, case_id, impl, status FROM results")
+    query = "SELECT world_size, case_id, impl, status FROM results WHERE family = 'dtensor'"
+    results = rows(tmp_path / "h.db", query) + rows(smoke_run[0] / "h.db", query)
     assert {r["world_size"] for r in results} == {1, 4, 8}
+    assert {r["impl"] for r in results} == {"torch", "torch-graph", "floor_chunks",
+                                            "strided_as_plain"}
     by = {}
     for r in results:
         by.setdefault(r["impl"], []).append(r)
