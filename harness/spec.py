@@ -69,8 +69,9 @@ class OpSpec:
     """One operation under test.
 
     ``make_inputs(params, rank, world_size)`` returns the keyword arguments of this rank's call
-    (new tensors on every call, on the CPU: the runner moves them to the device and may poison
-    them afterwards, so never return a cached tensor) and ``expected(params, rank,
+    (new tensors on every call, on the CPU: the runner keeps them as the case's pristine inputs
+    for all its implementations and hands each call a copy, or, past 256 MiB, calls it again
+    and may poison what it returned, so never return a cached tensor) and ``expected(params, rank,
     world_size)`` the outputs that rank must produce, computed with ``reference``. For a
     non-distributed op ``expected`` defaults to calling the reference on the same inputs.
     Implementations take the inputs as keywords, distributed ones the ``World`` first.
