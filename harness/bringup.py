@@ -90,6 +90,8 @@ class SiteFacts:
     mpich_gpu_setting: str | None = None
     launcher: str | None = None
     mps: bool = False
+    #: logical CPUs this process may run on (0: unknown)
+    cpus: int = 0
 
 
 def version_major(version: str | int | None) -> int | None:
@@ -295,6 +297,22 @@ def check_launcher(f: SiteFacts) -> Check:
     return Check("MPI launcher", "ok", f.launcher)
 
 
+def check_timing(f: SiteFacts) -> Check | None:
+    """How many ranks on this host are timed fully: ranks that outnumber the CPUs, or share a
+    GPU, contend, and get one token timed call per case (``placement.contention``)."""
+    if not f.cpus:
+        return None
+    gpus = (len(f.gpus) or f.torch_gpu_count or 0) if f.torch_cuda else 0
+    full = min(f.cpus, gpus) if gpus else f.cpus
+    have = f"{f.cpus} CPUs" + (f" and {gpus} GPUs" if gpus else "")
+    detail = (f"{have}: up to {full} rank(s) on this host are timed fully; more contend and "
+              "get one token timed call per case (marked ~, kept out of the regression "
+              "series; --bench times them fully)")
+    if gpus and full < f.cpus:
+        detail += f"; with --device cpu, up to {f.cpus}"
+    return Check("timing", "ok" if full >= 8 else "note", detail)
+
+
 def check_nccl(f: SiteFacts) -> Check | None:
     if f.torch_cuda is None or not (f.gpus or f.torch_gpu_count):
         return None
@@ -308,7 +326,7 @@ def checklist(f: SiteFacts) -> list[Check]:
     out = [check_torch(f), check_driver(f), *check_gpus(f), check_nvrtc(f)]
     out += [c for c in (check_headers(f), check_shm(f), check_nccl(f)) if c is not None]
     out += [check_mpi(f), check_launcher(f)]
-    return out
+    return out + [c for c in (check_timing(f),) if c is not None]
 
 
 def worst(checks: Sequence[Check]) -> str:

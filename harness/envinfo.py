@@ -188,6 +188,7 @@ def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None
     import torch
 
     from harness.bringup import SiteFacts
+    from harness.placement import usable_cpus
 
     env = env if env is not None else environment(launcher)
     state = cuda.driver_state()
@@ -210,7 +211,7 @@ def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None
         nccl_version=env.get("nccl"), mpi_library=env.get("mpi_library"),
         mpi_gpu=mpi_links_cuda() if mpi else None,
         mpich_gpu_setting=os.environ.get("MPIR_CVAR_ENABLE_GPU"),
-        launcher=launcher, mps=cuda.mps_running())
+        launcher=launcher, mps=cuda.mps_running(), cpus=len(usable_cpus()))
 
 
 def env_id(env: dict[str, Any]) -> str:

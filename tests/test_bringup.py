@@ -170,3 +170,16 @@ def test_versions_read_in_every_spelling():
     assert bringup.version_major("13.5") == 13 and bringup.version_major(12040) == 12
     assert bringup.version_major("12.4.1") == 12 and bringup.version_major(None) is None
     assert bringup.fmt_api_version(12040) == "12.4" and bringup.fmt_api_version(13000) == "13.0"
+
+
+def test_the_timing_line_says_how_many_ranks_are_timed_fully():
+    assert "timing" not in levels(healthy())  # CPUs unknown: no claim
+    node = {c.name: c for c in checklist(healthy(cpus=64))}["timing"]
+    assert node.level == "ok" and "up to 8 rank(s)" in node.detail
+    assert "with --device cpu, up to 64" in node.detail
+    small = SiteFacts(torch_version="2.13.0+cpu", launcher="/x/mpiexec", cpus=2)
+    line = {c.name: c for c in checklist(small)}["timing"]
+    assert line.level == "note" and line.detail.startswith("2 CPUs: up to 2 rank(s)")
+    assert "token timed call" in line.detail and "--bench" in line.detail
+    few_cpus = {c.name: c for c in checklist(healthy(cpus=4))}["timing"]
+    assert few_cpus.level == "note" and "up to 4 rank(s)" in few_cpus.detail
