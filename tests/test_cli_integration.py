@@ -251,6 +251,7 @@ _HOPPER_CONTROLS = {
     ("rmsnorm_linear", "unweighted"): {1: "all"},
     ("silu_mul", "not_interleaved"): {1: "all"},
     ("argmax", "no_chunk_offset"): {1: "some"},
+    ("argmax", "last_on_ties"): {1: "some"},
     ("identity", "last_tile_dropped"): {1: "all"},
     ("paged_attention", "rope_before_norm"): {1: "all"},
     ("paged_attention", "visibility_off_by_one"): {1: "all"},
@@ -287,6 +288,11 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_
             if op == "decoder_layer" and rule != "none":
                 assert all(r["reason"].startswith(f"first divergence at stage {rule!r}")
                            for r in got), got
+    # ties decide only the case built for them (the others plant a unique maximum)
+    ties = {r["case_id"]: r["status"] for r in rows(
+        tmp_path / "h.db", "SELECT case_id, status FROM results WHERE impl = 'last_on_ties'")}
+    assert {c for c, s in ties.items() if s == "fail"} == {
+        c for c in ties if "values=ties" in c}, ties
 
 
 # every negative control of the FP8 suite and the cases it must fail: all of them, or some

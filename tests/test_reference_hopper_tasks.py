@@ -483,3 +483,28 @@ def test_identity_is_an_equal_copy():
     assert torch.equal(x, y) and y.dtype == x.dtype
     y[0, 0] = 123.0
     assert float(x[0, 0]) != 123.0
+
+
+def test_the_smoke_ties_case_exposes_each_tie_and_padding_bug_in_its_own_row():
+    from suites._hopper.tasks import argmax_inputs
+
+    params = {"b": 6, "vocab": 200, "chunk": 64, "values": "ties"}
+    inputs = argmax_inputs(params, 0, 1)
+    logits, chunk = inputs["logits"], inputs["chunk"]
+    # worked out from the rows' construction: 21 and 129 tie; 70 and 96; all negative (the
+    # first padded column, 200); 0.0 at 67 ties the padding; one 4.0 in each of the chunks
+    # 0, 1, 2 (0, 71, 142); -0.0 at 32 ties the padded +0.0
+    right = [21, 70, 200, 67, 0, 32]
+    assert ref.argmax(logits, chunk).reshape(-1).tolist() == right
+    padded = torch.cat([logits.float(), torch.zeros(6, 56)], dim=1)
+    last_on_ties = [255 - int(padded[r].flip(0).argmax()) for r in range(6)]
+    ignores_padding = [int(logits[r].float().argmax()) for r in range(6)]
+    # -0.0 below +0.0: order by the sign-aware integer image of the float's bits
+    bits = padded.view(torch.int32)
+    ordered = torch.where(bits < 0, -(bits & 0x7FFFFFFF) - 1, bits)
+    signed_zero_below = [int(ordered[r].argmax()) for r in range(6)]
+    wrong_rows = {name: [r for r in range(6) if got[r] != right[r]] for name, got in (
+        ("last_on_ties", last_on_ties), ("ignores_padding", ignores_padding),
+        ("signed_zero_below", signed_zero_below))}
+    assert wrong_rows == {"last_on_ties": [0, 1, 2, 3, 4, 5], "ignores_padding": [2],
+                          "signed_zero_below": [5]}

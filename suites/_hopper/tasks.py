@@ -260,12 +260,46 @@ SILU_MUL_LINEAR = OpSpec(
 # ---------------------------------------------------------------- argmax
 def argmax_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     """Logits in [-1, 1) with one planted maximum per row (so the answer is unique), placed
-    by a hash so that most rows have it past the first chunk."""
-    b, vocab = params["b"], params["vocab"]
+    by a hash so that most rows have it past the first chunk; or, with ``values=ties``, the
+    rows of ``argmax_ties``."""
+    b, vocab, chunk = params["b"], params["vocab"], params["chunk"]
     logits = tensor("argmax", params, "logits", (b, vocab))
+    if params.get("values") == "ties":
+        return {"logits": argmax_ties(logits, chunk), "chunk": chunk}
     where = hash32(torch.arange(b), seed_from("argmax.max", b, vocab)) % vocab
     logits[torch.arange(b), where] = 4.0
-    return {"logits": logits, "chunk": params["chunk"]}
+    return {"logits": logits, "chunk": chunk}
+
+
+def argmax_ties(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Rows whose answer rests on argmax's defined edges (first index on ties; the vocab padded
+    with zero columns up to a multiple of the chunk, so a padded 0 beats negative logits):
+
+    0. the maximum twice, in the first and the third chunk: the first chunk's wins;
+    1. the maximum twice inside one chunk: the first of the two;
+    2. every logit negative: the first padded column (index ``vocab``) wins with its 0;
+    3. the maximum is 0.0, at a real column, tying the padded zeros: the real column wins;
+    4. the maximum once in every chunk: the first chunk's;
+    5. every logit negative but one -0.0, which ties the padded +0.0 and comes first.
+
+    A tie broken towards the later index fails every row (the padded zeros of rows 2, 3 and 5
+    tie each other too); a reduce that ignores the padding fails row 2; one that orders -0.0
+    below +0.0 (comparing bits) fails row 5."""
+    b, vocab = logits.shape
+    if b < 6 or vocab % chunk == 0 or vocab < 3 * chunk:
+        raise ValueError(f"the ties rows need b >= 6 and a padded vocab of 3+ chunks: "
+                         f"b={b}, vocab={vocab}, chunk={chunk}")
+    x = logits.clone()
+    x[0, [chunk // 3, 2 * chunk + 1]] = 4.0
+    x[1, [chunk + 6, chunk + chunk // 2]] = 4.0
+    x[2] = -x[2].abs() - 1.0
+    x[3] = -x[3].abs() - 1.0
+    x[3, chunk + 3] = 0.0
+    x[4, [c * chunk + (7 * c) % chunk for c in range(-(-vocab // chunk)) if c * chunk < vocab
+          and c * chunk + (7 * c) % chunk < vocab]] = 4.0
+    x[5] = -x[5].abs() - 1.0
+    x[5, chunk // 2] = -0.0
+    return x
 
 
 def argmax_torch(logits: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -273,6 +307,17 @@ def argmax_torch(logits: torch.Tensor, chunk: int) -> torch.Tensor:
     padded = F.pad(logits, (0, (-v) % chunk))
     values, index = padded.view(b, -1, chunk).max(dim=-1)
     best = values.argmax(dim=-1, keepdim=True)
+    return best * chunk + index.gather(1, best)
+
+
+def argmax_last_on_ties(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Bug: ties go to the later index, in the chunk and across chunks (a partial kernel that
+    keeps a candidate on ``>=`` instead of ``>``, a greedy decode that then diverges)."""
+    b, v = logits.shape
+    padded = F.pad(logits, (0, (-v) % chunk)).view(b, -1, chunk)
+    index = chunk - 1 - padded.flip(-1).float().argmax(dim=-1)
+    values = padded.amax(dim=-1).float()
+    best = values.shape[1] - 1 - values.flip(-1).argmax(dim=-1, keepdim=True)
     return best * chunk + index.gather(1, best)
 
 
@@ -288,11 +333,13 @@ ARGMAX = OpSpec(
     description="Greedy sampling: per-chunk partial max, then the reduce over chunks.",
     make_inputs=argmax_inputs, tolerance=compare.exact(),
     work=lambda p, w: Work(bytes=2.0 * p["b"] * p["vocab"]),
-    grid={"smoke": [{"b": 5, "vocab": 1000, "chunk": 96}, {"b": 3, "vocab": 64, "chunk": 16}],
+    grid={"smoke": [{"b": 5, "vocab": 1000, "chunk": 96}, {"b": 3, "vocab": 64, "chunk": 16},
+                    {"b": 6, "vocab": 200, "chunk": 64, "values": "ties"}],
           "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
                       for v in (128256, 151936, 152064)]},
     implementations={"torch": argmax_torch},
-    negative_controls={"no_chunk_offset": argmax_no_chunk_offset},
+    negative_controls={"no_chunk_offset": argmax_no_chunk_offset,
+                       "last_on_ties": argmax_last_on_ties},
 )
 
 
