@@ -244,6 +244,7 @@ def test_negative_controls_and_a_wrong_user_callable_fail_with_exit_1(tmp_path):
 # the decoder layer the stage its report must name as the first divergence
 _HOPPER_CONTROLS = {
     ("embedding", "negative_wraps"): {1: "all"},
+    ("embedding", "zero_id_as_padding"): {1: "some"},
     ("rmsnorm", "rms_of_weighted"): {1: "all"},
     ("linear", "bf16_accumulation"): {1: "all"},
     ("linear_with_residual", "bf16_accumulation"): {1: "all"},
@@ -288,11 +289,14 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_
             if op == "decoder_layer" and rule != "none":
                 assert all(r["reason"].startswith(f"first divergence at stage {rule!r}")
                            for r in got), got
-    # ties decide only the case built for them (the others plant a unique maximum)
-    ties = {r["case_id"]: r["status"] for r in rows(
-        tmp_path / "h.db", "SELECT case_id, status FROM results WHERE impl = 'last_on_ties'")}
-    assert {c for c, s in ties.items() if s == "fail"} == {
-        c for c in ties if "values=ties" in c}, ties
+    # controls that only the case built for their bug catches: ties decide only the argmax
+    # case of ties (the others plant a unique maximum); only the embedding case of edge ids
+    # holds an id 0
+    for control, marker in (("last_on_ties", "values=ties"), ("zero_id_as_padding",
+                                                                "ids=edges")):
+        got = {r["case_id"]: r["status"] for r in rows(
+            tmp_path / "h.db", "SELECT case_id, status FROM results WHERE impl = ?", control)}
+        assert {c for c, s in got.items() if s == "fail"} == {c for c in got if marker in c}, got
 
 
 # every negative control of the FP8 suite and the cases it must fail: all of them, or some

@@ -40,11 +40,23 @@ def embedding_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> d
     ids = generate((b, 1), torch.int64, seed=seed_from("embedding", b, vocab), dist="int",
                    low=0, high=vocab - 1)
     ids[::3] = -1  # padding slots: a zero row
+    if params.get("ids") == "edges":
+        # the first and last rows of the table, beside padding: a gather off by one reads
+        # past the table or a neighbour; an id 0 taken for padding gives a zero row
+        edges = [0, vocab - 1, -1, 1, vocab - 2, -1, 0, vocab - 1, vocab // 2]
+        ids = torch.tensor(edges[:b], dtype=torch.int64).reshape(b, 1)
     return {"ids": ids, "weight": tensor("embedding", params, "w", (vocab, params["hidden"]))}
 
 
 def embedding_torch(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     valid = (ids.reshape(-1) >= 0).unsqueeze(1)
+    rows = F.embedding(ids.reshape(-1).clamp_min(0), weight)
+    return torch.where(valid, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+
+
+def embedding_zero_id_as_padding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Bug: id 0 is taken for padding (``ids > 0``, as with padding_idx=0), a zero row."""
+    valid = (ids.reshape(-1) > 0).unsqueeze(1)
     rows = F.embedding(ids.reshape(-1).clamp_min(0), weight)
     return torch.where(valid, rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
 
@@ -59,10 +71,12 @@ EMBEDDING = OpSpec(
     description="Row gather; a negative id gives a zero row.",
     make_inputs=embedding_inputs, tolerance=compare.exact(),
     work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"] + 8 * p["b"]),
-    grid={"smoke": [{"b": 7, "vocab": 1000, "hidden": 256}, {"b": 1, "vocab": 17, "hidden": 64}],
+    grid={"smoke": [{"b": 7, "vocab": 1000, "hidden": 256}, {"b": 1, "vocab": 17, "hidden": 64},
+                    {"b": 9, "vocab": 17, "hidden": 64, "ids": "edges"}],
           "nightly": [{"b": b, "vocab": 152064, "hidden": h} for b in BATCHES for h in HIDDENS]},
     implementations={"torch": embedding_torch},
-    negative_controls={"negative_wraps": embedding_negative_wraps},
+    negative_controls={"negative_wraps": embedding_negative_wraps,
+                       "zero_id_as_padding": embedding_zero_id_as_padding},
 )
 
 
