@@ -343,6 +343,7 @@ def test_fp8_implementations_pass_and_every_control_fails(tmp_path):
 # exact ones named by a parameter (a bug in fp8 scales cannot show on bf16 rows)
 _MOE_CONTROLS = {
     ("router", "softmax_after_topk"): "renormalize=false",
+    ("router", "ties_higher_first"): "values=ties",
     ("permute", "expert_out_of_order"): "all",
     ("permute", "padding_not_zeroed"): "all",
     ("permute", "scales_dropped"): "dtype=fp8",

@@ -1,8 +1,8 @@
 """The router: softmax over the expert logits, top-k, optional renormalisation.
 
 The chosen experts (routemap) are checked bitwise; the probs against float32's default
-tolerance. Logits come without ties (float32 uniform draws), so the choice is well defined
-whatever order an implementation sorts in.
+tolerance. Logits come without ties (float32 uniform draws), except in the case
+``values=ties``, where equal logits must go to the lower expert first.
 """
 
 from __future__ import annotations
@@ -21,8 +21,13 @@ from .common import FAMILY, logits
 
 
 def router_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
-    return {"logits": logits("router", params, params["tokens"]), "topk": params["topk"],
-            "renormalize": params["renormalize"]}
+    """Logits without ties; with ``values=ties`` rounded to halves, so that most tokens hold
+    equal logits among and around their top k (the order the op defines: the lower expert
+    first)."""
+    x = logits("router", params, params["tokens"])
+    if params.get("values") == "ties":
+        x = torch.round(x * 2) / 2
+    return {"logits": x, "topk": params["topk"], "renormalize": params["renormalize"]}
 
 
 def router_torch(logits, topk, renormalize):
@@ -32,12 +37,29 @@ def router_torch(logits, topk, renormalize):
 def router_softmax_after_topk(logits, topk, renormalize):
     """Bug: the softmax is taken over the k chosen logits only. With renormalisation that is
     the same thing; without it the probs are too large."""
-    top, experts = torch.topk(logits.float(), topk, dim=-1)
-    return torch.softmax(top, dim=-1), experts.to(torch.int32)
+    x = logits.float()
+    # the experts chosen as the op defines them (ties lower first): this control's one bug is
+    # the softmax (torch.topk would add a second one on ties, its order being unspecified)
+    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
+    return torch.softmax(x.gather(-1, experts), dim=-1), experts.to(torch.int32)
 
 
-def _case(tokens, experts, topk, renormalize) -> dict:
-    return {"tokens": tokens, "experts": experts, "topk": topk, "renormalize": renormalize}
+def router_ties_higher_first(logits, topk, renormalize):
+    """Bug: equal logits go to the higher expert first (a sort keyed on (logit, expert) in
+    one descending order); the probs are the same values, in another order."""
+    x = logits.float()
+    num_experts = x.shape[-1]
+    flipped = torch.sort(x.flip(-1), dim=-1, descending=True, stable=True).indices[:, :topk]
+    experts = num_experts - 1 - flipped
+    probs = torch.softmax(x, dim=-1).gather(-1, experts)
+    if renormalize:
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs, experts.to(torch.int32)
+
+
+def _case(tokens, experts, topk, renormalize, **extra) -> dict:
+    return {"tokens": tokens, "experts": experts, "topk": topk, "renormalize": renormalize,
+            **extra}
 
 
 ROUTER = OpSpec(
@@ -47,11 +69,12 @@ ROUTER = OpSpec(
     tolerance={"probs": compare.default_for(torch.float32), "routemap": compare.exact()},
     work=lambda p, w: Work(bytes=p["tokens"] * (p["experts"] * 4 + p["topk"] * 8)),
     grid={"smoke": [_case(300, 8, 4, True), _case(300, 8, 4, False), _case(77, 64, 8, True),
-                    _case(77, 64, 8, False)],
+                    _case(77, 64, 8, False), _case(64, 8, 4, True, values="ties")],
           "nightly": [_case(16384, e, k, r) for e in (8, 64, 256) for k in (4, 8)
                       for r in (True, False)]},
     implementations={"torch": router_torch},
-    negative_controls={"softmax_after_topk": router_softmax_after_topk},
+    negative_controls={"softmax_after_topk": router_softmax_after_topk,
+                       "ties_higher_first": router_ties_higher_first},
 )
 
 SPECS = [ROUTER]
