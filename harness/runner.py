@@ -137,8 +137,9 @@ class SetupCache:
 
     def get(self, case: Case, rank: int) -> CaseSetup:
         last = self._last
-        if last is None or last.case.id != case.id or last.rank != rank or \
-                last.case.world_size != case.world_size or last.pristine is None:
+        if last is None or last.case.spec is not case.spec or last.case.id != case.id or \
+                last.rank != rank or last.case.world_size != case.world_size or \
+                last.pristine is None:
             self._last = None  # free the last case's tensors before making the next
             last = self._last = CaseSetup(case, rank)
         return last

@@ -302,3 +302,14 @@ def test_a_token_timing_still_checks_its_call_on_a_shifted_copy(world):
     assert calls["n"] == 3 and r.status == "fail"
     assert r.reason.startswith("after the timed repeats")
     assert r.timing["minimal"] and r.timing["n"] == 1
+
+
+def test_a_set_up_is_never_shared_between_two_specs_of_one_name(world):
+    calls: dict = {}
+    setups = SetupCache()
+    first, second = _counting_spec(calls), _counting_spec(calls)  # both named toy_double
+    for spec in (first, second):
+        r = run_case(world, Case(spec, {"n": 1031}, 1), "ok",
+                     lambda x, out, sizes: torch.mul(x, 2, out=out), bench=False, setups=setups)
+        assert r.status == "pass", r.reason
+    assert calls == {"inputs": 2, "reference": 2}
