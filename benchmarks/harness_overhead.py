@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,7 +110,11 @@ def run(world_size: int, mode: str, cases: int, tmp: Path) -> dict[str, float]:
     out = tmp / f"w{world_size}-{mode}.json"
     flags = {"auto": [], "no-bench": ["--harness-no-bench"],
              "bench": ["--harness-full-timing"]}[mode]
-    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    from harness.envinfo import find_launcher
+
+    mpiexec = find_launcher()  # what `harness run` launches with
+    if mpiexec is None:
+        sys.exit("no mpiexec: `pip install mpich`")
     env = {**os.environ, "MPIR_CVAR_ENABLE_GPU": "0",
            **wait_environment(world_size, len(usable_cpus()), single_node=True)}
     cmd = [mpiexec, "-n", str(world_size), sys.executable, str(HERE), "--worker",

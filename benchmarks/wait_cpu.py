@@ -14,11 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 WAIT_S = 1.0
 
@@ -65,7 +63,11 @@ def main() -> int:
     if args.worker:
         worker()
         return 0
-    mpiexec = shutil.which("mpiexec") or str(Path(sys.executable).parent / "mpiexec")
+    from harness.envinfo import find_launcher
+
+    mpiexec = find_launcher()  # what `harness run` launches with
+    if mpiexec is None:
+        sys.exit("no mpiexec: `pip install mpich`")
     print(f"CPU seconds a waiting rank burns in {WAIT_S:g} s ({args.world_size} ranks, "
           f"{len(os.sched_getaffinity(0))} CPUs)")
     for heavy in ("0", "1"):

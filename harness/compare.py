@@ -335,11 +335,12 @@ def measure(
         a_raw, e_raw = a_flat[start : start + chunk_elems], e_flat[start : start + chunk_elems]
         if a_raw.dtype == e_raw.dtype and torch.equal(_int_view(a_raw), _int_view(e_raw)):
             key = (start, a_raw.numel(), e_raw.dtype, str(e_raw.device))
-            if memo is None or key not in memo:
+            sums = memo.get(key) if memo is not None else None
+            if sums is None:
                 sums = _identical_sums(e_raw)
                 if memo is not None:
                     memo[key] = sums
-            n_nan, n_inf, sq = memo[key] if memo is not None else sums
+            n_nan, n_inf, sq = sums
             m.n_nan += n_nan
             m.n_inf += n_inf
             m.sum_sq_expected += sq  # sum_sq_diff gains nothing

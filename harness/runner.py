@@ -108,13 +108,11 @@ class CaseSetup:
         made = spec.make_inputs(case.params, rank, case.world_size)
         self.pristine: dict[str, Any] | None = (
             made if nbytes(made) <= SETUP_CACHE_CAP_BYTES else None)
-        if spec.expected is not None:
-            value = spec.expected(case.params, rank, case.world_size)
-        elif self.pristine is not None:  # the reference gets its own copy: it may write it
-            value = spec.reference(**relocate(made))
+        if spec.expected is None and self.pristine is not None:
+            # the reference gets its own copy of the kept inputs: it may write them
+            self.expected = normalize_outputs(spec.reference(**relocate(made)), spec.outputs)
         else:
-            value = spec.reference(**spec.make_inputs(case.params, rank, case.world_size))
-        self.expected = normalize_outputs(value, spec.outputs)
+            self.expected = expected_outputs(case, rank)
         #: per output, what a chunk equal to the reference adds to the metrics (compare.measure)
         self.memos: dict[str, dict[Any, Any]] = {}
         self._first: dict[str, Any] | None = made if self.pristine is None else None

@@ -44,7 +44,6 @@ def rank_facts(requested: str, node: str = "", local_rank: int = 0) -> RankFacts
                      cpus=usable_cpus())
 
 
-
 def resolve_device(requested: str) -> Placement:
     """This process's placement as the only rank (the CLI's view before any rank starts):
     RuntimeSetupError with one line when it cannot run as asked."""

@@ -75,10 +75,9 @@ class TimingConfig:
 
     def for_placement(self, contention: str, force: bool = False) -> TimingConfig:
         """This config where the ranks run with ``contention`` (``World.contention``): as it
-        is when there is none or ``force`` (``--bench``), else a token budget of one warm-up
-        and two repeats. The timed repeats still rotate over shifted input copies and the
-        last output is still checked; the times are kept, marked, and left out of the
-        regression series (``regress.in_series``)."""
+        is when there is none or ``force`` (``--bench``), else a token budget: one call, no
+        warm-up, on a shifted copy of the inputs whose output is still checked; its time is
+        kept, marked, and left out of the regression series (``regress.in_series``)."""
         if not contention:
             return self
         if force:
