@@ -387,3 +387,46 @@ def generate(
         index = (off[:, None] + inner[None, :]).reshape(-1)
         out[a * inner_n : b * inner_n] = values(index)
     return out.reshape(out_shape)
+
+
+def special_values(dtype: torch.dtype) -> torch.Tensor:
+    """The values a bitwise copy must carry unchanged and arithmetic does not: -0.0 (``x + 0``
+    makes it +0.0), the smallest and largest subnormals (a kernel that flushes them to zero),
+    +-inf, NaN, the largest finite values and a normal neighbour. float8_e4m3fn has no
+    infinity: its list stops at NaN and +-448."""
+    info = torch.finfo(dtype)
+    bits = _BITS_OF[dtype]
+    width = torch.tensor([], dtype=dtype).element_size() * 8
+    mantissa = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7,
+                torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}[dtype]
+    # subnormals by their bit patterns, +- (the sign bit set, two's complement for the signed
+    # views): no float arithmetic touches them on the way
+    patterns = [1, (1 << mantissa) - 1]
+    if bits == torch.uint8:
+        patterns += [p | 0x80 for p in patterns]
+    else:
+        patterns += [p - (1 << (width - 1)) for p in patterns]
+    subnormal = torch.tensor(patterns, dtype=torch.int64).to(bits).view(dtype)
+    values = [torch.tensor([-0.0, info.max, -info.max, info.tiny], dtype=dtype), subnormal]
+    if dtype != torch.float8_e4m3fn:
+        values.append(torch.tensor([math.inf, -math.inf], dtype=dtype))
+    values.append(torch.tensor([math.nan], dtype=dtype))
+    return torch.cat([v.reshape(-1) for v in values])
+
+
+def plant_specials(t: torch.Tensor, every: int = 7) -> torch.Tensor:
+    """``t`` (a float tensor, changed in place and returned) with ``special_values`` written at
+    every ``every``-th element, cycling through them; integers are left as they are."""
+    if t.dtype not in _FLOATS or t.numel() == 0:
+        return t
+    flat = t.view(-1) if t.is_contiguous() else None
+    if flat is None:
+        raise ValueError("plant_specials needs a contiguous tensor")
+    specials = special_values(t.dtype).to(t.device)
+    where = torch.arange(0, flat.numel(), every, device=t.device)
+    if t.element_size() == 1:  # index_put has no float8 kernel everywhere: move bytes
+        flat.view(torch.uint8)[where] = specials.view(torch.uint8)[
+            torch.arange(where.numel(), device=t.device) % specials.numel()]
+    else:
+        flat[where] = specials[torch.arange(where.numel(), device=t.device) % specials.numel()]
+    return t

@@ -19,7 +19,7 @@ import torch
 from harness import compare
 from harness.buffers import poisoned
 from harness.cuda_impl import from_source
-from harness.inputs import dtype_from_name, generate, seed_from
+from harness.inputs import dtype_from_name, generate, plant_specials, seed_from
 from harness.memory import available_bytes
 from harness.spec import OpSpec, Work
 from reference_kernels import strided_copy as ref
@@ -47,7 +47,8 @@ _cache: dict[tuple, torch.Tensor] = {}
 
 def storage(params: Mapping[str, Any]) -> torch.Tensor:
     """The 1-D storage the view reads: random values of the dtype (any misplaced read shows
-    with probability 255/256 even for 8-bit types). Always a new tensor."""
+    with probability 255/256 even for 8-bit types), special floats planted below the stress
+    sizes. Always a new tensor."""
     key = (params["dtype"], _storage_len(params))
     if key[1] < _CACHE_ELEMS:
         return _generate_storage(params)
@@ -77,7 +78,10 @@ def _generate_storage(params: Mapping[str, Any]) -> torch.Tensor:
         info = torch.iinfo(dtype)  # at most 2**32 distinct values (the generator's range)
         return generate((n,), dtype, seed=seed, dist="int", low=max(info.min, -(1 << 31)),
                         high=min(info.max, (1 << 31) - 1))
-    return generate((n,), dtype, seed=seed, low=-100.0, high=100.0)
+    values = generate((n,), dtype, seed=seed, low=-100.0, high=100.0)
+    # -0.0, subnormals, +-inf and NaN among them: a copy moves bits, and a kernel that moves
+    # values through arithmetic (x * 1, x + 0, a flush-to-zero load) changes these
+    return plant_specials(values) if n < _CACHE_ELEMS else values
 
 
 def copy_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:

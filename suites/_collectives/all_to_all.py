@@ -150,7 +150,8 @@ def _case(dtype: str, n: int, splits: str, mode: str = "exact") -> dict:
 def _smoke() -> list[dict]:
     return [_case("f32", 1031, "equal"), _case("f32", 1031, "uneven"), _case("bf16", 7, "equal"),
             _case("bf16", 65, "uneven"), _case("i32", 1031, "uneven"), _case("f16", 1, "equal"),
-            _case("f32", 4099, "uneven", mode="random")]
+            _case("f32", 4099, "uneven", mode="random"),
+            _case("bf16", 1031, "uneven", mode="special")]
 
 
 def _nightly() -> list[dict]:

@@ -171,7 +171,7 @@ def _smoke() -> list[dict]:
     return [
         _case("f32", 1031), _case("f32", 1031, inplace=True), _case("bf16", 7),
         _case("i32", 65539), _case("f16", 1, inplace=True), _case("f32", 4099, 5, mode="random"),
-        _case("bf16", 1031, 7),
+        _case("bf16", 1031, 7), _case("f32", 1031, mode="special"),
         # ~1 MiB per rank in 8 parameters: big enough for bulk's temporary to show in the
         # peak memory of every rank
         _case("f32", 262147, 8),

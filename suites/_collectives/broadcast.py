@@ -106,7 +106,7 @@ def _smoke() -> list[dict]:
     return [_case("f32", 1031, 0), _case("f32", 1031, 1), _case("f32", 1031, -1),
             _case("f32", 1031, 1, inplace=True), _case("bf16", 7, -1, inplace=True),
             _case("i32", 65539, 1), _case("f16", 1, 0, inplace=True),
-            _case("f32", 4099, -1, mode="random")]
+            _case("f32", 4099, -1, mode="random"), _case("bf16", 1031, 1, mode="special")]
 
 
 def _nightly() -> list[dict]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from harness import compare
-from harness.inputs import dtype_from_name, generate, seed_from
+from harness.inputs import dtype_from_name, generate, plant_specials, seed_from
 from suites._grid import unique  # noqa: F401  (the collectives' grids import it here)
 
 
@@ -40,7 +40,9 @@ def rank_values(tag: str, params: Mapping[str, Any], rank: int, world_size: int,
     ``exact`` mode: integers exact in the dtype; bounded so that sums over the ranks stay exact
     when ``sums`` (reductions), over the dtype's whole exact range otherwise (data movement,
     where many distinct values make a misplaced element visible). ``random`` mode: uniform
-    values in [-1, 1) for floats; integers as in exact mode.
+    values in [-1, 1) for floats; integers as in exact mode. ``special`` mode (data movement
+    only): exact mode with -0.0, subnormals, +-inf and NaN planted (harness.inputs.
+    plant_specials), which a copy carries bit for bit and arithmetic on the way does not.
     """
     dtype = dtype_from_name(params["dtype"])
     mode = params["mode"]
@@ -48,10 +50,11 @@ def rank_values(tag: str, params: Mapping[str, Any], rank: int, world_size: int,
     seed = seed_from(tag, key, world_size if sums else 0, rank)
     if mode == "random" and dtype.is_floating_point:
         return generate((count,), dtype, seed=seed, dist="uniform", low=-1.0, high=1.0)
-    if mode not in ("exact", "random"):
-        raise ValueError(f"mode {mode!r}: use exact or random")
+    if mode not in ("exact", "random", "special") or (mode == "special" and sums):
+        raise ValueError(f"mode {mode!r}: use exact or random (or special for data movement)")
     bound = exact_bound(dtype, world_size) if sums else 2 ** min(precision_bits(dtype), 62) - 1
-    return generate((count,), dtype, seed=seed, dist="int", low=-bound, high=bound)
+    values = generate((count,), dtype, seed=seed, dist="int", low=-bound, high=bound)
+    return plant_specials(values, every=5 + rank % 3) if mode == "special" else values
 
 
 def resolve_root(root: int, world_size: int) -> int:

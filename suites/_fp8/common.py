@@ -4,7 +4,8 @@ Distributions: ``uniform`` in [-1, 1); ``logmag``, magnitudes 10**U(-3, 3) with 
 (six decades: subnormals after scaling, values near the group max); ``blocky``, uniform
 times a power of two in [2**-8, 2**8] per 128x128 block (so block scales differ and a scale
 read from the wrong block shows); ``edge``, logmag with the
-first 128x128 block all zero (the 1e-4 amax clamp); ``wide``, uniform in [-2 fmax, 2 fmax)
+first 128x128 block all zero (the 1e-4 amax clamp) and the block below it with an amax of
+exactly fmax / 2**k (a power-of-two scale, UE8M0's boundary); ``wide``, uniform in [-2 fmax, 2 fmax)
 for a static scale of 1 (saturation)."""
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def values(tag: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...
     x = (sign * torch.pow(10.0, exponent)).to(BF16)
     if dist == "edge":
         x[:128, :128] = 0  # an all-zero group
+        # groups below it whose amax is 56 = 448 / 2**3 = 57344 / 2**10: the scale is a
+        # power of two exactly, which UE8M0 rounding must keep (not round up once more)
+        x[128:256, :128] = x[128:256, :128].clamp(-55.0, 55.0)
+        x[128:256, 0] = 56.0
     return x
 
 

@@ -105,6 +105,7 @@ QUANTIZE = OpSpec(
             _qcase("e4m3", "token", 130, 300, ue8m0=True),
             _qcase("e4m3", "block", 256, 256, ue8m0=True, dist="edge"),
             _qcase("e4m3", "token", 129, 384, dist="edge"),
+            _qcase("e5m2", "token", 255, 256, ue8m0=True, dist="edge"),
             _qcase("e4m3", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e5m2", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e4m3", "token", 7, 128, dist="uniform"),

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from harness import compare
-from harness.inputs import generate, hash32, seed_from
+from harness.inputs import generate, hash32, plant_specials, seed_from
 from harness.spec import OpSpec, Work
 from reference_kernels import hopper_tasks as ref
 
@@ -45,7 +45,10 @@ def embedding_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> d
         # past the table or a neighbour; an id 0 taken for padding gives a zero row
         edges = [0, vocab - 1, -1, 1, vocab - 2, -1, 0, vocab - 1, vocab // 2]
         ids = torch.tensor(edges[:b], dtype=torch.int64).reshape(b, 1)
-    return {"ids": ids, "weight": tensor("embedding", params, "w", (vocab, params["hidden"]))}
+    w = tensor("embedding", params, "w", (vocab, params["hidden"]))
+    if params.get("values") == "special":
+        plant_specials(w)  # -0.0, subnormals, +-inf, NaN: a gather moves bits, not values
+    return {"ids": ids, "weight": w}
 
 
 def embedding_torch(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -72,7 +75,7 @@ EMBEDDING = OpSpec(
     make_inputs=embedding_inputs, tolerance=compare.exact(),
     work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"] + 8 * p["b"]),
     grid={"smoke": [{"b": 7, "vocab": 1000, "hidden": 256}, {"b": 1, "vocab": 17, "hidden": 64},
-                    {"b": 9, "vocab": 17, "hidden": 64, "ids": "edges"}],
+                    {"b": 9, "vocab": 17, "hidden": 64, "ids": "edges", "values": "special"}],
           "nightly": [{"b": b, "vocab": 152064, "hidden": h} for b in BATCHES for h in HIDDENS]},
     implementations={"torch": embedding_torch},
     negative_controls={"negative_wraps": embedding_negative_wraps,
@@ -83,8 +86,12 @@ EMBEDDING = OpSpec(
 # ---------------------------------------------------------------- rmsnorm
 def rmsnorm_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     b, h = params["b"], params["hidden"]
-    return {"x": tensor("rmsnorm", params, "x", (b, h), -2.0, 2.0),
-            "weight": norm_weight("rmsnorm", params, "w", h)}
+    x = tensor("rmsnorm", params, "x", (b, h), -2.0, 2.0)
+    if params.get("rows") == "zero":
+        # an all-zero row: 0 * rsqrt(0 + eps) is 0; without the eps (or with it outside the
+        # square root, rsqrt(0) + eps) it is NaN
+        x[1] = 0
+    return {"x": x, "weight": norm_weight("rmsnorm", params, "w", h)}
 
 
 def rmsnorm_torch(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -102,7 +109,8 @@ RMSNORM = OpSpec(
     description="RMSNorm over the hidden dim, eps 1e-6, one rounding (H % 256 == 0 on Hopper).",
     make_inputs=rmsnorm_inputs,
     work=lambda p, w: Work(bytes=2.0 * (2 * p["b"] * p["hidden"] + p["hidden"])),
-    grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 1, "hidden": 512}],
+    grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 1, "hidden": 512},
+                    {"b": 3, "hidden": 256, "rows": "zero"}],
           "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]},
     implementations={"torch": rmsnorm_torch},
     negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted},
@@ -359,7 +367,10 @@ ARGMAX = OpSpec(
 
 # ---------------------------------------------------------------- identity
 def identity_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
-    return {"x": tensor("identity", params, "x", (params["b"], params["hidden"]))}
+    x = tensor("identity", params, "x", (params["b"], params["hidden"]))
+    if params.get("values") == "special":
+        plant_specials(x)  # -0.0, subnormals, +-inf, NaN: a copy through arithmetic loses them
+    return {"x": x}
 
 
 def identity_torch(x: torch.Tensor) -> torch.Tensor:
@@ -379,7 +390,7 @@ IDENTITY = OpSpec(
     description="A copy: captures an intermediate of a pipeline.",
     make_inputs=identity_inputs, tolerance=compare.exact(),
     work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"]),
-    grid={"smoke": [{"b": 4, "hidden": 256}],
+    grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 3, "hidden": 193, "values": "special"}],
           "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]},
     implementations={"torch": identity_torch},
     negative_controls={"last_tile_dropped": identity_last_tile_dropped},

@@ -49,15 +49,32 @@ def active_experts(num_experts: int) -> list[int]:
 
 def hidden(tag: str, params: Mapping[str, Any], tokens: int, size: int,
            region: object = None) -> torch.Tensor:
-    """bf16 activations, roughly N(0, 1) (Paddle's test uses randn)."""
-    return generate((tokens, size), BF16, seed=seed_from(tag, _key(params), "hidden"),
-                    dist="normal", region=region)
+    """bf16 activations, roughly N(0, 1) (Paddle's test uses randn); with ``scales=blocky``
+    each token's 1x128 groups scaled by 2**-1, 1 or 2 (``blocky_factors``)."""
+    x = generate((tokens, size), BF16, seed=seed_from(tag, _key(params), "hidden"),
+                 dist="normal", region=region)
+    if params.get("scales") == "blocky" and region is None:
+        x *= blocky_factors(tokens, size, 1, 128)
+    return x
+
+
+def blocky_factors(rows: int, cols: int, block_rows: int, block_cols: int, salt: int = 0
+                   ) -> torch.Tensor:
+    """(rows, cols) bf16 powers of two, 2**-1, 1 or 2, one per (block_rows x block_cols)
+    block: exact to multiply by, and different from each neighbouring block's, so that an
+    FP8 scale read from the wrong group, block or expert is off by a factor of 2 or 4 (with
+    N(0, 1) data every group's scale is about the same, and such a read passes)."""
+    r = torch.arange(rows)[:, None] // block_rows
+    c = torch.arange(cols)[None, :] // block_cols
+    return torch.exp2(((r + 2 * c + salt) % 3 - 1).float()).to(BF16)
 
 
 def routing(tag: str, params: Mapping[str, Any], tokens: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(routemap [S, topk] int32 with -1 slots, probs [S, topk] float32 summing to 1 per
-    token, 0 on -1 slots). Token s uses 1..min(topk, active) distinct active experts."""
+    token, 0 on -1 slots). Token s uses 1..min(topk, active) distinct active experts; with
+    ``unrouted`` in the params every fourth token (s % 4 == 1) uses none: all its slots are
+    -1 and its probs 0 (a dropped token: no row in the permuted layout, a zero row back)."""
     num_experts, topk = params["experts"], params["topk"]
     active = torch.tensor(active_experts(num_experts))
     seed = seed_from(tag, _key(params), "routing")
@@ -79,7 +96,32 @@ def routing(tag: str, params: Mapping[str, Any], tokens: int
         rows = used.nonzero().flatten()
         routemap[rows, slot] = ranked[used, j].to(torch.int32)
         weights[rows, slot] = draws[used, j].double()
-    probs = (weights / weights.sum(dim=1, keepdim=True)).float()
+    if params.get("counts"):
+        return _routing_with_counts(params, tokens)
+    if params.get("unrouted"):
+        dropped = torch.arange(tokens) % 4 == 1
+        routemap[dropped] = -1
+        weights[dropped] = 0.0
+    total = weights.sum(dim=1, keepdim=True)
+    probs = (weights / torch.where(total > 0, total, 1.0)).float()
+    return routemap, probs
+
+
+def _routing_with_counts(params: Mapping[str, Any], tokens: int
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``counts`` ("0x1x15x16x17": tokens per expert): expert e takes tokens 0..counts[e]-1,
+    each token's experts in ascending slots, equal probs; tokens past the largest count are
+    routed to no expert. Counts one below, at and one above the alignment, and 1, are where a
+    padded size rounds wrong."""
+    counts = [int(c) for c in str(params["counts"]).split("x")]
+    routemap = torch.full((tokens, params["topk"]), -1, dtype=torch.int32)
+    filled = [0] * tokens
+    for e, c in enumerate(counts):
+        for t in range(c):
+            routemap[t, filled[t]] = e
+            filled[t] += 1
+    used = (routemap >= 0).float()
+    probs = used / used.sum(dim=1, keepdim=True).clamp_min(1.0)
     return routemap, probs
 
 
@@ -108,6 +150,11 @@ def expert_weights(tag: str, params: Mapping[str, Any], experts: slice | None = 
     b13, b2 = math.sqrt(3.0 / h), math.sqrt(3.0 / i)
     w13 = generate((e, 2 * i, h), BF16, seed=key, low=-b13, high=b13, region=region)
     w2 = generate((e, h, i), BF16, seed=key, stream=1, low=-b2, high=b2, region=region)
+    if params.get("scales") == "blocky":  # per expert and 128x128 block (see blocky_factors)
+        first = 0 if experts is None else experts.start or 0
+        for j in range(w13.shape[0]):
+            w13[j] *= blocky_factors(2 * i, h, 128, 128, salt=first + j)
+            w2[j] *= blocky_factors(h, i, 128, 128, salt=2 * (first + j))
     if not (params["precision"] == "fp8" if quantized is None else quantized):
         return {"w13": w13, "w13_scale": None, "w2": w2, "w2_scale": None}
     q13, s13 = _quantize_per_expert(w13)

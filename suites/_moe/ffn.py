@@ -113,13 +113,16 @@ def _ffn_work(params: Mapping[str, Any], world_size: int) -> Work:
                 flops_dtype=params["precision"])
 
 
-def _case(tokens, hidden_size, inter, experts, topk, align, precision) -> dict:
+def _case(tokens, hidden_size, inter, experts, topk, align, precision, **extra) -> dict:
     return {"tokens": tokens, "hidden": hidden_size, "inter": inter, "experts": experts,
-            "topk": topk, "align": align, "precision": precision}
+            "topk": topk, "align": align, "precision": precision, **extra}
 
 
 SMOKE = [_case(200, 256, 128, 8, 4, 128, "bf16"), _case(200, 256, 128, 8, 4, 128, "fp8"),
-         _case(90, 384, 256, 4, 2, 16, "fp8"), _case(150, 128, 256, 16, 8, 32, "bf16")]
+         _case(90, 384, 256, 4, 2, 16, "fp8"), _case(150, 128, 256, 16, 8, 32, "bf16"),
+         # per-group and per-block magnitudes 2**-1..2 (a scale read from the wrong group,
+         # block or expert shows), and a decode-sized batch: experts with exactly one token
+         _case(6, 256, 256, 16, 2, 16, "fp8", scales="blocky")]
 #: DeepSeek-V3's expert shape (hidden 7168, moe_intermediate 2048)
 NIGHTLY = [_case(5000, 7168, 2048, e, 8, 128, p) for e in (8, 64) for p in ("bf16", "fp8")]
 

@@ -88,7 +88,9 @@ LAYER = OpSpec(
     work=lambda p, w: _layer_work(p["tokens"], p),
     grid={"smoke": [_case(300, 256, 128, 8, 4, 128, "bf16"),
                     _case(200, 256, 128, 16, 4, 128, "fp8"),
-                    _case(120, 128, 128, 4, 2, 16, "bf16", renormalize=False)],
+                    _case(120, 128, 128, 4, 2, 16, "bf16", renormalize=False),
+                    # a decode batch: fewer tokens than experts, the last expert idle
+                    _case(3, 128, 128, 8, 2, 16, "bf16")],
           "nightly": [_case(s, 7168, 2048, e, k, 128, p) for s in (5000,) for e in (8, 64)
                       for k in (4, 8) for p in ("bf16", "fp8")]},
     implementations={"torch": layer_torch},

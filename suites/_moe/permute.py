@@ -16,6 +16,7 @@ import torch
 
 from harness import compare
 from harness.buffers import poisoned
+from harness.inputs import plant_specials
 from harness.spec import OpSpec, Work
 from reference_kernels import fp8
 from reference_kernels import moe as ref
@@ -27,6 +28,8 @@ from .common import BF16, FAMILY, FMT, hidden, layout, routing
 def _source(tag: str, params: Mapping[str, Any]):
     """(rows as given to permute (bf16, or fp8 with 1x128 scales), routemap, probs)."""
     x = hidden(tag, params, params["tokens"], params["hidden"])
+    if tag == "permute" and params.get("values") == "special":
+        plant_specials(x)  # -0.0, subnormals, +-inf, NaN: permute moves bits
     routemap, probs = routing(tag, params, params["tokens"])
     if params["dtype"] == "fp8":
         q, scale = fp8.quantize(x, FMT, "token")
@@ -90,16 +93,21 @@ def _permute_work(params: Mapping[str, Any], world_size: int) -> Work:
     return Work(bytes=(routed + rows) * params["hidden"] * item)
 
 
-def _case(tokens, hidden_size, experts, topk, align, dtype) -> dict:
+def _case(tokens, hidden_size, experts, topk, align, dtype, **extra) -> dict:
     return {"tokens": tokens, "hidden": hidden_size, "experts": experts, "topk": topk,
-            "align": align, "dtype": dtype}
+            "align": align, "dtype": dtype, **extra}
 
 
 #: Paddle's own test sweep: 5000 and 16384 tokens of 7168, experts 4..64, top-k 4 / 8
 NIGHTLY = [_case(s, 7168, e, k, 128, dt) for s in (5000, 16384) for e in (4, 8, 16, 32, 64)
            for k in (4, 8) for dt in ("bf16", "fp8")]
 SMOKE = [_case(300, 256, 8, 4, 128, "bf16"), _case(257, 320, 16, 8, 128, "fp8"),
-         _case(100, 128, 4, 4, 16, "bf16"), _case(700, 128, 64, 8, 128, "fp8")]
+         _case(100, 128, 4, 4, 16, "bf16"), _case(700, 128, 64, 8, 128, "fp8"),
+         # tokens routed to no expert beside idle experts; permute's rows carry special floats
+         _case(130, 128, 8, 4, 16, "bf16", unrouted=True, values="special"),
+         # experts holding 0, 1, align - 1, align and align + 1 tokens (padded sizes 0, 16,
+         # 16, 16, 32), and tokens routed to none
+         _case(20, 128, 5, 4, 16, "fp8", counts="0x1x15x16x17")]
 
 PERMUTE = OpSpec(
     name="moe.permute", family=FAMILY, reference=permute_reference,
@@ -140,7 +148,9 @@ def unpermute_expected(params: Mapping[str, Any], rank: int, world_size: int
                        ) -> dict[str, torch.Tensor]:
     x, inputs = _unpermute_case(params)
     out, probs = ref.moe_unpermute(**inputs)
-    return {"out": out, "probs": probs, "out:roundtrip": x.float()}
+    # a token routed to no expert comes back as a zero row
+    routed = (inputs["routemap"] >= 0).any(dim=1, keepdim=True)
+    return {"out": out, "probs": probs, "out:roundtrip": x.float() * routed}
 
 
 def unpermute_tolerance(params: Mapping[str, Any], world_size: int

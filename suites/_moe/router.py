@@ -69,7 +69,10 @@ ROUTER = OpSpec(
     tolerance={"probs": compare.default_for(torch.float32), "routemap": compare.exact()},
     work=lambda p, w: Work(bytes=p["tokens"] * (p["experts"] * 4 + p["topk"] * 8)),
     grid={"smoke": [_case(300, 8, 4, True), _case(300, 8, 4, False), _case(77, 64, 8, True),
-                    _case(77, 64, 8, False), _case(64, 8, 4, True, values="ties")],
+                    _case(77, 64, 8, False), _case(64, 8, 4, True, values="ties"),
+                    # 64 experts: torch's CPU sort is stable below 32 elements per row whether
+                    # asked or not, so only a longer row exposes an unstable sort's tie order
+                    _case(48, 64, 8, False, values="ties")],
           "nightly": [_case(16384, e, k, r) for e in (8, 64, 256) for k in (4, 8)
                       for r in (True, False)]},
     implementations={"torch": router_torch},

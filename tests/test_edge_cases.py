@@ -1,0 +1,161 @@
+"""Each edge-case smoke case exposes the bug it was added for: a plausible wrong kernel fails
+that case through the real runner (every check, in process at world size 1) and passes the
+op's first plain smoke case, so it is the edge case, not any case, that catches it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import suites._fp8.quant as quant
+from harness.inputs import plant_specials, special_values
+from harness.runner import run_case
+from harness.runtime import World
+from harness.spec import Case, registry
+from reference_kernels import hopper_tasks as hopper_ref
+from suites._moe import torch_ops
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World.from_mpi("cpu", timeout_s=60)
+
+
+def _status(world: World, op: str, params: dict, impl) -> str:
+    spec = registry().specs[op]
+    return run_case(world, Case(spec, params, 1), "candidate", impl, bench=False).status
+
+
+def _edge_and_plain(op: str, **match) -> tuple[dict, dict]:
+    """The smoke case whose params include ``match``, and the op's first smoke case."""
+    cases = registry().specs[op].grid["smoke"]
+    edge = next(p for p in cases if all(p.get(k) == v for k, v in match.items()))
+    return edge, cases[0]
+
+
+# ------------------------------------------------------------------ wrong kernels
+
+def copy_through_arithmetic(x: torch.Tensor) -> torch.Tensor:
+    """A copy that adds 0: -0.0 becomes +0.0 (every other value, NaN included, survives)."""
+    return x + 0.0
+
+
+def copy_flushing_subnormals(x: torch.Tensor) -> torch.Tensor:
+    """A copy that flushes subnormals to zero, as a load with FTZ does."""
+    tiny = torch.finfo(x.dtype).tiny
+    return torch.where(x.abs() < tiny, torch.zeros_like(x), x)
+
+
+def rmsnorm_eps_outside_sqrt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """rsqrt(mean) + eps: equal to within rounding on every row but an all-zero one (NaN)."""
+    x32 = x.float()
+    r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True)) + hopper_ref.EPS
+    return (x32 * r * weight.float()).to(x.dtype)
+
+
+def router_unstable_sort(logits, topk, renormalize):
+    """The experts from an unstable sort: ties in any order."""
+    x = logits.float()
+    experts = torch.sort(x, dim=-1, descending=True, stable=False).indices[:, :topk]
+    probs = torch.softmax(x, dim=-1).gather(-1, experts)
+    if renormalize:
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs, experts.to(torch.int32)
+
+
+def quantize_ue8m0_bumped(x, fmt, granularity, ue8m0, scale):
+    """UE8M0 as 2**(floor(log2 s) + 1): right except where s is a power of two already."""
+    def bumped(s: torch.Tensor) -> torch.Tensor:
+        return torch.exp2(torch.floor(torch.log2(s)) + 1)
+
+    saved = quant._pow2_ceil
+    quant._pow2_ceil = bumped
+    try:
+        return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+    finally:
+        quant._pow2_ceil = saved
+
+
+def unpermute_per_token_loop(permuted, rowmap, routemap, permuted_probs, num_tokens,
+                             num_experts):
+    """A loop over tokens that stacks each token's rows: a token routed to no expert has none
+    to stack, and torch.stack raises."""
+    out = torch.empty(num_tokens, permuted.shape[1], dtype=permuted.dtype)
+    for t in range(num_tokens):
+        rows = rowmap[t][rowmap[t] >= 0].long()
+        out[t] = torch.stack([permuted[r].float() for r in rows]).sum(0).to(permuted.dtype)
+    return out, torch_ops.unpermute(permuted, rowmap, routemap, permuted_probs, num_tokens,
+                                    num_experts)[1]
+
+
+# ------------------------------------------------------------------ the tests
+
+@pytest.mark.parametrize("wrong", [copy_through_arithmetic, copy_flushing_subnormals])
+def test_identity_special_values_catch_a_copy_that_computes(world, wrong):
+    edge, plain = _edge_and_plain("hopper_tasks.identity", values="special")
+    assert _status(world, "hopper_tasks.identity", edge, wrong) == "fail"
+    assert _status(world, "hopper_tasks.identity", plain, wrong) == "pass"
+
+
+def test_embedding_special_values_catch_a_gather_that_computes(world):
+    def gather_plus_zero(ids, weight):
+        rows = F.embedding(ids.reshape(-1).clamp_min(0), weight) + 0.0
+        valid = (ids.reshape(-1) >= 0).unsqueeze(1)
+        return torch.where(valid, rows, torch.zeros((), dtype=rows.dtype))
+
+    edge, plain = _edge_and_plain("hopper_tasks.embedding", values="special")
+    assert _status(world, "hopper_tasks.embedding", edge, gather_plus_zero) == "fail"
+    assert _status(world, "hopper_tasks.embedding", plain, gather_plus_zero) == "pass"
+
+
+def test_strided_copy_storages_carry_special_values(world):
+    def copy_plus_zero(storage, size, stride, offset, out):
+        src = storage.as_strided(size, stride, offset + storage.storage_offset())
+        return out.copy_(src + 0 if src.is_floating_point() else src)
+
+    spec = registry().specs["strided_copy"]
+    f32 = next(p for p in spec.grid["smoke"] if p["dtype"] == "f32")
+    i32 = next(p for p in spec.grid["smoke"] if p["dtype"] == "i32")
+    assert _status(world, "strided_copy", f32, copy_plus_zero) == "fail"
+    assert _status(world, "strided_copy", i32, copy_plus_zero) == "pass"
+
+
+def test_rmsnorm_zero_row_catches_the_eps_outside_the_square_root(world):
+    edge, plain = _edge_and_plain("hopper_tasks.rmsnorm", rows="zero")
+    assert _status(world, "hopper_tasks.rmsnorm", edge, rmsnorm_eps_outside_sqrt) == "fail"
+    assert _status(world, "hopper_tasks.rmsnorm", plain, rmsnorm_eps_outside_sqrt) == "pass"
+
+
+def test_router_ties_over_64_experts_catch_an_unstable_sort(world):
+    edge, _ = _edge_and_plain("moe.router", values="ties", experts=64)
+    small_ties, _ = _edge_and_plain("moe.router", values="ties", experts=8)
+    assert _status(world, "moe.router", edge, router_unstable_sort) == "fail"
+    # below 32 elements a row torch's CPU sort is stable whether asked or not
+    assert _status(world, "moe.router", small_ties, router_unstable_sort) == "pass"
+
+
+def test_quantize_power_of_two_groups_catch_ue8m0_rounded_up_past_exact(world):
+    op = "fp8_gemm.quantize"
+    edge, _ = _edge_and_plain(op, dist="edge", fmt="e5m2", ue8m0=True)
+    assert _status(world, op, edge, quantize_ue8m0_bumped) == "fail"
+
+
+def test_unrouted_tokens_catch_an_unpermute_that_assumes_every_token_is_routed(world):
+    edge, plain = _edge_and_plain("moe.unpermute", unrouted=True)
+    assert _status(world, "moe.unpermute", edge, unpermute_per_token_loop) == "error"
+    assert _status(world, "moe.unpermute", plain, unpermute_per_token_loop) == "pass"
+
+
+def test_special_values_hold_each_class_once_per_dtype():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+                  torch.float8_e5m2, torch.float64):
+        v = special_values(dtype).double()
+        assert bool(torch.isnan(v).any())
+        assert bool(((v == 0) & torch.signbit(v)).any())  # -0.0
+        sub = v[(v != 0) & (v.abs() < torch.finfo(dtype).tiny)]
+        assert sub.numel() == 4 and bool((sub > 0).any()) and bool((sub < 0).any())
+        assert bool(torch.isinf(v).any()) == (dtype != torch.float8_e4m3fn)
+    x = plant_specials(torch.ones(80, dtype=torch.bfloat16))  # 12 slots for 11 specials
+    assert int(torch.isnan(x).sum()) == 1 and float(x[1]) == 1.0
+    assert float(x[7]) == torch.finfo(torch.bfloat16).max
