@@ -305,6 +305,7 @@ def measure(
     rank: int = 0,
     chunk_elems: int = CHUNK_ELEMS,
     memo: dict[Any, tuple[int, int, float]] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> Metrics:
     """Metrics of ``actual`` against ``expected`` on ``actual``'s device, chunk by chunk.
 
@@ -312,7 +313,9 @@ def measure(
     is cast to ``actual``'s dtype first, so "bitwise" means "the reference, rounded once".
     ``memo``: a dict kept by the caller for as long as ``expected`` stays unchanged (the
     runner keeps one per case and output): what a chunk bitwise equal to the reference adds
-    depends on the reference alone, so later measures against it reuse it.
+    depends on the reference alone, so later measures against it reuse it. ``dtype``: the
+    dtype the output must have (a kernel that returns bf16 scales where the op gives float32
+    fails, even when every value survives the cast).
     """
     m = Metrics()
     if not isinstance(actual, torch.Tensor):
@@ -323,6 +326,10 @@ def measure(
         m.shape_error = f"shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
         m.numel = max(expected.numel(), 1)
         m.n_mismatch = m.numel
+        return m
+    if dtype is not None and actual.dtype != dtype:
+        m.shape_error = f"dtype {_dtype_name(actual.dtype)} != expected {_dtype_name(dtype)}"
+        m.numel = m.n_mismatch = max(actual.numel(), 1)
         return m
     elem = tolerance.elementwise
     a_flat = actual.reshape(-1)
@@ -349,6 +356,10 @@ def measure(
             continue
         _measure_chunk(m, a_raw, e_raw, elem, actual.dtype, start, rank)
     return m
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _measure_chunk(

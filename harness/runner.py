@@ -224,10 +224,19 @@ def _measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.T
         raise CaseError(f"missing outputs {sorted(missing)}")
     memos = {} if memos is None else memos
     return {name: {"metrics": compare.measure(outputs[name.split(":")[0]], expected[name], tol,
-                                              rank=rank, memo=memos.setdefault(name, {})
+                                              rank=rank, memo=memos.setdefault(name, {}),
+                                              dtype=_required_dtype(name, expected[name])
                                               ).to_dict(),
                    "tolerance": tol.to_dict()}
             for name, tol in tols.items()}
+
+
+def _required_dtype(name: str, expected: torch.Tensor) -> torch.dtype | None:
+    """The dtype an output must have: its reference's, except against a float64 reference
+    (kept wider than any output on purpose) or a second reference (``out:label``)."""
+    if ":" in name or expected.dtype == torch.float64:
+        return None
+    return expected.dtype
 
 
 def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0
