@@ -159,3 +159,40 @@ def test_special_values_hold_each_class_once_per_dtype():
     x = plant_specials(torch.ones(80, dtype=torch.bfloat16))  # 12 slots for 11 specials
     assert int(torch.isnan(x).sum()) == 1 and float(x[1]) == 1.0
     assert float(x[7]) == torch.finfo(torch.bfloat16).max
+
+
+def test_an_output_in_the_wrong_dtype_fails_even_when_every_value_survives_the_cast(world):
+    def bf16_scales(x, fmt, granularity, ue8m0, scale):
+        q, s = quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+        return q, s.bfloat16()  # UE8M0 scales are powers of two: exact in bf16
+
+    op = "fp8_gemm.quantize"
+    edge, _ = _edge_and_plain(op, dist="edge", fmt="e5m2", ue8m0=True)
+    r = run_case(world, Case(registry().specs[op], edge, 1), "candidate", bf16_scales,
+                 bench=False)
+    assert r.status == "fail"
+    assert "dtype bfloat16 != expected float32" in r.reason
+
+
+def test_wide_scores_catch_a_softmax_that_does_not_subtract_the_max(world):
+    def split_kv_min_shift(q, k, v, chunk):
+        """Each chunk's softmax shifted by its smallest score: the same math, but exp
+        overflows once a chunk's scores span more than ~88."""
+        scale = q.shape[-1] ** -0.5
+        outs, lses = [], []
+        for start in range(0, k.shape[0], chunk):
+            s = torch.einsum("hd,shd->hs", q.float(), k[start:start + chunk].float()) * scale
+            low = s.amin(-1, keepdim=True)
+            p = torch.exp(s - low)
+            total = p.sum(-1, keepdim=True)
+            outs.append(torch.einsum("hs,shd->hd", p / total, v[start:start + chunk].float()))
+            lses.append((low + total.log()).squeeze(-1))
+        lse_all = torch.stack(lses)
+        lse = torch.logsumexp(lse_all, dim=0)
+        out = (torch.exp(lse_all - lse)[..., None] * torch.stack(outs)).sum(0)
+        return {"out": out.to(q.dtype), "lse": lse}
+
+    op = "hopper_tasks.attention_split_kv"
+    edge, plain = _edge_and_plain(op, scores="wide")
+    assert _status(world, op, edge, split_kv_min_shift) == "fail"
+    assert _status(world, op, plain, split_kv_min_shift) == "pass"

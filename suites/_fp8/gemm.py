@@ -336,7 +336,10 @@ GROUPED_MASKED = OpSpec(
     make_inputs=masked_inputs, expected=masked_expected,
     tolerance=lambda p, w: gemm_tolerances("e4m3"), out_buffers={"out": "out"},
     work=lambda p, w: _grouped_work(p),
-    grid={"smoke": [{"masked": (3, 0, 64, 17), "max_m": 64, "n": 192, "k": 256}],
+    grid={"smoke": [{"masked": (3, 0, 64, 17), "max_m": 64, "n": 192, "k": 256},
+                    # block magnitudes 2**-8..2**8: a scale of the wrong group or block shows
+                    {"masked": (5, 64, 1, 0), "max_m": 64, "n": 256, "k": 384,
+                     "dist": "blocky"}],
           "nightly": [{"masked": _moe_tokens(e, 128), "max_m": 256, "n": n, "k": k}
                       for e in (8, 32) for n, k in ((4096, 7168), (7168, 2048))]},
     implementations={"torch": masked_torch},

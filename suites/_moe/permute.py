@@ -107,7 +107,9 @@ SMOKE = [_case(300, 256, 8, 4, 128, "bf16"), _case(257, 320, 16, 8, 128, "fp8"),
          _case(130, 128, 8, 4, 16, "bf16", unrouted=True, values="special"),
          # experts holding 0, 1, align - 1, align and align + 1 tokens (padded sizes 0, 16,
          # 16, 16, 32), and tokens routed to none
-         _case(20, 128, 5, 4, 16, "fp8", counts="0x1x15x16x17")]
+         _case(20, 128, 5, 4, 16, "fp8", counts="0x1x15x16x17"),
+         # one token routed to one expert: a single (token, expert) pair in all
+         _case(1, 128, 4, 1, 16, "bf16")]
 
 PERMUTE = OpSpec(
     name="moe.permute", family=FAMILY, reference=permute_reference,
