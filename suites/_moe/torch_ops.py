@@ -77,11 +77,14 @@ def sort_by_expert(routemap: torch.Tensor, *, reverse_one_expert: bool = False
     pos = pos[order]
     experts = flat[pos]
     if reverse_one_expert:
-        # bug: the first expert with two or more tokens lists them in descending order
+        # bug: the first expert with two or more tokens lists them in descending order (with
+        # no such expert there is no order to get wrong)
         counts = torch.bincount(experts)
-        e = int((counts >= 2).nonzero()[0])
-        start = int(counts[:e].sum())
-        pos[start : start + int(counts[e])] = pos[start : start + int(counts[e])].flip(0)
+        several = (counts >= 2).nonzero()
+        if several.numel():
+            e = int(several[0])
+            start = int(counts[:e].sum())
+            pos[start : start + int(counts[e])] = pos[start : start + int(counts[e])].flip(0)
     return pos, experts, pos // topk
 
 
