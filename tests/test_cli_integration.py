@@ -257,6 +257,7 @@ _HOPPER_CONTROLS = {
     ("paged_attention", "rope_before_norm"): {1: "all"},
     ("paged_attention", "visibility_off_by_one"): {1: "all"},
     ("attention_split_kv", "merge_without_rescale"): {1: "all"},
+    ("attention_split_kv", "min_shift"): {1: "some"},
     ("tp_mlp", "residual_every_rank"): {1: "none", 4: "all", 8: "all"},
     ("decoder_layer", "rope_before_norm"): {1: "attn", 4: "attn", 8: "attn"},
     ("decoder_layer", "residual_every_rank"): {1: "none", 4: "attn_out", 8: "attn_out"},
@@ -291,9 +292,10 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_
                            for r in got), got
     # controls that only the case built for their bug catches: ties decide only the argmax
     # case of ties (the others plant a unique maximum); only the embedding case of edge ids
-    # holds an id 0
+    # holds an id 0; only the split-KV case of wide scores overflows a min-shifted softmax
     for control, marker in (("last_on_ties", "values=ties"), ("zero_id_as_padding",
-                                                                "ids=edges")):
+                                                                "ids=edges"),
+                            ("min_shift", "scores=wide")):
         got = {r["case_id"]: r["status"] for r in rows(
             tmp_path / "h.db", "SELECT case_id, status FROM results WHERE impl = ?", control)}
         assert {c for c, s in got.items() if s == "fail"} == {c for c in got if marker in c}, got
@@ -346,6 +348,7 @@ def test_fp8_implementations_pass_and_every_control_fails(tmp_path):
 _MOE_CONTROLS = {
     ("router", "softmax_after_topk"): "renormalize=false",
     ("router", "ties_higher_first"): "values=ties",
+    ("router", "unstable_sort"): "tokens=48,",  # the 64-expert ties case (see the control)
     ("permute", "expert_out_of_order"): "!tokens=1,",
     ("permute", "padding_not_zeroed"): "all",
     ("permute", "scales_dropped"): "dtype=fp8",

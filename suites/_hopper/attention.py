@@ -174,12 +174,13 @@ def split_kv_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> di
             "v": tensor("split_kv", params, "v", (s, h, d)), "chunk": params["chunk"]}
 
 
-def _split_kv(q, k, v, chunk, *, rescale: bool = True) -> dict[str, torch.Tensor]:
+def _split_kv(q, k, v, chunk, *, rescale: bool = True, shift_by_max: bool = True
+              ) -> dict[str, torch.Tensor]:
     scale = 1.0 / math.sqrt(q.shape[-1])
     outs, lses = [], []
     for start in range(0, k.shape[0], chunk):
         scores = torch.einsum("hd,shd->hs", q.float(), k[start : start + chunk].float()) * scale
-        top = scores.amax(-1, keepdim=True)
+        top = scores.amax(-1, keepdim=True) if shift_by_max else scores.amin(-1, keepdim=True)
         p = torch.exp(scores - top)
         total = p.sum(-1, keepdim=True)
         outs.append(torch.einsum("hs,shd->hd", p / total, v[start : start + chunk].float()))
@@ -202,6 +203,12 @@ def split_kv_merge_without_rescale(q, k, v, chunk) -> dict[str, torch.Tensor]:
     return _split_kv(q, k, v, chunk, rescale=False)
 
 
+def split_kv_min_shift(q, k, v, chunk) -> dict[str, torch.Tensor]:
+    """Bug: each chunk's softmax is shifted by its smallest score, not its largest: the same
+    math until a chunk's scores span more than ~88, where exp overflows float32."""
+    return _split_kv(q, k, v, chunk, shift_by_max=False)
+
+
 SPLIT_KV = OpSpec(
     name="hopper_tasks.attention_split_kv", family=FAMILY, reference=ref.attention_split_kv,
     description="One token's attention in KV chunks, merged by log-sum-exp.",
@@ -215,7 +222,8 @@ SPLIT_KV = OpSpec(
           "nightly": [{"heads": 32, "d": 128, "seq": s, "chunk": 512}
                       for s in (4096, 32768, 131072)]},
     implementations={"torch": split_kv_torch},
-    negative_controls={"merge_without_rescale": split_kv_merge_without_rescale},
+    negative_controls={"merge_without_rescale": split_kv_merge_without_rescale,
+                       "min_shift": split_kv_min_shift},
 )
 
 SPECS = [PAGED_ATTENTION, SPLIT_KV]

@@ -57,6 +57,13 @@ def router_ties_higher_first(logits, topk, renormalize):
     return probs, experts.to(torch.int32)
 
 
+def router_unstable_sort(logits, topk, renormalize):
+    """Bug: the experts come from an unstable sort, so equal logits go in any order. torch's
+    CPU sort is stable below 32 elements a row whether asked or not: on the CPU only the
+    64-expert ties case shows it."""
+    return torch_ops.route(logits, topk, renormalize, stable=False)
+
+
 def _case(tokens, experts, topk, renormalize, **extra) -> dict:
     return {"tokens": tokens, "experts": experts, "topk": topk, "renormalize": renormalize,
             **extra}
@@ -77,7 +84,8 @@ ROUTER = OpSpec(
                       for r in (True, False)]},
     implementations={"torch": router_torch},
     negative_controls={"softmax_after_topk": router_softmax_after_topk,
-                       "ties_higher_first": router_ties_higher_first},
+                       "ties_higher_first": router_ties_higher_first,
+                       "unstable_sort": router_unstable_sort},
 )
 
 SPECS = [ROUTER]

@@ -32,7 +32,7 @@ def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_torch(x, FMT, "token", False, None)
 
 
-def route(logits: torch.Tensor, topk: int, renormalize: bool
+def route(logits: torch.Tensor, topk: int, renormalize: bool, *, stable: bool = True
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """(probs [S, topk] float32, routemap [S, topk] int32): softmax, and the k largest
     logits, equal logits lower expert first (the op's semantics). Not torch.topk, whose order
@@ -40,7 +40,7 @@ def route(logits: torch.Tensor, topk: int, renormalize: bool
     the softmax can round two different logits to one probability."""
     x = logits.float()
     # a stable descending sort keeps equal elements in their original (expert) order
-    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
+    experts = torch.sort(x, dim=-1, descending=True, stable=stable).indices[:, :topk]
     probs = torch.softmax(x, dim=-1).gather(-1, experts)
     if renormalize:
         probs = probs / probs.sum(dim=-1, keepdim=True)
