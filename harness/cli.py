@@ -63,6 +63,16 @@ def resolve_plans(selectors: Sequence[str], tier: str, sizes: Sequence[int],
     return specs, plans, resolved
 
 
+def note_shared_impls(specs: Sequence[Any], impls: Sequence[str]) -> None:
+    """One stderr line per requested name that several selected ops have (it runs on all)."""
+    from harness.spec import registry
+
+    for name, ops in registry().shared_impl_names(specs, list(impls)).items():
+        click.echo(f"note: --impl {name} is a name of {len(ops)} selected ops "
+                   f"({', '.join(ops)}): it runs on each; select one op to run only its own",
+                   err=True)
+
+
 def _compile_cuda_sources(impls: Sequence[str]) -> None:
     """Compile every ``path.cu:launch`` implementation for this machine's GPU (sm_90 without
     one) where NVRTC is installed: a compile error exits 2 with the compiler's log."""
@@ -157,8 +167,11 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
         _fail(f"--timeout {timeout} must be a positive number of seconds", EXIT_USAGE)
     specs, plans, resolved = resolve_plans(selectors, tier, sizes, impls, device)
     if not any(plans.values()):
-        _fail(f"the selection has no case in tier {tier!r} at world sizes {world_sizes}; "
-              "try `harness list` to see what exists", EXIT_USAGE)
+        where = "; ".join(f"{s.name} runs at {s.world_sizes_of(tier)}" for s in specs[:4])
+        more = f" (and {len(specs) - 4} more ops)" if len(specs) > 4 else ""
+        _fail(f"the selection has no case in tier {tier!r} at world sizes {world_sizes}: "
+              f"{where}{more}; try `harness list` to see what exists", EXIT_USAGE)
+    note_shared_impls(specs, impls)
     if timing_mode == "graph" and resolved.type != "cuda":
         _fail("--timing-mode graph replays CUDA graphs and needs a GPU: drop it (CPU timing "
               "uses perf_counter) or run with --device cuda on a machine with one", EXIT_USAGE)

@@ -145,6 +145,23 @@ class OpSpec:
         return [Case(self, dict(p), world_size) for p in self.grid.get(tier, ())
                 if self.world_size_of is None or self.world_size_of(p) == world_size]
 
+    def world_sizes_of(self, tier: str) -> str:
+        """Where this op's cases of ``tier`` run, in words: "world size 1 only", "world
+        sizes 1, 4, 8", "any world size", or "no case in this tier"."""
+        params = self.grid.get(tier, ())
+        if not params:
+            return "no case in this tier"
+        if not self.distributed:
+            return "world size 1 only (a single-device op)"
+        if self.world_size_of is not None:
+            sizes = sorted({self.world_size_of(p) for p in params})
+        elif self.world_sizes is not None:
+            sizes = sorted(self.world_sizes)
+        else:
+            return "any world size"
+        return f"world size {sizes[0]} only" if len(sizes) == 1 else \
+            "world sizes " + ", ".join(str(w) for w in sizes)
+
     def all_impls(self) -> dict[str, Callable[..., Any]]:
         """Implementations and negative controls by name."""
         return {**self.implementations, **self.negative_controls}
@@ -274,6 +291,20 @@ class Registry:
                 if keep(case):
                     items.extend(PlannedItem(case, name, fn) for name, fn in chosen.items())
         return items
+
+    def shared_impl_names(self, specs: Sequence[OpSpec], requested: Sequence[str]
+                          ) -> dict[str, list[str]]:
+        """Requested names (not ``module:callable``) that more than one of ``specs`` has:
+        {name: the ops}. A control name such as ``rope_before_norm`` selects every op with
+        one, which a user asking for one op's control should be told."""
+        out = {}
+        for name in requested:
+            if ":" in name:
+                continue
+            ops = [s.name for s in specs if name in s.all_impls()]
+            if len(ops) > 1:
+                out[name] = ops
+        return out
 
     def check_impls(self, specs: Sequence[OpSpec], requested: Sequence[str]) -> None:
         """Raise SpecError for a requested implementation that none of ``specs`` has."""

@@ -264,3 +264,32 @@ def test_opspec_rejects_unknown_tier():
 def test_opspec_rejects_impl_named_like_a_control():
     with pytest.raises(SpecError, match="same"):
         tiny_spec(implementations={"same": _identity}, negative_controls={"same": _identity})
+
+
+def test_an_op_says_where_its_cases_run(reg):
+    assert reg.specs["hopper_tasks.rmsnorm"].world_sizes_of("smoke") == \
+        "world size 1 only (a single-device op)"
+    assert reg.specs["allreduce"].world_sizes_of("smoke") == "any world size"
+    assert reg.specs["dtensor.redistribute"].world_sizes_of("smoke") == "world sizes 1, 4, 8"
+    assert reg.specs["hopper_tasks.rmsnorm"].world_sizes_of("stress") == "no case in this tier"
+
+
+def test_a_name_several_selected_ops_share_is_reported_with_the_ops(reg):
+    specs = reg.select(["hopper_tasks"], "smoke")
+    shared = reg.shared_impl_names(specs, ["rope_before_norm", "unweighted", "torch",
+                                           "tests.helpers:x"])
+    assert shared == {"rope_before_norm": ["hopper_tasks.paged_attention",
+                                           "hopper_tasks.decoder_layer"],
+                      "torch": [s.name for s in specs]}
+    assert reg.shared_impl_names(reg.select(["hopper_tasks.paged_attention"], "smoke"),
+                                 ["rope_before_norm"]) == {}
+
+
+def test_run_of_a_single_device_op_at_4_ranks_says_it_runs_at_1_only(tmp_path, capfd):
+    from harness.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "hopper_tasks.rmsnorm", "--world-sizes", "4", "--db",
+              str(tmp_path / "h.db")])
+    assert exit_info.value.code == 2
+    assert "hopper_tasks.rmsnorm runs at world size 1 only" in capfd.readouterr().err
