@@ -360,6 +360,7 @@ def print_results(results: Sequence[Any]) -> None:
     if others:
         _print_table(others)
     print_contention(results)
+    print_absent_goldens(results)
     bound = [r for r in results if (r.timing or {}).get("launch_bound")]
     if bound:
         console.print(f"* {len(bound)} time(s) launch-bound: the host took most of the interval "
@@ -387,6 +388,20 @@ def _print_table(others: Sequence[Any]) -> None:
                       _fmt_pct(r.derived), peak,
                       str(r.wrong) if r.status in ("pass", "fail") else "-")
     console.print(table)
+
+
+def print_absent_goldens(results: Sequence[Any]) -> None:
+    """A note when cases ran without a stored golden (checked against the reference only):
+    a new case passes silently otherwise, and a later ``golden verify`` finds it missing."""
+    absent = sorted({(r.world_size, r.case_id) for r in results
+                     if (r.golden or {}).get("status") == "absent"})
+    if not absent:
+        return
+    first = absent[0][1]
+    console.print(f"note: {len(absent)} case(s) have no stored golden (checked against the "
+                  f"reference only), e.g. w{absent[0][0]} {escape(first)}; store them with "
+                  f"`harness golden generate` and the same selectors and world sizes",
+                  highlight=False, soft_wrap=True)
 
 
 def print_contention(results: Sequence[Any]) -> None:

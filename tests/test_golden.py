@@ -798,3 +798,20 @@ def test_committed_allgather_goldens_are_what_the_reference_makes(committed: dic
                 assert raw(got.values) == raw(flat[got.positions]), (case.id, rank, name)
                 assert got.sums.tolist() == pytest.approx(
                     np_chunk_sums(flat.to(torch.float64).numpy())[0], rel=1e-12, abs=1e-9)
+
+
+def test_a_run_with_cases_lacking_a_golden_says_so(capsys):
+    from harness.cli import print_results
+    from harness.results import CaseResult
+
+    def result(golden: dict | None, case: str, w: int = 1) -> CaseResult:
+        return CaseResult("r", case, "toy", "toy", "torch", w, {}, "pass", golden=golden)
+
+    print_results([result({"status": "absent"}, "toy[a]"),
+                   result({"status": "absent"}, "toy[a]", 4),
+                   result({"status": "pass"}, "toy[b]"), result(None, "toy[c]")])
+    out = capsys.readouterr().out
+    assert "note: 2 case(s) have no stored golden" in out and "w1 toy[a]" in out
+    assert "harness golden generate" in out
+    print_results([result({"status": "pass"}, "toy[b]"), result(None, "toy[c]")])
+    assert "no stored golden" not in capsys.readouterr().out
