@@ -37,6 +37,7 @@ import collections
 import copy
 import importlib
 import inspect
+import sys
 import textwrap
 import types
 from collections.abc import Callable, Iterator
@@ -465,17 +466,17 @@ def mutant_callable(impl: Callable[..., Any], module: str, function: str, source
     replacement = namespace[function]
     unwrapped = inspect.unwrap(original)
 
-    def bindings() -> list[tuple[types.ModuleType, str]]:
-        import sys
+    found: list[tuple[types.ModuleType, str]] | None = None
 
-        found = []
-        for m in list(sys.modules.values()):
-            name = getattr(m, "__name__", "") or ""
-            if name.split(".")[0] not in PROJECT_PACKAGES:
-                continue
-            for attr, value in list(vars(m).items()):
-                if value is original or value is unwrapped:
-                    found.append((m, attr))
+    def bindings() -> list[tuple[types.ModuleType, str]]:
+        """Every project module attribute bound to the original, looked up at the first call
+        (when every module the implementation uses is imported) and kept."""
+        nonlocal found
+        if found is None:
+            found = [(m, attr) for m in list(sys.modules.values())
+                     if (getattr(m, "__name__", "") or "").split(".")[0] in PROJECT_PACKAGES
+                     for attr, value in list(vars(m).items())
+                     if value is original or value is unwrapped]
         return found
 
     def mutant(*args: Any, **kwargs: Any) -> Any:

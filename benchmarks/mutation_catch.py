@@ -35,6 +35,8 @@ sys.path.insert(0, str(HERE))
 
 import mutants as mut  # noqa: E402
 
+from harness.results import FAILING  # noqa: E402
+
 FIRST_CASES = 3
 EQUIVALENT_FILE = HERE / "data" / "mutation_equivalent.json"
 MODULE_TEMPLATE = '''\
@@ -126,7 +128,7 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true",
                         help="keep the outcomes --json holds and skip the ops it covers")
     parser.add_argument("--show-survivors", action="store_true",
-                        help="print each survivor's key and mutated function")
+                        help="print each survivor's key and the lines it changed")
     args = parser.parse_args()
     owned, reach, distributed = plan(args.ops)
     equivalent = json.loads(EQUIVALENT_FILE.read_text()) if EQUIVALENT_FILE.is_file() else {}
@@ -161,7 +163,7 @@ def main() -> int:
                 still = []
                 for j, i in enumerate(left):
                     st = got.get(j, "missing")
-                    if st in ("fail", "error", "timeout", "crash"):
+                    if st in FAILING:
                         outcome[key_of[i]] = {"op": op, "family": batch[i].family,
                                               "status": st, "by": f"{runner}@w{w}"}
                     else:
@@ -202,7 +204,7 @@ def report(outcome: dict[str, dict]) -> int:
         for o in outcome.values():
             c = rows[o[field]]
             c["generated"] += 1
-            if o["status"] in ("fail", "error", "timeout", "crash"):
+            if o["status"] in FAILING:
                 c["caught"] += 1
                 c["crashed"] += o["status"] != "fail"
             else:

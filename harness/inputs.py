@@ -395,10 +395,8 @@ def special_values(dtype: torch.dtype) -> torch.Tensor:
     +-inf, NaN, the largest finite values and a normal neighbour. float8_e4m3fn has no
     infinity: its list stops at NaN and +-448."""
     info = torch.finfo(dtype)
-    bits = _BITS_OF[dtype]
-    width = torch.tensor([], dtype=dtype).element_size() * 8
-    mantissa = {torch.float64: 52, torch.float32: 23, torch.float16: 10, torch.bfloat16: 7,
-                torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}[dtype]
+    bits, width = _BITS_OF[dtype], info.bits
+    mantissa = round(-math.log2(info.eps))  # eps = 2**-mantissa bits
     # subnormals by their bit patterns, +- (the sign bit set, two's complement for the signed
     # views): no float arithmetic touches them on the way
     patterns = [1, (1 << mantissa) - 1]
@@ -419,14 +417,13 @@ def plant_specials(t: torch.Tensor, every: int = 7) -> torch.Tensor:
     every ``every``-th element, cycling through them; integers are left as they are."""
     if t.dtype not in _FLOATS or t.numel() == 0:
         return t
-    flat = t.view(-1) if t.is_contiguous() else None
-    if flat is None:
+    if not t.is_contiguous():
         raise ValueError("plant_specials needs a contiguous tensor")
     specials = special_values(t.dtype).to(t.device)
-    where = torch.arange(0, flat.numel(), every, device=t.device)
+    where = torch.arange(0, t.numel(), every, device=t.device)
+    pick = torch.arange(where.numel(), device=t.device) % specials.numel()
     if t.element_size() == 1:  # index_put has no float8 kernel everywhere: move bytes
-        flat.view(torch.uint8)[where] = specials.view(torch.uint8)[
-            torch.arange(where.numel(), device=t.device) % specials.numel()]
+        t.view(-1).view(torch.uint8)[where] = specials.view(torch.uint8)[pick]
     else:
-        flat[where] = specials[torch.arange(where.numel(), device=t.device) % specials.numel()]
+        t.view(-1)[where] = specials[pick]
     return t

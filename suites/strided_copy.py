@@ -80,7 +80,8 @@ def _generate_storage(params: Mapping[str, Any]) -> torch.Tensor:
                         high=min(info.max, (1 << 31) - 1))
     values = generate((n,), dtype, seed=seed, low=-100.0, high=100.0)
     # -0.0, subnormals, +-inf and NaN among them: a copy moves bits, and a kernel that moves
-    # values through arithmetic (x * 1, x + 0, a flush-to-zero load) changes these
+    # values through arithmetic (x + 0 turns -0.0 into +0.0; a flush-to-zero load drops
+    # subnormals) changes these
     return plant_specials(values) if n < _CACHE_ELEMS else values
 
 

@@ -42,9 +42,10 @@ def copy_through_arithmetic(x: torch.Tensor) -> torch.Tensor:
 
 
 def copy_flushing_subnormals(x: torch.Tensor) -> torch.Tensor:
-    """A copy that flushes subnormals to zero, as a load with FTZ does."""
+    """A copy that flushes subnormals to a zero of their sign, as a load with FTZ does (-0.0
+    stays -0.0: only the subnormals can show it)."""
     tiny = torch.finfo(x.dtype).tiny
-    return torch.where(x.abs() < tiny, torch.zeros_like(x), x)
+    return torch.where(x.abs() < tiny, torch.zeros_like(x).copysign(x), x)
 
 
 def rmsnorm_eps_outside_sqrt(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

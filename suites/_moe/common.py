@@ -75,6 +75,8 @@ def routing(tag: str, params: Mapping[str, Any], tokens: int
     token, 0 on -1 slots). Token s uses 1..min(topk, active) distinct active experts; with
     ``unrouted`` in the params every fourth token (s % 4 == 1) uses none: all its slots are
     -1 and its probs 0 (a dropped token: no row in the permuted layout, a zero row back)."""
+    if params.get("counts"):
+        return _routing_with_counts(params, tokens)
     num_experts, topk = params["experts"], params["topk"]
     active = torch.tensor(active_experts(num_experts))
     seed = seed_from(tag, _key(params), "routing")
@@ -96,8 +98,6 @@ def routing(tag: str, params: Mapping[str, Any], tokens: int
         rows = used.nonzero().flatten()
         routemap[rows, slot] = ranked[used, j].to(torch.int32)
         weights[rows, slot] = draws[used, j].double()
-    if params.get("counts"):
-        return _routing_with_counts(params, tokens)
     if params.get("unrouted"):
         dropped = torch.arange(tokens) % 4 == 1
         routemap[dropped] = -1
