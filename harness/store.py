@@ -287,6 +287,29 @@ def _write_txn(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL (persistent per file; a no-op after the first open).
+
+    Readers then never block writers. The switch needs the exclusive lock, and when several
+    processes open a new file at once SQLite returns SQLITE_BUSY at once instead of calling
+    the busy handler, since waiting could deadlock (sqlite.org/c3ref/busy_handler.html: "If
+    SQLite determines that invoking the busy handler could result in a deadlock, it will go
+    ahead and return SQLITE_BUSY"). So retry here, with backoff, up to the busy timeout.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    pause = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            return
+        except sqlite3.OperationalError as exc:
+            busy = "locked" in str(exc) or "busy" in str(exc)
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+
+
 def connect(
     path: str | os.PathLike[str], *, migrations: list[Migration] = MIGRATIONS
 ) -> sqlite3.Connection:
@@ -315,8 +338,7 @@ def connect(
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         conn.execute("PRAGMA foreign_keys = ON")
-        # Persistent per file; a no-op after the first open. Readers then never block writers.
-        conn.execute("PRAGMA journal_mode = WAL").fetchall()
+        _enable_wal(conn)
         migrate(conn, migrations)
     except sqlite3.Error as exc:
         conn.close()
