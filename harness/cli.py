@@ -32,7 +32,9 @@ from harness.cli_common import (  # noqa: F401 - re-exported for callers
     console,
     err_console,
     fmt_us,
+    load_project,
     parse_world_sizes,
+    suite_option,
 )
 
 
@@ -97,13 +99,19 @@ def _compile_cuda_sources(impls: Sequence[str]) -> None:
 @click.version_option(package_name="kernel-harness")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """Correctness and performance regression harness for GPU kernels and collectives."""
+    """Correctness and performance regression harness for GPU kernels and collectives.
+
+    Inside a repository with a project file (harness.toml, or [tool.harness] in
+    pyproject.toml) its suites, golden directory, DB, world sizes and tier are the defaults.
+    """
     ctx.obj = {"debug": debug}
+    load_project(ctx)
 
 
 # ------------------------------------------------------------------------------------ run
 @cli.command()
 @click.argument("selectors", nargs=-1)
+@suite_option
 @click.option("--tier", default="smoke", show_default=True,
               type=click.Choice(["smoke", "nightly", "stress"]), help="Parameter grid to run.")
 @click.option("--world-sizes", default="1,4,8", show_default=True,
@@ -162,6 +170,7 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     from harness import envinfo, store
     from harness.launch import LaunchConfig, LauncherError, PlacementFailed, run_world_size
     from harness.results import RunInfo
+    from harness.spec import extra_suites
     sizes = parse_world_sizes(world_sizes)
     if timeout is not None and timeout <= 0:
         _fail(f"--timeout {timeout} must be a positive number of seconds", EXIT_USAGE)
@@ -206,7 +215,8 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
                        launcher_args=shlex.split(launcher_args), hostfile=hostfile,
                        grace_s=grace, golden=use_golden, timing_mode=timing_mode,
                        l2_flush=l2_flush, calibrations=calibrations,
-                       golden_dir=str(Path(golden_dir).resolve()) if golden_dir else None)
+                       golden_dir=str(Path(golden_dir).resolve()) if golden_dir else None,
+                       suites=extra_suites()[0], suite_golden_dir=_str_or_none(extra_suites()[1]))
     err_console.print(f"run {run_id}  tier={tier}  world sizes={sizes}  -> {run_dir}")
     if not impls:  # said once the run is sure to start
         from harness.spec import not_runnable
@@ -290,6 +300,10 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
     if fail_on == "regression" and any(f.kind == "regression" for f in findings):
         ctx.exit(EXIT_REGRESSION)
     ctx.exit(EXIT_OK)
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _write_calibrations(db_path: Path, fingerprint: str, run_dir: Path) -> str | None:
@@ -453,6 +467,7 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
 # ----------------------------------------------------------------------------------- list
 @cli.command("list")
 @click.argument("selectors", nargs=-1)
+@suite_option
 @click.option("--tier", default="smoke", show_default=True,
               type=click.Choice(["smoke", "nightly", "stress"]))
 @click.option("--world-sizes", default="1,4,8", show_default=True)
@@ -599,9 +614,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         if debug:
             raise
         from harness.results import ResultsError
+        from harness.spec import SpecError
         from harness.store import StoreError
 
-        code = EXIT_USAGE if isinstance(exc, (StoreError, ResultsError)) else EXIT_INFRA
+        code = EXIT_USAGE if isinstance(exc, (StoreError, ResultsError, SpecError)) \
+            else EXIT_INFRA
         err_console.print(f"[red]error:[/red] {escape(f'{type(exc).__name__}: {exc}')} "
                           "(rerun with --debug for the traceback)", soft_wrap=True)
         sys.exit(code)

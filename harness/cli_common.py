@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+from typing import Any
 
+import click
 from rich.console import Console
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REGRESSION, EXIT_INFRA = 0, 1, 2, 3, 4
@@ -57,3 +59,78 @@ def open_history(db: str | None) -> sqlite3.Connection:
         return store.connect(path)
     except store.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
+
+
+# ------------------------------------------------------------------ project file and suites
+def load_project(ctx: click.Context) -> None:
+    """Find the project file (``harness.toml`` or ``[tool.harness]``) and make its settings
+    the defaults of every subcommand's ``--tier``, ``--world-sizes`` and ``--db``, so that
+    flags win over it (click's default_map) and ``$HARNESS_DB`` wins over its ``db``."""
+    import os
+
+    from harness import project as project_mod
+
+    try:
+        project = project_mod.find()
+    except project_mod.ProjectError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    ctx.ensure_object(dict)["project"] = project
+    if project is None:
+        return
+    values: dict[str, str] = {}
+    if project.tier:
+        values["tier"] = project.tier
+    if project.world_sizes:
+        values["world_sizes"] = ",".join(map(str, project.world_sizes))
+    if project.db and not os.environ.get("HARNESS_DB"):
+        values["db"] = str(project.db)
+    if values and isinstance(ctx.command, click.Group):
+        ctx.default_map = _defaults_for(ctx.command, values)
+
+
+def _defaults_for(group: click.Group, values: dict[str, str]) -> dict[str, Any]:
+    """default_map entries for every subcommand (nested groups too) with such a parameter;
+    a tier a command does not offer (golden has no stress) is left out for it."""
+    out: dict[str, Any] = {}
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            out[name] = _defaults_for(command, values)
+            continue
+        mine = {}
+        for param in command.params:
+            value = values.get(param.name or "")
+            if value is None:
+                continue
+            if isinstance(param.type, click.Choice) and value not in param.type.choices:
+                continue
+            mine[param.name] = value
+        out[name] = mine
+    return out
+
+
+def project_of(ctx: click.Context) -> Any:
+    """The project file the group found (harness.project.Project), or None."""
+    root = ctx.find_root()
+    return (root.obj or {}).get("project") if isinstance(root.obj, dict) else None
+
+
+def _use_suites(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> None:
+    from pathlib import Path
+
+    from harness.project import resolve_source
+    from harness.spec import use_suites
+
+    project = project_of(ctx)
+    sources = ([resolve_source(v, Path.cwd()) for v in value] if value
+               else list(project.suites) if project else [])
+    use_suites(sources, project.golden_dir if project else None)
+
+
+def suite_option(fn: Any) -> Any:
+    """``--suite PATH_OR_MODULE`` (repeatable): the op suites to load besides the built-in and
+    installed ones; without it, those of the project file."""
+    return click.option(
+        "--suite", "suites", multiple=True, expose_value=False, callback=_use_suites,
+        metavar="PATH_OR_MODULE",
+        help="Load the op suite in this .py file, directory or module besides the built-in "
+             "and installed ones (repeatable; default: the project file's suites).")(fn)

@@ -27,17 +27,30 @@ from harness.cli_common import (
     console,
     err_console,
     parse_world_sizes,
+    suite_option,
 )
 
 _TIERS = click.Choice(["smoke", "nightly"])
 
 
-def _store(golden_dir: str | None) -> Any:
-    from harness.golden import GoldenError, GoldenStore
+def _shelf(golden_dir: str | None) -> Any:
+    """Each op's golden store: its suite's directory, or ``golden_dir`` for all."""
+    from harness.golden import GoldenShelf
+    from harness.spec import SpecError, registry
 
     try:
-        store = GoldenStore(golden_dir)
-        store.manifest  # noqa: B018 - read now, so a broken manifest is one clear line
+        return GoldenShelf(registry().golden_dir_of, golden_dir)
+    except SpecError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+
+
+def _store(shelf: Any, op: str) -> Any:
+    """The store of ``op``'s goldens, its manifest read now: a broken one is one clear line."""
+    from harness.golden import GoldenError
+
+    store = shelf.for_op(op)
+    try:
+        store.manifest  # noqa: B018
     except GoldenError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     return store
@@ -153,7 +166,7 @@ def _walk(cases: Sequence[Any], label: str) -> Iterator[Any]:
 
 @click.group()
 def golden() -> None:
-    """Stored golden results (suites/golden): generate, verify, show."""
+    """Stored golden results (each suite's golden/ directory): generate, verify, show."""
 
 
 def _common(fn: Any) -> Any:
@@ -163,7 +176,9 @@ def _common(fn: Any) -> Any:
         click.option("--world-sizes", default="1,4,8", show_default=True,
                      help="World sizes whose per-rank goldens to cover."),
         click.option("--golden-dir", default=None, type=click.Path(file_okay=False),
-                     help="Golden directory (default $HARNESS_GOLDEN_DIR or suites/golden)."),
+                     help="One golden directory for every op (default $HARNESS_GOLDEN_DIR, "
+                          "else each suite's own: suites/golden for the built-in ops)."),
+        suite_option,
     ]):
         fn = option(fn)
     return fn
@@ -178,12 +193,13 @@ def generate(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_si
     """Run the reference for the selected cases and store the goldens that are new."""
     from harness.golden import GoldenError
 
-    store = _store(golden_dir)
+    shelf = _shelf(golden_dir)
     cases = _cases(selectors, tier, parse_world_sizes(world_sizes))
     counts = {"new": 0, "unchanged": 0, "changed": 0, "refused": 0}
     today = datetime.date.today().isoformat()
     try:
         for case in _walk(cases, "goldens"):
+            store = _store(shelf, case.spec.name)
             new = derive(case, tier)
             old = store.entry(case.id, case.world_size)
             if old is not None:
@@ -206,9 +222,10 @@ def generate(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_si
                 counts["new"] += 1
             store.write(new.key, new.rel, new.tensors, dict(new.entry, date=today))
     finally:  # goldens written before an interruption stay usable
-        store.save_manifest()
-    console.print(", ".join(f"{n} {k}" for k, n in counts.items())
-                  + f"; manifest {store.manifest_path}")
+        for store in shelf.stores:
+            store.save_manifest()
+    console.print(", ".join(f"{n} {k}" for k, n in counts.items()) + "; manifest "
+                  + ", ".join(str(store.manifest_path) for store in shelf.stores))
     if counts["refused"]:
         err_console.print(f"{counts['refused']} golden(s) differ from what the reference makes "
                           "now and were kept: review the changes above, then rerun with --accept")
@@ -223,10 +240,11 @@ def verify(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_size
     """Re-derive the selected goldens and compare them with the stored ones."""
     from harness.golden import GoldenError
 
-    store = _store(golden_dir)
+    shelf = _shelf(golden_dir)
     cases = _cases(selectors, tier, parse_world_sizes(world_sizes))
     counts = {"ok": 0, "drift": 0, "mismatch": 0, "missing": 0, "corrupt": 0}
     for case in _walk(cases, "verify"):
+        store = _store(shelf, case.spec.name)
         key = f"w{case.world_size}:{case.id}"
         if store.entry(case.id, case.world_size) is None:
             counts["missing"] += 1
@@ -249,7 +267,7 @@ def verify(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_size
             console.print(f"    {escape(line)}", soft_wrap=True)
     known = {f"w{c.world_size}:{c.id}" for c in cases}
     sizes = set(parse_world_sizes(world_sizes))
-    orphans = [k for k, e in store.manifest["entries"].items()
+    orphans = [k for store in shelf.stores for k, e in store.manifest["entries"].items()
                if k not in known and e.get("world_size") in sizes and not selectors
                and _tier_of(e) == tier]
     for key in orphans[:10]:
@@ -266,25 +284,32 @@ def _tier_of(entry: dict[str, Any]) -> str:
 
 @golden.command()
 @click.argument("selectors", nargs=-1)
+@suite_option
 @click.option("--golden-dir", default=None, type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(selectors: tuple[str, ...], golden_dir: str | None, as_json: bool) -> None:
     """List the stored goldens (SELECTORS: globs over op names, case ids or entry keys)."""
-    from harness.spec import glob_match
+    from harness.spec import glob_match, registry
 
-    store = _store(golden_dir)
-    entries = {k: e for k, e in store.manifest["entries"].items()
+    shelf = _shelf(golden_dir)
+    reg = registry()
+    for op in reg.select([], "smoke") or reg.specs.values():
+        _store(shelf, op.name)  # the stores of the selected suites, each read once
+    entries = {k: (store, e) for store in shelf.stores
+               for k, e in store.manifest["entries"].items()
                if not selectors or any(glob_match(s, e["op"]) or glob_match(s, e["family"])
                                        or glob_match(s, e["case_id"]) or glob_match(s, k)
                                        for s in selectors)}
     if as_json:
-        click.echo(json.dumps(entries, indent=1, sort_keys=True))
+        click.echo(json.dumps({k: e for k, (_, e) in entries.items()}, indent=1,
+                              sort_keys=True))
         return
-    table = Table(title=f"goldens in {store.root}", header_style="bold")
+    roots = ", ".join(str(store.root) for store in shelf.stores)
+    table = Table(title=f"goldens in {roots}", header_style="bold")
     for col in ("entry", "outputs", "bytes", "date"):
         table.add_column(col, overflow="fold")
     total = 0
-    for key, e in entries.items():
+    for key, (store, e) in entries.items():
         path = store.path_of(e)
         size = path.stat().st_size if path.exists() else 0
         total += size

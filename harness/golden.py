@@ -21,7 +21,7 @@ import importlib.util
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -470,3 +470,29 @@ class GoldenStore:
         tmp = self.manifest_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, self.manifest_path)
+
+
+class GoldenShelf:
+    """The golden stores of a run: each op's goldens in its suite's directory (a suite from
+    another repository keeps its own there), or every op's in one ``override`` directory
+    (``--golden-dir`` or ``$HARNESS_GOLDEN_DIR``)."""
+
+    def __init__(self, dir_of: Callable[[str], Path | None] = lambda op: None,
+                 override: Path | str | None = None) -> None:
+        env = os.environ.get(ENV_VAR)
+        self.override = Path(override) if override else Path(env).expanduser() if env else None
+        self.dir_of = dir_of
+        self._stores: dict[Path | None, GoldenStore] = {}
+
+    def for_op(self, op: str) -> GoldenStore:
+        """The store holding ``op``'s goldens (one per directory, made once)."""
+        root = self.override or self.dir_of(op)
+        key = Path(root).resolve() if root is not None else None
+        if key not in self._stores:
+            self._stores[key] = GoldenStore(root)
+        return self._stores[key]
+
+    @property
+    def stores(self) -> list[GoldenStore]:
+        """The stores used so far."""
+        return list(self._stores.values())

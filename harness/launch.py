@@ -55,6 +55,10 @@ class LaunchConfig:
     env_id: str = ""
     #: golden directory (None: the default), or no golden comparison at all
     golden_dir: str | None = None
+    #: suites loaded besides the built-in and installed ones (absolute paths or module
+    #: names) and the golden directory of those that name none
+    suites: tuple[str, ...] = ()
+    suite_golden_dir: str | None = None
     golden: bool = True
     #: timing mode ("events" or "graph") and whether to flush the L2 between repeats
     timing_mode: str = "events"
@@ -151,6 +155,10 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
         cmd += ["--harness-select", sel]
     for impl in cfg.impls:
         cmd += ["--harness-impl", impl]
+    for source in cfg.suites:
+        cmd += ["--harness-suite", source]
+    if cfg.suite_golden_dir:
+        cmd += ["--harness-suite-golden-dir", cfg.suite_golden_dir]
     if not cfg.bench:
         cmd.append("--harness-no-bench")
     elif cfg.full_timing:

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 from harness import results as results_mod
-from harness.golden import GoldenStore
+from harness.discovery import BUILTIN_SUITE
+from harness.golden import GoldenShelf
 from harness.results import CaseResult
-from harness.spec import TIERS, PlannedItem, Registry, SpecError, registry
+from harness.spec import TIERS, PlannedItem, Registry, SpecError, registry, use_suites
 from harness.timing import TimingConfig
 
 _SESSION = pytest.StashKey["HarnessSession"]()
@@ -50,6 +51,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--harness-env-id", default="", help="environment fingerprint for results")
     g.addoption("--harness-golden-dir", default=None,
                 help="golden directory (default $HARNESS_GOLDEN_DIR or suites/golden)")
+    g.addoption("--harness-suite", action="append", default=[],
+                help="also load the op suite at this path or module (repeatable)")
+    g.addoption("--harness-suite-golden-dir", default=None,
+                help="golden directory of the --harness-suite suites that name none")
     g.addoption("--harness-no-golden", action="store_true",
                 help="do not compare with the stored goldens")
     g.addoption("--harness-timing-mode", default="events", choices=("events", "graph"),
@@ -99,6 +104,8 @@ class HarnessSession:
         if opt.harness_skip and Path(opt.harness_skip).exists():
             self.skip = set(Path(opt.harness_skip).read_text().split())
         placement_path = Path(opt.harness_placement) if opt.harness_placement else None
+        use_suites(opt.harness_suite, opt.harness_suite_golden_dir
+                   and Path(opt.harness_suite_golden_dir))
         try:
             self.registry: Registry = registry()
             self.world = World.from_mpi(opt.harness_device, timeout_s=self._group_timeout())
@@ -118,7 +125,8 @@ class HarnessSession:
             l2_flush=opt.harness_l2_flush,
         ).for_placement(self.world.contention, force=opt.harness_full_timing)
         self.calibration = _calibration_for(opt.harness_calibrations, self.world.device)
-        self.golden = None if opt.harness_no_golden else GoldenStore(opt.harness_golden_dir)
+        self.golden = None if opt.harness_no_golden else GoldenShelf(
+            self.registry.golden_dir_of, opt.harness_golden_dir)
         from harness.runner import SetupCache
 
         self.setups = SetupCache()  # a case's inputs and reference, shared by its impls
@@ -204,6 +212,25 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
     return None
 
 
+def _external(hs: HarnessSession, planned: PlannedItem) -> bool:
+    """Whether an item's op comes from a suite outside this project's ``suites`` package."""
+    return hs.registry.suite_of.get(planned.case.spec.name, BUILTIN_SUITE) != BUILTIN_SUITE
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect, so they apply to these too
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """Items of other suites' ops (plugins, --suite paths) have no module in ``suites``:
+    they hang off the session, after the built-in ones, in the registry's order."""
+    hs = config.stash.get(_SESSION, None)
+    if hs is None:
+        return
+    for planned in hs.planned():
+        if _external(hs, planned) and planned.key not in hs.skip:
+            items.append(CaseItem.from_parent(session, name=f"{planned.case.id}@{planned.impl}",
+                                              planned=planned))
+
+
 class SuiteFile(pytest.File):
     """A suites module: its items come from the registry, not from test functions."""
 
@@ -211,7 +238,8 @@ class SuiteFile(pytest.File):
         hs: HarnessSession = self.config.stash[_SESSION]
         family = self.path.stem
         for planned in hs.planned():
-            if planned.case.spec.family != family or planned.key in hs.skip:
+            if (planned.case.spec.family != family or planned.key in hs.skip
+                    or _external(hs, planned)):
                 continue
             yield CaseItem.from_parent(self, name=f"{planned.case.id}@{planned.impl}",
                                        planned=planned)

@@ -40,7 +40,7 @@ from harness.buffers import (
     same_bits,
     tensors,
 )
-from harness.golden import GoldenError, GoldenStore, check_output
+from harness.golden import GoldenError, GoldenShelf, GoldenStore, check_output
 from harness.memory import NOT_MEASURED, PeakMemory
 from harness.results import CaseResult
 from harness.runtime import World
@@ -312,7 +312,7 @@ def run_case(
     bench: bool = True,
     timing: TimingConfig | None = None,
     env_id: str = "",
-    golden: GoldenStore | None = None,
+    golden: GoldenStore | GoldenShelf | None = None,
     calibration: Mapping[str, Any] | None = None,
     setups: SetupCache | None = None,
 ) -> CaseResult:
@@ -401,11 +401,14 @@ def run_case(
     return result
 
 
-def _golden_check(store: GoldenStore, case: Case, outputs: Mapping[str, torch.Tensor],
-                  tols: Mapping[str, compare.Tolerance], rank: int) -> dict[str, Any]:
+def _golden_check(store: GoldenStore | GoldenShelf, case: Case,
+                  outputs: Mapping[str, torch.Tensor], tols: Mapping[str, compare.Tolerance],
+                  rank: int) -> dict[str, Any]:
     """This rank's outputs against the stored golden: {"file", "outputs"}, {"error"} or
     {"absent"} when the case has no golden."""
     try:
+        if isinstance(store, GoldenShelf):
+            store = store.for_op(case.spec.name)
         if store.entry(case.id, case.world_size) is None:
             return {"absent": True}
         path, stored = store.load(case.id, case.world_size, rank)

@@ -4,26 +4,25 @@ An ``OpSpec`` describes one operation: its reference, how to make inputs, its pa
 per tier, tolerances, work model, implementations and negative controls. A ``Case`` is one
 (op, params, world size); its ``id`` is stable text that keys the history forever.
 
-The registry discovers op specs in the modules of the ``suites`` package (each exposes
-``SPECS: list[OpSpec]``), third-party implementations in the entry-point group
-``harness.implementations``, and ad hoc ``module:callable`` implementations. The harness never
-imports a suite by name: it only finds what the registry discovers.
+The registry holds the op specs of every suite ``harness.discovery`` finds (this project's
+``suites`` package, installed ``harness.suites`` plugins, ``--suite`` paths), third-party
+implementations in the entry-point group ``harness.implementations``, and ad hoc
+``module:callable`` implementations. The harness never imports a suite by name: it only finds
+what the registry discovers.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import pkgutil
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 TIERS = ("smoke", "nightly", "stress")
 DEFAULT_WORLD_SIZES = (1, 4, 8)
 ENTRY_POINT_GROUP = "harness.implementations"
-SUITES_PACKAGE = "suites"
 
 
 class SpecError(ValueError):
@@ -202,12 +201,47 @@ class Registry:
     """Every op spec, by name, with the implementations added from outside."""
 
     specs: dict[str, OpSpec] = field(default_factory=dict)
+    #: suite name -> the suite (harness.discovery.Suite) each op came from
+    suites: dict[str, Any] = field(default_factory=dict)
+    #: op name -> its suite's name; ops added with ``add`` alone have none
+    suite_of: dict[str, str] = field(default_factory=dict)
+    #: suites named by --suite or the project file: a selection without selectors is theirs
+    #: alone (a user's repository runs its own ops; a selector still reaches any op)
+    focus: set[str] = field(default_factory=set)
 
-    def add(self, spec: OpSpec) -> None:
+    def add(self, spec: OpSpec, suite: Any = None) -> None:
         if spec.name in self.specs:
-            raise SpecError(f"op {spec.name!r} is defined twice ({spec.family} and "
-                            f"{self.specs[spec.name].family})")
+            raise SpecError(f"op {spec.name!r} is defined twice: {self._where(spec, suite)} and "
+                            f"{self._where(self.specs[spec.name], self.suite_of.get(spec.name))}"
+                            "; rename one (an op's name keys its history)")
         self.specs[spec.name] = spec
+        if suite is not None:
+            self.suite_of[spec.name] = suite.name
+
+    def add_suite(self, suite: Any) -> None:
+        """Add every op of a ``harness.discovery.Suite``; a name clash is a SpecError."""
+        if suite.name in self.suites:
+            raise SpecError(f"two suites are named {suite.name!r} ({suite.origin} and "
+                            f"{self.suites[suite.name].origin}): rename one")
+        self.suites[suite.name] = suite
+        for spec in suite.specs:
+            self.add(spec, suite)
+
+    def _where(self, spec: OpSpec, suite: Any) -> str:
+        if isinstance(suite, str):
+            suite = self.suites.get(suite)
+        origin = f"suite {suite.name} ({suite.origin})" if suite is not None else "an ad hoc add"
+        return f"family {spec.family} of {origin}"
+
+    def origin_of(self, op: str) -> str:
+        """The suite an op came from and how, e.g. "kernel-harness (built-in)"."""
+        suite = self.suites.get(self.suite_of.get(op, ""))
+        return f"{suite.name} ({suite.origin})" if suite is not None else "added at run time"
+
+    def golden_dir_of(self, op: str) -> Any:
+        """Where an op's goldens live: its suite's directory, None for the built-in one."""
+        suite = self.suites.get(self.suite_of.get(op, ""))
+        return None if suite is None else suite.golden_dir
 
     @property
     def families(self) -> list[str]:
@@ -224,21 +258,26 @@ class Registry:
         spec.implementations = impls
 
     def select(self, selectors: Sequence[str], tier: str) -> list[OpSpec]:
-        """Ops matched by any selector: a family, an op name, a case id, or a glob over op names
-        or case ids (``allreduce[*dtype=bf16*]``; ``*`` and ``?`` are the wildcards). No
-        selector means every op with cases in the tier."""
+        """Ops matched by any selector: a suite, a family, an op name, a case id, or a glob over
+        op names or case ids (``allreduce[*dtype=bf16*]``; ``*`` and ``?`` are the wildcards). No
+        selector means every op with cases in the tier (of the ``focus`` suites, if any)."""
         if tier not in TIERS:
             raise SpecError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
         chosen: dict[str, OpSpec] = {}
         for sel in selectors:
-            matched = [s for s in self.specs.values() if _matches_op(s, sel, tier)]
+            matched = [s for s in self.specs.values()
+                       if self.suite_of.get(s.name) == sel or _matches_op(s, sel, tier)]
             if not matched:
                 raise SpecError(
-                    f"selector {sel!r} matches no family, op or case id; families: "
+                    f"selector {sel!r} matches no suite, family, op or case id; families: "
                     f"{', '.join(self.families)}; ops: {', '.join(sorted(self.specs))}"
                 )
             chosen.update((s.name, s) for s in matched)
-        specs = list(chosen.values()) if selectors else list(self.specs.values())
+        if selectors:
+            specs = list(chosen.values())
+        else:
+            specs = [s for s in self.specs.values()
+                     if not self.focus or self.suite_of.get(s.name) in self.focus]
         return [s for s in specs if s.grid.get(tier)]
 
     def case_filter(self, selectors: Sequence[str]) -> Callable[[Case], bool]:
@@ -248,7 +287,7 @@ class Registry:
 
         def keep(case: Case) -> bool:
             for sel in selectors:
-                if sel in (case.spec.family, case.spec.name):
+                if sel in (case.spec.family, case.spec.name, self.suite_of.get(case.spec.name)):
                     return True
                 if glob_match(sel, case.id):  # a glob, or one exact case id
                     return True
@@ -378,17 +417,7 @@ def load_callable(ref: str) -> Callable[..., Any]:
     return obj
 
 
-def _suite_modules() -> Iterable[Any]:
-    package = importlib.import_module(SUITES_PACKAGE)
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda i: i.name):
-        if info.name.startswith("_") or info.ispkg:
-            continue
-        module = importlib.import_module(f"{SUITES_PACKAGE}.{info.name}")
-        if hasattr(module, "SPECS"):
-            yield module
-
-
-def _entry_point_impls(registry: Registry) -> None:
+def add_entry_point_impls(registry: Registry) -> None:
     """Entry points in ``harness.implementations``: the name is the implementation's name and
     the object a mapping {op name: callable} (or a function returning one)."""
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -406,16 +435,31 @@ def _entry_point_impls(registry: Registry) -> None:
 
 
 _REGISTRY: Registry | None = None
+#: suites named by --suite or the project file, and the project's golden directory
+_EXTRA_SUITES: tuple[tuple[str, ...], Any] = ((), None)
+
+
+def use_suites(sources: Sequence[str], golden_dir: Any = None) -> None:
+    """Load these suites (paths or module names) besides the built-in and installed ones,
+    their goldens in ``golden_dir`` where a suite names none; the next ``registry()`` call
+    rebuilds the registry with them."""
+    global _EXTRA_SUITES, _REGISTRY
+    wanted = (tuple(sources), golden_dir)
+    if wanted != _EXTRA_SUITES:
+        _EXTRA_SUITES, _REGISTRY = wanted, None
+
+
+def extra_suites() -> tuple[tuple[str, ...], Any]:
+    """What ``use_suites`` was last given: (sources, golden_dir)."""
+    return _EXTRA_SUITES
 
 
 def registry(reload: bool = False) -> Registry:
-    """The registry of every suite module and entry-point implementation (built once)."""
+    """The registry of every suite (built-in, installed, and those of ``use_suites``) and
+    every entry-point implementation (built once)."""
     global _REGISTRY
     if _REGISTRY is None or reload:
-        reg = Registry()
-        for module in _suite_modules():
-            for spec in module.SPECS:
-                reg.add(spec)
-        _entry_point_impls(reg)
-        _REGISTRY = reg
+        from harness.discovery import build_registry  # imports this module: import late
+
+        _REGISTRY = build_registry(*_EXTRA_SUITES)
     return _REGISTRY

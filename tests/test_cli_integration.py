@@ -524,7 +524,7 @@ def test_a_rank_that_dies_is_recorded_as_crash_and_the_run_goes_on(tmp_path):
 
 
 @pytest.mark.parametrize("args, code, needle", [
-    (["run", "no_such_op"], 2, "selector 'no_such_op' matches no family"),
+    (["run", "no_such_op"], 2, "selector 'no_such_op' matches no suite, family"),
     (["run", "allreduce", "--impl", "nope"], 2, "unknown implementation 'nope'"),
     (["run", "--impl", "no_such_module:fn"], 2, "cannot import 'no_such_module'"),
     (["run", "--world-sizes", "1,x"], 2, "--world-sizes '1,x'"),

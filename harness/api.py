@@ -1,0 +1,70 @@
+"""What an op suite may import: the stable surface for suites in other repositories.
+
+Everything here keeps its name and meaning across minor releases; a change is announced in the
+changelog one release ahead. Suites import from here only (``from harness.api import OpSpec,
+case_tensor, allclose``), never from the harness's other modules, which may change.
+
+- Describing an op: ``OpSpec``, ``Work``, ``SpecError``.
+- Tolerances (``harness.compare``): ``exact``, ``allclose``, ``ulp``, ``cos_diff``,
+  ``rel_l2``, ``all_of``, ``default_for``, and ``Tolerance`` itself.
+- Inputs (``harness.inputs``): ``case_tensor`` (an op's deterministic input, by name),
+  ``generate`` (the generator under it), ``seed_from``, ``hash32``, ``special_values`` and
+  ``plant_specials`` (-0.0, subnormals, inf, NaN for ops that move bits), ``dtype_from_name``.
+- Distributed ops: ``shard`` (a rank's slice of a dimension). Implementations receive the
+  ``World`` first: ``world.rank``, ``world.size``, ``world.device``, ``world.group`` (a
+  torch.distributed process group) and ``world.comm`` (an mpi4py communicator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from harness.compare import (
+    Tolerance,
+    all_of,
+    allclose,
+    cos_diff,
+    default_for,
+    exact,
+    rel_l2,
+    ulp,
+)
+from harness.inputs import (
+    dtype_from_name,
+    generate,
+    hash32,
+    plant_specials,
+    seed_from,
+    special_values,
+)
+from harness.spec import OpSpec, SpecError, Work
+
+__all__ = [
+    "OpSpec", "SpecError", "Tolerance", "Work", "all_of", "allclose", "case_tensor",
+    "cos_diff", "default_for", "dtype_from_name", "exact", "generate", "hash32",
+    "plant_specials", "rel_l2", "seed_from", "shard", "special_values", "ulp",
+]
+
+
+def case_tensor(op: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...],
+                dtype: torch.dtype = torch.bfloat16, *, low: float = -1.0, high: float = 1.0,
+                dist: str = "uniform", region: object = None) -> torch.Tensor:
+    """The input ``name`` of one case of ``op``: deterministic from (op, params, name), the same
+    on every machine and rank, uniform in [low, high) by default (``dist`` as in
+    ``generate``). ``region`` makes only a rank's part of a global tensor (a tuple of slices,
+    e.g. ``(slice(None), shard(n, rank, world_size))``)."""
+    key = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return generate(shape, dtype, seed=seed_from(op, key, name), dist=dist, low=low, high=high,
+                    region=region)
+
+
+def shard(total: int, rank: int, world_size: int) -> slice:
+    """Rank ``rank``'s equal slice of a dimension of ``total``; a ValueError when it does not
+    split evenly (say so in the grid rather than pad silently)."""
+    if total % world_size:
+        raise ValueError(f"a dimension of {total} does not split over {world_size} ranks")
+    size = total // world_size
+    return slice(rank * size, (rank + 1) * size)
