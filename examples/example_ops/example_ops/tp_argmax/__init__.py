@@ -1,0 +1,1 @@
+"""Greedy sampling over a vocabulary sharded across tensor-parallel ranks."""
