@@ -10,6 +10,9 @@ case_tensor, allclose``), never from the harness's other modules, which may chan
 - Inputs (``harness.inputs``): ``case_tensor`` (an op's deterministic input, by name),
   ``generate`` (the generator under it), ``seed_from``, ``hash32``, ``special_values`` and
   ``plant_specials`` (-0.0, subnormals, inf, NaN for ops that move bits), ``dtype_from_name``.
+- Testing an op in the suite's own tests: ``run_cases(spec, "impl or control")`` runs each
+  case at world size 1 in this process, through every check of a run, and returns the
+  results (``.status``, ``.reason``); multi-rank bugs need ``harness run --world-sizes 4``.
 - Distributed ops: ``shard`` (a rank's slice of a dimension). Implementations receive the
   ``World`` first: ``world.rank``, ``world.size``, ``world.device``, ``world.group`` (a
   torch.distributed process group) and ``world.comm`` (an mpi4py communicator).
@@ -40,12 +43,13 @@ from harness.inputs import (
     seed_from,
     special_values,
 )
+from harness.local import run_cases
 from harness.spec import OpSpec, SpecError, Work
 
 __all__ = [
     "OpSpec", "SpecError", "Tolerance", "Work", "all_of", "allclose", "case_tensor",
     "cos_diff", "default_for", "dtype_from_name", "exact", "generate", "hash32",
-    "plant_specials", "rel_l2", "seed_from", "shard", "special_values", "ulp",
+    "plant_specials", "rel_l2", "run_cases", "seed_from", "shard", "special_values", "ulp",
 ]
 
 

@@ -36,6 +36,7 @@ from harness.cli_common import (  # noqa: F401 - re-exported for callers
     parse_world_sizes,
     suite_option,
 )
+from harness.discovery import BUILTIN_SUITE
 
 
 def resolve_plans(selectors: Sequence[str], tier: str, sizes: Sequence[int],
@@ -478,23 +479,40 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tuple[str, ...],
              device: str, as_json: bool) -> None:
-    """List the ops, implementations and cases a run would execute."""
+    """List the ops, implementations and cases a run would execute, and the suite each op
+    comes from."""
     sizes = parse_world_sizes(world_sizes)
+    from harness.spec import registry
+
     specs, plans, _ = resolve_plans(selectors, tier, sizes, impls, device)
+    reg = registry()
     if as_json:
         click.echo(json.dumps([{"world_size": w, "case_id": i.case.id, "impl": i.impl,
-                                "op": i.case.spec.name, "family": i.case.spec.family}
+                                "op": i.case.spec.name, "family": i.case.spec.family,
+                                "suite": reg.suite_of.get(i.case.spec.name),
+                                "origin": reg.origin_of(i.case.spec.name)}
                                for w, items in plans.items() for i in items], indent=1))
         return
     table = Table(title=f"ops in tier {tier}", header_style="bold")
-    for col in ("family", "op", "implementations", "negative controls", "cases", "world sizes"):
+    for col in ("suite", "family", "op", "implementations", "negative controls", "cases",
+                "world sizes"):
         table.add_column(col)
-    for spec in sorted(specs, key=lambda s: (s.family, s.name)):
+    external = []
+    for spec in sorted(specs, key=lambda s: (reg.suite_of.get(s.name) != BUILTIN_SUITE,
+                                             reg.suite_of.get(s.name, ""), s.family, s.name)):
         ws = [w for w in sizes if spec.cases(tier, w)]
-        table.add_row(spec.family, spec.name, ", ".join(spec.implementations),
+        suite = reg.suite_of.get(spec.name, "-")
+        if suite != BUILTIN_SUITE:
+            external.append(suite)
+        table.add_row(suite, spec.family, spec.name, ", ".join(spec.implementations),
                       ", ".join(spec.negative_controls), str(len(spec.grid.get(tier, ()))),
                       ",".join(map(str, ws)))
     console.print(table)
+    for suite in dict.fromkeys(external):  # where each outside suite came from
+        origin = reg.suites[suite].origin if suite in reg.suites else "added at run time"
+        golden_dir = reg.suites[suite].golden_dir if suite in reg.suites else None
+        console.print(f"suite {escape(suite)}: {escape(origin)}; goldens in {golden_dir}",
+                      soft_wrap=True)
     for w, items in plans.items():
         console.print(f"world size {w}: {len(items)} items")
         for case_id in dict.fromkeys(i.case.id for i in items):
@@ -565,8 +583,10 @@ def _register_commands() -> None:
     from harness.cli_compare import compare
     from harness.cli_exchange import export, ingest
     from harness.cli_golden import golden
+    from harness.cli_new_op import new_op
+    from harness.cli_tolerance import tolerance
 
-    for command in (golden, calibrate, compare, ingest, export):
+    for command in (golden, calibrate, compare, ingest, export, tolerance, new_op):
         cli.add_command(command)
     for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP):
         try:

@@ -121,9 +121,13 @@ def _use_suites(ctx: click.Context, _param: click.Parameter, value: tuple[str, .
     from harness.spec import use_suites
 
     project = project_of(ctx)
-    sources = ([resolve_source(v, Path.cwd()) for v in value] if value
-               else list(project.suites) if project else [])
-    use_suites(sources, project.golden_dir if project else None)
+    if value:
+        # their goldens: by the project file of each suite's own repository (see discovery)
+        use_suites([resolve_source(v, Path.cwd()) for v in value])
+    elif project is not None:
+        use_suites(project.suites, project.golden_dir, f"listed in {project.path}:")
+    else:
+        use_suites([])
 
 
 def suite_option(fn: Any) -> Any:

@@ -20,6 +20,7 @@ from harness.cli_common import (
     err_console,
     fmt_us,
     open_history,
+    suite_option,
 )
 
 
@@ -96,6 +97,7 @@ def _table(rows: Sequence[dict[str, Any]], run_a: str, run_b: str) -> Table:
 
 
 @click.command("compare")
+@suite_option
 @click.argument("runs", nargs=-1)
 @click.option("--db", default=None, help="History DB (default $HARNESS_DB or "
                                          "harness-results/history.db).")

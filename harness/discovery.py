@@ -129,7 +129,8 @@ def load_suite(source: str, golden_dir: Path | None = None, how: str = "--suite"
     return Suite(path.name, origin, _golden_dir_of(None, golden_dir, path), specs)
 
 
-def build_registry(sources: Sequence[str] = (), golden_dir: Path | None = None) -> Any:
+def build_registry(sources: Sequence[str] = (), golden_dir: Path | None = None,
+                   how: str = "--suite") -> Any:
     """The registry of the built-in suite, every installed suite plugin and ``sources`` (its
     focus: what a selection without selectors runs), with every installed implementation
     plugin added; clashing op names are a SpecError."""
@@ -139,7 +140,7 @@ def build_registry(sources: Sequence[str] = (), golden_dir: Path | None = None) 
     for suite in [builtin_suite(), *entry_point_suites()]:
         reg.add_suite(suite)
     for source in sources:
-        suite = load_suite(source, golden_dir)
+        suite = load_suite(source, golden_dir, how)
         same = reg.suites.get(suite.name)
         if same is not None and [id(s) for s in same.specs] == [id(s) for s in suite.specs]:
             # an installed plugin the project file also lists (pip install -e .): one suite

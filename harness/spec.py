@@ -436,21 +436,22 @@ def add_entry_point_impls(registry: Registry) -> None:
 
 _REGISTRY: Registry | None = None
 #: suites named by --suite or the project file, and the project's golden directory
-_EXTRA_SUITES: tuple[tuple[str, ...], Any] = ((), None)
+_EXTRA_SUITES: tuple[tuple[str, ...], Any, str] = ((), None, "--suite")
 
 
-def use_suites(sources: Sequence[str], golden_dir: Any = None) -> None:
+def use_suites(sources: Sequence[str], golden_dir: Any = None, how: str = "--suite") -> None:
     """Load these suites (paths or module names) besides the built-in and installed ones,
-    their goldens in ``golden_dir`` where a suite names none; the next ``registry()`` call
-    rebuilds the registry with them."""
+    their goldens in ``golden_dir`` if given; ``how`` they were named ("--suite", "project
+    file PATH") is their origin in ``harness list``. The next ``registry()`` call rebuilds
+    the registry with them."""
     global _EXTRA_SUITES, _REGISTRY
-    wanted = (tuple(sources), golden_dir)
+    wanted = (tuple(sources), golden_dir, how)
     if wanted != _EXTRA_SUITES:
         _EXTRA_SUITES, _REGISTRY = wanted, None
 
 
-def extra_suites() -> tuple[tuple[str, ...], Any]:
-    """What ``use_suites`` was last given: (sources, golden_dir)."""
+def extra_suites() -> tuple[tuple[str, ...], Any, str]:
+    """What ``use_suites`` was last given: (sources, golden_dir, how)."""
     return _EXTRA_SUITES
 
 

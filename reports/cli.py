@@ -21,12 +21,14 @@ from harness.cli_common import (
     console,
     err_console,
     open_history,
+    suite_option,
 )
 
 DEFAULT_SITE = Path("harness-results/site")
 
 
 @click.command("report")
+@suite_option
 @click.option("--db", default=None, help="History DB (default $HARNESS_DB or "
                                          "harness-results/history.db).")
 @click.option("--out", "out_dir", default=str(DEFAULT_SITE), show_default=True,

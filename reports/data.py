@@ -73,7 +73,8 @@ class History:
     findings: list[dict[str, Any]]
     #: op -> names of its negative controls (known-wrong versions that must fail)
     controls: dict[str, set[str]]
-    #: op -> (family, description, implementations) from the registry, where the op is known
+    #: op -> (family, description, implementations, suite, origin) from the registry, where
+    #: the op is known
     ops_known: dict[str, dict[str, Any]]
 
     def runs_of(self, machine: str) -> list[Run]:
@@ -94,6 +95,12 @@ class History:
         for e in self.entries:
             out[e.result.op].append(e)
         return dict(sorted(out.items()))
+
+    def suite_of(self, op: str) -> str:
+        """The suite an op comes from, "" where the loaded suites do not have it (pass
+        ``--suite`` or run in the project to name it)."""
+        known = self.ops_known.get(op)
+        return str(known.get("suite") or "") if known else ""
 
     def family_of(self, op: str) -> str:
         known = self.ops_known.get(op)
@@ -125,7 +132,9 @@ def _registry_view() -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
         return {}, {}
     controls = {name: set(spec.negative_controls) for name, spec in reg.specs.items()}
     known = {name: {"family": spec.family, "description": spec.description,
-                    "implementations": sorted(spec.implementations)}
+                    "implementations": sorted(spec.implementations),
+                    "suite": reg.suite_of.get(name, ""),
+                    "origin": reg.origin_of(name)}
              for name, spec in reg.specs.items()}
     return controls, known
 

@@ -35,6 +35,7 @@ from markupsafe import Markup
 
 from harness import regress, store
 from harness.cli_common import fmt_us
+from harness.discovery import BUILTIN_SUITE
 from harness.results import FAILING
 from reports import charts
 from reports.data import (
@@ -172,6 +173,14 @@ def _markers(history: History) -> dict[tuple, list[dict[str, Any]]]:
     return out
 
 
+def _suite_order(row: dict[str, Any]) -> tuple[Any, ...]:
+    """Ops grouped by suite: this project's first, then the others by name, then ops of no
+    loaded suite; by family and name inside a suite."""
+    suite = row["suite"]
+    rank = 0 if suite == BUILTIN_SUITE else 2 if not suite else 1
+    return (rank, suite, row["family"], row["op"])
+
+
 def _size_of(history: History):
     """Message size per rank of a collective result: the work model's bytes (nccl-tests'
     size column) where the op is known, else algbw x time, which is the same number."""
@@ -244,7 +253,8 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
         latest_all = latest_by_series(entries)
         impls = [e for e in latest_all.values() if not history.is_control(op, e.result.impl)]
         op_rows.append({
-            "op": op, "family": history.family_of(op), "series": len(latest_all),
+            "op": op, "family": history.family_of(op), "suite": history.suite_of(op),
+            "series": len(latest_all),
             "passing": sum(1 for e in impls if e.result.status == "pass"),
             "judged": sum(1 for e in impls if e.result.status != "skip"),
             "spark": charts.sparkline([v for _, v in trend]),
@@ -298,7 +308,7 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
     w.page("index.html", "index.html.j2", machines=machines, findings=findings,
            findings_by_kind={k: [f for f in findings if f["kind"] == k] for k in INDEX_KINDS},
            runs_fig=charts.runs_figure(history) if history.runs else None,
-           op_rows=sorted(op_rows, key=lambda r: (r["family"], r["op"])),
+           op_rows=sorted(op_rows, key=_suite_order),
            runs=list(reversed(history.runs[-30:])), n_runs=len(history.runs),
            n_results=len(history.entries), compare_href=compare_href,
            run_pages=paged_ids, latest_compare=(
