@@ -175,6 +175,17 @@ def test_bulk_and_sequential_allgather_agree_bitwise_and_differ_in_peak_memory(s
         assert bulk["peak_memory_bytes"] - seq["peak_memory_bytes"] > temporary // 2, (bulk, seq)
 
 
+def _registry_controls(family: str) -> set[tuple[str, str]]:
+    """(op without its family prefix, control) of every negative control of a family. The
+    tables below refine where some of them must fail; a control with no entry must fail at
+    least one case, so a new op or control needs no edit here."""
+    from harness.spec import registry
+
+    return {(spec.name.removeprefix(f"{family}."), control)
+            for spec in registry().select([family], "smoke")
+            for control in spec.negative_controls}
+
+
 # every negative control of the collectives, with where it must fail: "all" cases, the cases
 # a predicate picks, or "some" case; a bug invisible at one rank must pass there
 _COLLECTIVE_CONTROLS = {
@@ -207,7 +218,8 @@ def _must_fail(rule: str, case_id: str) -> bool | None:
 
 
 def test_negative_controls_and_a_wrong_user_callable_fail_with_exit_1(tmp_path):
-    controls = sorted({impl for _, impl in _COLLECTIVE_CONTROLS})
+    every = _registry_controls("collectives")
+    controls = sorted({impl for _, impl in every})
     args = [a for c in controls for a in ("--impl", c)]
     out = harness(tmp_path, "run", "collectives", "--world-sizes", "1,4,8", "--no-bench",
                   *args, "--impl", "harness_test_impls:off_by_one")
@@ -230,6 +242,9 @@ def test_negative_controls_and_a_wrong_user_callable_fail_with_exit_1(tmp_path):
                     assert r["wrong"] > 0, r
             if rule == "some":
                 assert any(r["status"] == "fail" for r in got), (op, impl, w)
+    for op, impl in every - set(_COLLECTIVE_CONTROLS):  # caught somewhere, at least
+        assert any(r["status"] == "fail" for w in (1, 4, 8) for r in by.get((op, impl, w), ())
+                   ), (op, impl)
     # the stale buffer is caught by the call on moved memory, and says so (a later case of
     # the same shape already reads the first case's poisoned buffer on its first call)
     for w in (1, 4, 8):
@@ -266,7 +281,8 @@ _HOPPER_CONTROLS = {
 
 
 def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_path):
-    controls = sorted({impl for _, impl in _HOPPER_CONTROLS})
+    every = _registry_controls("hopper_tasks")
+    controls = sorted({impl for _, impl in every})
     args = [a for c in controls for a in ("--impl", c)]
     out = harness(tmp_path, "run", "hopper_tasks", "--world-sizes", "1,4,8", "--no-bench",
                   *args)
@@ -276,7 +292,7 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_
     for r in results:
         by.setdefault((r["op"].removeprefix("hopper_tasks."), r["impl"], r["world_size"]),
                       []).append(r)
-    assert {k[:2] for k in by} == set(_HOPPER_CONTROLS)
+    assert {k[:2] for k in by} == every
     for (op, impl), rules in _HOPPER_CONTROLS.items():
         for w, rule in rules.items():
             got = by[(op, impl, w)]
@@ -290,6 +306,9 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_
             if op == "decoder_layer" and rule != "none":
                 assert all(r["reason"].startswith(f"first divergence at stage {rule!r}")
                            for r in got), got
+    for op, impl in every - set(_HOPPER_CONTROLS):  # caught somewhere, at least
+        assert any(r["status"] == "fail" for k, got in by.items() if k[:2] == (op, impl)
+                   for r in got), (op, impl)
     # controls that only the case built for their bug catches: ties decide only the argmax
     # case of ties (the others plant a unique maximum); only the embedding case of edge ids
     # holds an id 0; only the split-KV case of wide scores overflows a min-shifted softmax
@@ -317,7 +336,8 @@ _FP8_CONTROLS = {
 
 
 def test_fp8_implementations_pass_and_every_control_fails(tmp_path):
-    controls = sorted({impl for _, impl in _FP8_CONTROLS})
+    every = _registry_controls("fp8_gemm")
+    controls = sorted({impl for _, impl in every})
     args = [a for c in controls for a in ("--impl", c)]
     out = harness(tmp_path, "run", "fp8_gemm", "--world-sizes", "1", "--no-bench",
                   "--impl", "torch", "--impl", "scaled_mm", *args)
@@ -330,12 +350,12 @@ def test_fp8_implementations_pass_and_every_control_fails(tmp_path):
         if impl in ("torch", "scaled_mm"):
             assert {r["status"] for r in got} == {"pass"}, got
             continue
-        rule = _FP8_CONTROLS[(op, impl)]
+        rule = _FP8_CONTROLS.get((op, impl), "some")
         statuses = [r["status"] for r in got]
         assert "fail" in statuses and set(statuses) <= {"pass", "fail"}, (op, impl, got)
         if rule == "all":
             assert set(statuses) == {"fail"}, (op, impl, got)
-    assert {k for k in by if k[1] not in ("torch", "scaled_mm")} == set(_FP8_CONTROLS)
+    assert {k for k in by if k[1] not in ("torch", "scaled_mm")} == every
     # static scaling saturates: the unclamped cast must fail exactly there, in both formats
     static = [r for r in by[("quantize", "saturation_ignored")] if "static=true" in r["case_id"]]
     assert len(static) == 2 and all(r["status"] == "fail" for r in static)
@@ -364,7 +384,8 @@ _MOE_IMPLS = ("torch", "fused_epilogue")
 
 
 def test_moe_implementations_pass_and_every_control_fails(tmp_path):
-    controls = sorted({impl for _, impl in _MOE_CONTROLS})
+    every = _registry_controls("moe")
+    controls = sorted({impl for _, impl in every})
     args = [a for c in (*_MOE_IMPLS, *controls) for a in ("--impl", c)]
     out = harness(tmp_path, "run", "moe", "--world-sizes", "1,4,8", "--no-bench", *args)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
@@ -373,12 +394,12 @@ def test_moe_implementations_pass_and_every_control_fails(tmp_path):
     by = {}
     for r in results:
         by.setdefault((r["op"].removeprefix("moe."), r["impl"]), []).append(r)
-    assert {k for k in by if k[1] not in _MOE_IMPLS} == set(_MOE_CONTROLS)
+    assert {k for k in by if k[1] not in _MOE_IMPLS} == every
     for (op, impl), got in by.items():
         if impl in _MOE_IMPLS:
             assert {r["status"] for r in got} == {"pass"}, got
             continue
-        rule = _MOE_CONTROLS[(op, impl)]
+        rule = _MOE_CONTROLS.get((op, impl), "some")
         statuses = [r["status"] for r in got]
         if rule == "all":
             assert set(statuses) == {"fail"}, (op, impl, got)

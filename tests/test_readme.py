@@ -1,5 +1,6 @@
 """The README's first two commands are the ones CI and users run: keep them true."""
 
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +25,18 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert "bash ci/cpu.sh" in ci_entry
     cpu_lines = (ROOT / "ci" / "cpu.sh").read_text().splitlines()
     assert cpu_lines[-1] == second  # the browser install first, the README's command last
+
+
+def test_every_file_the_readme_shows_from_examples_is_that_file():
+    """A block headed by a path under examples/ is the whole file, so the README's "Adding an
+    op" and "Testing your own op" stay equal to the example suite, whose tests run them."""
+    text = (ROOT / "README.md").read_text()
+    shown = re.findall(r"^`(examples/[^`]+)`\n\n```\w+\n(.*?)^```$", text, re.S | re.M)
+    assert len(shown) >= 6, [p for p, _ in shown]
+    for rel, block in shown:
+        assert block == (ROOT / rel).read_text(), rel
+    for section in ("## Adding an op", "## Testing your own op"):
+        assert section in text
 
 
 def test_the_cuda_example_in_the_readme_is_the_one_in_examples():
