@@ -186,6 +186,29 @@ def _registry_controls(family: str) -> set[tuple[str, str]]:
             for control in spec.negative_controls}
 
 
+#: the implementations the FP8 and MoE tests check beside their controls
+_CONTROL_RUN_IMPLS = ("torch", "scaled_mm", "fused_epilogue")
+
+
+@pytest.fixture(scope="module")
+def controls_run(tmp_path_factory):
+    """Every negative control of the Hopper tasks, FP8 and MoE, with the implementations their
+    tests check, in one run at 1, 4 and 8 ranks: one launch per world size for the three
+    families, whose tests only read the results (each its own family's)."""
+    tmp_path = tmp_path_factory.mktemp("controls")
+    families = ("hopper_tasks", "fp8_gemm", "moe")
+    controls = sorted({c for f in families for _, c in _registry_controls(f)})
+    args = [a for c in (*_CONTROL_RUN_IMPLS, *controls) for a in ("--impl", c)]
+    out = harness(tmp_path, "run", *families, "--world-sizes", "1,4,8", "--no-bench", *args)
+    return tmp_path, out
+
+
+def _family_rows(db: Path, family: str, columns: str, impls: tuple[str, ...] | None = None):
+    """The results of one family in the shared controls run, of ``impls`` only if given."""
+    got = rows(db, f"SELECT {columns} FROM results WHERE family = ?", family)
+    return [r for r in got if impls is None or r["impl"] in impls]
+
+
 # every negative control of the collectives, with where it must fail: "all" cases, the cases
 # a predicate picks, or "some" case; a bug invisible at one rank must pass there
 _COLLECTIVE_CONTROLS = {
@@ -280,14 +303,13 @@ _HOPPER_CONTROLS = {
 }
 
 
-def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_path):
+def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(controls_run):
+    tmp_path, out = controls_run
     every = _registry_controls("hopper_tasks")
-    controls = sorted({impl for _, impl in every})
-    args = [a for c in controls for a in ("--impl", c)]
-    out = harness(tmp_path, "run", "hopper_tasks", "--world-sizes", "1,4,8", "--no-bench",
-                  *args)
+    controls = tuple(sorted({impl for _, impl in every}))
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    results = rows(tmp_path / "h.db", "SELECT world_size, op, impl, status, reason FROM results")
+    results = _family_rows(tmp_path / "h.db", "hopper_tasks",
+                           "world_size, op, impl, status, reason", controls)
     by = {}
     for r in results:
         by.setdefault((r["op"].removeprefix("hopper_tasks."), r["impl"], r["world_size"]),
@@ -315,8 +337,8 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(tmp_
     for control, marker in (("last_on_ties", "values=ties"), ("zero_id_as_padding",
                                                                 "ids=edges"),
                             ("min_shift", "scores=wide")):
-        got = {r["case_id"]: r["status"] for r in rows(
-            tmp_path / "h.db", "SELECT case_id, status FROM results WHERE impl = ?", control)}
+        got = {r["case_id"]: r["status"] for r in _family_rows(
+            tmp_path / "h.db", "hopper_tasks", "case_id, impl, status", (control,))}
         assert {c for c, s in got.items() if s == "fail"} == {c for c in got if marker in c}, got
 
 
@@ -335,14 +357,11 @@ _FP8_CONTROLS = {
 }
 
 
-def test_fp8_implementations_pass_and_every_control_fails(tmp_path):
+def test_fp8_implementations_pass_and_every_control_fails(controls_run):
+    tmp_path, out = controls_run
     every = _registry_controls("fp8_gemm")
-    controls = sorted({impl for _, impl in every})
-    args = [a for c in controls for a in ("--impl", c)]
-    out = harness(tmp_path, "run", "fp8_gemm", "--world-sizes", "1", "--no-bench",
-                  "--impl", "torch", "--impl", "scaled_mm", *args)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    results = rows(tmp_path / "h.db", "SELECT op, case_id, impl, status FROM results")
+    results = _family_rows(tmp_path / "h.db", "fp8_gemm", "op, case_id, impl, status")
     by = {}
     for r in results:
         by.setdefault((r["op"].removeprefix("fp8_gemm."), r["impl"]), []).append(r)
@@ -383,14 +402,12 @@ _MOE_CONTROLS = {
 _MOE_IMPLS = ("torch", "fused_epilogue")
 
 
-def test_moe_implementations_pass_and_every_control_fails(tmp_path):
+def test_moe_implementations_pass_and_every_control_fails(controls_run):
+    tmp_path, out = controls_run
     every = _registry_controls("moe")
-    controls = sorted({impl for _, impl in every})
-    args = [a for c in (*_MOE_IMPLS, *controls) for a in ("--impl", c)]
-    out = harness(tmp_path, "run", "moe", "--world-sizes", "1,4,8", "--no-bench", *args)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    results = rows(tmp_path / "h.db",
-                   "SELECT world_size, op, case_id, impl, status, reason FROM results")
+    results = _family_rows(tmp_path / "h.db", "moe",
+                           "world_size, op, case_id, impl, status, reason")
     by = {}
     for r in results:
         by.setdefault((r["op"].removeprefix("moe."), r["impl"]), []).append(r)
