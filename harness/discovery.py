@@ -141,13 +141,14 @@ def build_registry(sources: Sequence[str] = (), golden_dir: Path | None = None,
         reg.add_suite(suite)
     for source in sources:
         suite = load_suite(source, golden_dir, how)
-        same = reg.suites.get(suite.name)
-        if same is not None and [id(s) for s in same.specs] == [id(s) for s in suite.specs]:
-            # an installed plugin the project file also lists (pip install -e .): one suite
+        ids = [id(s) for s in suite.specs]
+        same = next((s for s in reg.suites.values() if [id(x) for x in s.specs] == ids), None)
+        if same is None:
+            reg.add_suite(suite)
+        else:  # an installed plugin that the project file lists too (pip install -e .)
             if golden_dir is not None:
                 same.golden_dir = golden_dir
-        else:
-            reg.add_suite(suite)
+            suite = same
         reg.focus.add(suite.name)
     add_entry_point_impls(reg)
     return reg

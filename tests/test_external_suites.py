@@ -240,6 +240,30 @@ def test_an_installed_suite_is_found_through_its_entry_point(monkeypatch, tmp_pa
     assert "entry point broken in broken-ops (no_such_pkg.ops, group harness.suites) failed " \
            "to load: ModuleNotFoundError" in str(info.value)
     monkeypatch.undo()
+    for name in [n for n, m in sys.modules.items()  # the installed copy's modules
+                 if str(getattr(m, "__file__", "") or "").startswith(str(target))]:
+        del sys.modules[name]
+    registry(reload=True)
+
+
+def test_an_editable_install_listed_in_its_project_file_is_one_suite(monkeypatch, tmp_path):
+    """pip install -e . of the example plus its own [tool.harness] table: the entry point
+    (here under another name) and the project file find the same modules, which must make
+    one suite, not a clash of every op with itself."""
+    dist = tmp_path / "harness_example_ops-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: harness-example-ops\n"
+                                   "Version: 0.1\n")
+    (dist / "entry_points.txt").write_text("[harness.suites]\nexample_alias = example_ops\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(EXAMPLE))  # what the editable install's .pth does
+    out = invoke(monkeypatch, EXAMPLE, "list", "--json")
+    assert out.exit_code == 0, out.output
+    items = json.loads(out.output)
+    assert {i["suite"] for i in items} == {"example_alias"}
+    assert {i["op"] for i in items} == {"example.qk_norm_rope", "example.tp_argmax"}
+    assert registry().golden_dir_of("example.tp_argmax") == EXAMPLE / "golden"
+    monkeypatch.undo()
     registry(reload=True)
 
 
