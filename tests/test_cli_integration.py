@@ -186,19 +186,15 @@ def _registry_controls(family: str) -> set[tuple[str, str]]:
             for control in spec.negative_controls}
 
 
-#: the implementations the FP8 and MoE tests check beside their controls
-_CONTROL_RUN_IMPLS = ("torch", "scaled_mm", "fused_epilogue")
-
-
 @pytest.fixture(scope="module")
 def controls_run(tmp_path_factory):
-    """Every negative control of the Hopper tasks, FP8 and MoE, with the implementations their
-    tests check, in one run at 1, 4 and 8 ranks: one launch per world size for the three
-    families, whose tests only read the results (each its own family's)."""
+    """Every negative control of the Hopper tasks, FP8, MoE and DTensor in one run at 1, 4 and
+    8 ranks: one launch per world size for four families, whose tests only read the results
+    (each its own family's; their implementations' results come from the smoke run)."""
     tmp_path = tmp_path_factory.mktemp("controls")
-    families = ("hopper_tasks", "fp8_gemm", "moe")
+    families = ("hopper_tasks", "fp8_gemm", "moe", "dtensor")
     controls = sorted({c for f in families for _, c in _registry_controls(f)})
-    args = [a for c in (*_CONTROL_RUN_IMPLS, *controls) for a in ("--impl", c)]
+    args = [a for c in controls for a in ("--impl", c)]
     out = harness(tmp_path, "run", *families, "--world-sizes", "1,4,8", "--no-bench", *args)
     return tmp_path, out
 
@@ -357,11 +353,14 @@ _FP8_CONTROLS = {
 }
 
 
-def test_fp8_implementations_pass_and_every_control_fails(controls_run):
+def test_fp8_implementations_pass_and_every_control_fails(controls_run, smoke_run):
     tmp_path, out = controls_run
     every = _registry_controls("fp8_gemm")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    results = _family_rows(tmp_path / "h.db", "fp8_gemm", "op, case_id, impl, status")
+    columns = "op, case_id, impl, status"
+    results = (_family_rows(tmp_path / "h.db", "fp8_gemm", columns)
+               + _family_rows(smoke_run[0] / "h.db", "fp8_gemm", columns,
+                              ("torch", "scaled_mm")))
     by = {}
     for r in results:
         by.setdefault((r["op"].removeprefix("fp8_gemm."), r["impl"]), []).append(r)
@@ -375,6 +374,7 @@ def test_fp8_implementations_pass_and_every_control_fails(controls_run):
         if rule == "all":
             assert set(statuses) == {"fail"}, (op, impl, got)
     assert {k for k in by if k[1] not in ("torch", "scaled_mm")} == every
+    assert {k[1] for k in by} >= {"torch", "scaled_mm"}  # read from the smoke run
     # static scaling saturates: the unclamped cast must fail exactly there, in both formats
     static = [r for r in by[("quantize", "saturation_ignored")] if "static=true" in r["case_id"]]
     assert len(static) == 2 and all(r["status"] == "fail" for r in static)
@@ -402,16 +402,18 @@ _MOE_CONTROLS = {
 _MOE_IMPLS = ("torch", "fused_epilogue")
 
 
-def test_moe_implementations_pass_and_every_control_fails(controls_run):
+def test_moe_implementations_pass_and_every_control_fails(controls_run, smoke_run):
     tmp_path, out = controls_run
     every = _registry_controls("moe")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    results = _family_rows(tmp_path / "h.db", "moe",
-                           "world_size, op, case_id, impl, status, reason")
+    columns = "world_size, op, case_id, impl, status, reason"
+    results = (_family_rows(tmp_path / "h.db", "moe", columns)
+               + _family_rows(smoke_run[0] / "h.db", "moe", columns, _MOE_IMPLS))
     by = {}
     for r in results:
         by.setdefault((r["op"].removeprefix("moe."), r["impl"]), []).append(r)
     assert {k for k in by if k[1] not in _MOE_IMPLS} == every
+    assert {k[1] for k in by} >= set(_MOE_IMPLS)  # read from the smoke run
     for (op, impl), got in by.items():
         if impl in _MOE_IMPLS:
             assert {r["status"] for r in got} == {"pass"}, got
@@ -469,10 +471,10 @@ def _dtensor_uneven_1d_shard(case_id: str) -> bool:
     return int(p["shape"].split("x")[int(dst[1:])]) % int(mesh) != 0
 
 
-def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(tmp_path, smoke_run):
-    # the planners ran in the shared smoke run; only the controls run here
-    out = harness(tmp_path, "run", "dtensor", "--world-sizes", "1,4,8", "--no-bench",
-                  "--impl", "floor_chunks", "--impl", "strided_as_plain")
+def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(controls_run,
+                                                                       smoke_run):
+    # the planners ran in the shared smoke run, the controls in the shared controls run
+    tmp_path, out = controls_run
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     query = "SELECT world_size, case_id, impl, status FROM results WHERE family = 'dtensor'"
     results = rows(tmp_path / "h.db", query) + rows(smoke_run[0] / "h.db", query)
