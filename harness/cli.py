@@ -497,22 +497,21 @@ def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tup
     for col in ("suite", "family", "op", "implementations", "negative controls", "cases",
                 "world sizes"):
         table.add_column(col)
-    external = []
+    external = {}  # outside suites, in table order
     for spec in sorted(specs, key=lambda s: (reg.suite_of.get(s.name) != BUILTIN_SUITE,
                                              reg.suite_of.get(s.name, ""), s.family, s.name)):
         ws = [w for w in sizes if spec.cases(tier, w)]
-        suite = reg.suite_of.get(spec.name, "-")
-        if suite != BUILTIN_SUITE:
-            external.append(suite)
-        table.add_row(suite, spec.family, spec.name, ", ".join(spec.implementations),
+        suite = reg.suite_for(spec.name)
+        if suite is not None and suite.name != BUILTIN_SUITE:
+            external[suite.name] = suite
+        table.add_row(suite.name if suite else "-", spec.family, spec.name,
+                      ", ".join(spec.implementations),
                       ", ".join(spec.negative_controls), str(len(spec.grid.get(tier, ()))),
                       ",".join(map(str, ws)))
     console.print(table)
-    for suite in dict.fromkeys(external):  # where each outside suite came from
-        origin = reg.suites[suite].origin if suite in reg.suites else "added at run time"
-        golden_dir = reg.suites[suite].golden_dir if suite in reg.suites else None
-        console.print(f"suite {escape(suite)}: {escape(origin)}; goldens in {golden_dir}",
-                      soft_wrap=True)
+    for suite in external.values():  # where each outside suite came from
+        console.print(f"suite {escape(suite.name)}: {escape(suite.origin)}; goldens in "
+                      f"{suite.golden_dir}", soft_wrap=True)
     for w, items in plans.items():
         console.print(f"world size {w}: {len(items)} items")
         for case_id in dict.fromkeys(i.case.id for i in items):

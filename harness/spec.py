@@ -233,14 +233,18 @@ class Registry:
         origin = f"suite {suite.name} ({suite.origin})" if suite is not None else "an ad hoc add"
         return f"family {spec.family} of {origin}"
 
+    def suite_for(self, op: str) -> Any:
+        """The ``harness.discovery.Suite`` an op came from; None for an op added at run time."""
+        return self.suites.get(self.suite_of.get(op, ""))
+
     def origin_of(self, op: str) -> str:
         """The suite an op came from and how, e.g. "kernel-harness (built-in)"."""
-        suite = self.suites.get(self.suite_of.get(op, ""))
+        suite = self.suite_for(op)
         return f"{suite.name} ({suite.origin})" if suite is not None else "added at run time"
 
     def golden_dir_of(self, op: str) -> Any:
         """Where an op's goldens live: its suite's directory, None for the built-in one."""
-        suite = self.suites.get(self.suite_of.get(op, ""))
+        suite = self.suite_for(op)
         return None if suite is None else suite.golden_dir
 
     @property
