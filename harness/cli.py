@@ -343,6 +343,10 @@ def print_findings(findings: Sequence[Any]) -> None:
         style = _FINDING_STYLE.get(f.kind, "white")
         head, _, rest = line.partition(" ")
         console.print(f"[{style}]{head}[/{style}] {escape(rest)}", soft_wrap=True)
+    if any(f.kind == "regression" for f in ordered):
+        console.print(escape("a regression is reported once, by the run that confirmed it; "
+                             "mark it with `harness triage ID acknowledged|expected|invalid|"
+                             "fixed --note TEXT` (`harness triage` lists them)"), soft_wrap=True)
 
 
 def _fmt_bw(v: float | None) -> str:
@@ -579,13 +583,15 @@ def _register_commands() -> None:
     import importlib.metadata
 
     from harness.cli_calibrate import calibrate
+    from harness.cli_changes import detect, triage
     from harness.cli_compare import compare
     from harness.cli_exchange import export, ingest
     from harness.cli_golden import golden
     from harness.cli_new_op import new_op
     from harness.cli_tolerance import tolerance
 
-    for command in (golden, calibrate, compare, ingest, export, tolerance, new_op):
+    for command in (golden, calibrate, compare, triage, detect, ingest, export, tolerance,
+                    new_op):
         cli.add_command(command)
     for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP):
         try:

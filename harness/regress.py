@@ -1,11 +1,14 @@
 """Regression analysis: timing shifts and correctness changes between runs.
 
-Timing (per series: machine fingerprint, case id, impl, world size, median time) counts as
-changed only when two things agree: the median moved by more than the op's threshold
-(practical significance) AND a one-sided Mann-Whitney U test on the raw samples says
-p < ALPHA (statistical significance). Against a history the baseline is robust: the median of
-the last LOOKBACK runs' medians, with a MAD band for run-to-run noise, and a slowdown becomes
-a "regression" only when two consecutive runs violate it; a single violation is "suspicious".
+Timing, two runs (``harness compare``): changed only when two things agree: the median moved
+by more than the op's threshold (practical significance) AND a one-sided Mann-Whitney U test on
+the raw samples says p < ALPHA (statistical significance).
+
+Timing, against a history (per series: machine fingerprint, case id, impl, world size, timing
+method): the series' change points (``harness.changepoints``), each found once and kept in the
+DB with its triage (``harness.changes``). A new slower change point of at least the op's
+threshold is a "regression" of the run that confirmed it, a faster one an "improvement"; the
+newest run alone off the current level is "suspicious" until the next run confirms or drops it.
 
 Correctness: pass -> failure ("new_failure"), failure -> pass ("fixed"), an error metric grown
 DRIFT_FACTOR x while still passing ("drift"), and a changed output hash of a deterministic op
@@ -21,27 +24,25 @@ import dataclasses
 import json
 import math
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from harness import store
+from harness import changepoints, changes, store
+from harness.changepoints import mwu_p as _mwu_p
 from harness.results import FAILING, CaseResult, result_key
 
-ALPHA = 0.01  # Mann-Whitney U significance
-LOOKBACK = 30  # earlier runs in the robust baseline
-MIN_HISTORY = 5  # fewer earlier runs than this: compare with the previous run alone
-MAD_K = 2.0  # robust band: baseline median + MAD_K * 1.4826 * MAD of run medians (chosen on
-#               recorded noise: benchmarks/regression_detection.py)
+ALPHA = 0.01  # Mann-Whitney U significance of two runs' samples (``pairwise``)
+#: a series' analysis looks at the run and up to this many earlier runs
+HISTORY_RUNS = 100
+#: change points smaller than this (percent) are not kept (Perfherder's floor); the op's
+#: threshold decides which kept ones are findings
+MIN_CHANGE_PCT = 2.0
 DRIFT_FACTOR = 10.0
 DEFAULT_THRESHOLD = 0.05
-
-#: the recent runs whose pooled samples the current run is tested against
-_RECENT_RUNS = 5
-#: MAD * 1.4826 estimates the standard deviation of normally distributed data
-_MAD_TO_SIGMA = 1.4826
 
 KINDS = ("regression", "suspicious", "improvement", "new_failure", "fixed", "drift",
          "bits_changed")
@@ -68,23 +69,6 @@ def _clean(samples: Sequence[float] | None) -> np.ndarray:
     except (TypeError, ValueError):
         return np.empty(0)
     return a[np.isfinite(a)]
-
-
-def _mwu_p(current: np.ndarray, baseline: np.ndarray, slower: bool) -> float:
-    """One-sided MWU p-value that ``current`` is stochastically greater (slower) or less."""
-    if current.size < 2 or baseline.size < 2:
-        return 1.0
-    if np.all(current == current[0]) and np.all(baseline == current[0]):
-        return 1.0  # nothing differs: scipy's answer would be nan or 1
-    # imported here: scipy.stats costs 0.6 s, and a run with no history never tests
-    from scipy.stats import mannwhitneyu
-
-    try:
-        res = mannwhitneyu(current, baseline, alternative="greater" if slower else "less")
-    except ValueError:
-        return 1.0
-    p = float(res.pvalue)
-    return p if math.isfinite(p) else 1.0
 
 
 def _ratio(current_median: float, baseline_median: float) -> float:
@@ -114,89 +98,6 @@ def pairwise(baseline: Sequence[float], current: Sequence[float], threshold: flo
     if ratio < 1.0 / (1.0 + threshold) and p < alpha:
         return Shift(ratio, p, "faster")
     return Shift(ratio, p, "same")
-
-
-def _usable_runs(history: Sequence[Sequence[float]]) -> list[np.ndarray]:
-    # a run without finite samples says nothing about the level
-    return [a for a in (_clean(h) for h in history) if a.size]
-
-
-def _robust_baseline(runs: Sequence[np.ndarray]) -> tuple[float, float]:
-    """(median of the run medians, MAD of the run medians)."""
-    medians = np.array([np.median(r) for r in runs])
-    base = float(np.median(medians))
-    return base, float(np.median(np.abs(medians - base)))
-
-
-def lookback_violation(history: Sequence[Sequence[float]], current: Sequence[float],
-                       threshold: float, alpha: float = ALPHA, k: float = MAD_K, *,
-                       lookback: int = LOOKBACK) -> Shift:
-    """Does ``current`` leave the band of the recent history?
-
-    ``history`` holds earlier runs' raw samples, newest first; the first ``lookback`` runs
-    with samples are used. The baseline is the median of their medians. "slower" needs all of:
-
-    - median > baseline * (1 + threshold): the change must matter in practice, however
-      certain it is;
-    - median > baseline + k * 1.4826 * MAD(run medians): the samples of one run are
-      correlated (same boot, clocks, neighbours), so run-to-run noise is wider than any one
-      run's spread suggests; a series that wanders that much between runs must move further;
-    - MWU(current vs the pooled samples of the 5 most recent *typical* runs) p < alpha: the
-      current run's distribution, not just its median, must sit above the machine's recent
-      normal state. Typical runs have medians within max(band, threshold * baseline) of the
-      baseline: a recent spike (a loaded machine makes whole runs 50-100% slower) in the
-      reference would hide a real step behind it (benchmarks/regression_detection.py: recall
-      at +10% went from 23% to 42-50% on noise recorded under load, false alarms +7 of 828).
-
-    "faster" is symmetric. ``ratio`` is median(current) / baseline.
-    """
-    runs = _usable_runs(history)[: max(lookback, 1)]
-    c = _clean(current)
-    if not runs or c.size == 0:
-        return Shift(math.nan, 1.0, "same")
-    base, mad = _robust_baseline(runs)
-    current_median = float(np.median(c))
-    ratio = _ratio(current_median, base)
-    if c.size < 2 or not math.isfinite(ratio):
-        return Shift(ratio, 1.0, "same")
-    band = k * _MAD_TO_SIGMA * mad
-    typical = [r for r in runs if abs(float(np.median(r)) - base) <= max(band, threshold * base)]
-    recent = np.concatenate((typical or runs)[:_RECENT_RUNS])
-    p = _mwu_p(c, recent, slower=ratio >= 1.0)
-    if (current_median > base * (1.0 + threshold) and current_median > base + band
-            and p < alpha):
-        return Shift(ratio, p, "slower")
-    if (current_median < base / (1.0 + threshold) and current_median < base - band
-            and p < alpha):
-        return Shift(ratio, p, "faster")
-    return Shift(ratio, p, "same")
-
-
-def classify_series(history: Sequence[Sequence[float]], current: Sequence[float],
-                    threshold: float, *, lookback: int = LOOKBACK) -> tuple[str, Shift | None]:
-    """Verdict of one series: "new", "ok", "suspicious", "regression" or "improvement".
-
-    ``history``: earlier runs' raw samples, newest first (runs without samples are skipped).
-    With fewer than MIN_HISTORY earlier runs the current run is compared with the previous
-    one alone (``pairwise``) and a slowdown is a "regression" at once: there is no history
-    yet to tell a one-off spike from a step. Otherwise a run that violates the lookback band
-    is "suspicious", and a "regression" when the previous run also violated the band of its
-    own earlier history; two consecutive faster runs are an "improvement", one is "ok".
-    """
-    runs = _usable_runs(history)
-    if not runs:
-        return "new", None
-    if len(runs) < MIN_HISTORY:
-        shift = pairwise(runs[0], current, threshold)
-        verdict = {"slower": "regression", "faster": "improvement"}.get(shift.direction, "ok")
-        return verdict, shift
-    shift = lookback_violation(runs, current, threshold, lookback=lookback)
-    if shift.direction == "same":
-        return "ok", shift
-    previous = lookback_violation(runs[1:], runs[0], threshold, lookback=lookback)
-    if shift.direction == "slower":
-        return ("regression" if previous.direction == "slower" else "suspicious"), shift
-    return ("improvement" if previous.direction == "faster" else "ok"), shift
 
 
 # ----------------------------------------------------------------------------- op lookups
@@ -246,6 +147,8 @@ class Finding:
     p_value: float | None
     baseline_run: str | None
     detail: str  # one human line
+    #: the stored change point a timing finding reports (None for the other kinds)
+    change_point_id: int | None = None
 
     @classmethod
     def from_stored(cls, d: dict[str, Any]) -> Finding:
@@ -257,6 +160,8 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (non-finite numbers become None so strict parsers accept it)."""
         d = dataclasses.asdict(self)
+        if isinstance(d["change_point_id"], tuple):  # ("new", i) until stored
+            d["change_point_id"] = list(d["change_point_id"])
         for name in ("baseline", "current", "ratio", "p_value"):
             v = d[name]
             if isinstance(v, float) and not math.isfinite(v):
@@ -285,6 +190,8 @@ def format_findings(findings: Sequence[Finding]) -> list[str]:
     """One plain-text line per finding, e.g. ``REGRESSION w1 allreduce[...]@torch: median
     12.3 us -> 14.1 us (x1.146, p=2e-05) vs run ab12cd34``."""
     return [f"{f.kind.upper()} w{f.world_size} {f.case_id}@{f.impl}: {f.detail}"
+            + (f" [change point #{f.change_point_id}]"
+               if isinstance(f.change_point_id, int) else "")
             for f in findings]
 
 
@@ -505,15 +412,32 @@ def _earlier_results(conn: sqlite3.Connection, r: CaseResult, fingerprint: str,
         limit *= 2
 
 
-def analyze_run(conn: sqlite3.Connection, run_id: str,
-                threshold: Callable[[str], float] = threshold_of,
-                lookback: int = LOOKBACK) -> list[Finding]:
-    """Findings of one stored run against the earlier runs of the same machine.
+@dataclass
+class Analysis:
+    """What the analysis of one run found, and what it changes in the stored change points."""
 
-    Timing: ``classify_series`` per result that passed, on the samples of the series' earlier
-    passing results (runs of other machines, and runs that started after ``run_id``, are
-    ignored). Correctness kinds: against the series' most recent earlier result with a
-    verdict (a "skip" has none). Raises ``store.StoreError`` for a run not in the DB.
+    run_id: str
+    machine_fingerprint: str
+    findings: list[Finding]
+    #: change points found for the first time: series identity and figures (store columns)
+    new_points: list[dict[str, Any]]
+    #: (stored change point id, columns to set)
+    updates: list[tuple[int, dict[str, Any]]]
+
+
+def analyze(conn: sqlite3.Connection, run_id: str,
+            threshold: Callable[[str], float] = threshold_of,
+            history_runs: int = HISTORY_RUNS) -> Analysis:
+    """The findings of one stored run against the earlier runs of the same machine.
+
+    Timing, per result that passed: the change points of its series (``changepoints.find`` on
+    the run and up to ``history_runs`` earlier passing runs of the same machine and timing
+    method; runs that started after ``run_id`` are ignored), matched with the stored ones
+    (``changes.reconcile``). A change point found for the first time is a "regression" (slower)
+    or an "improvement" (faster) when it moved by the op's threshold or more; the newest run
+    alone off the current level by as much is "suspicious". Correctness kinds: against the
+    series' most recent earlier result with a verdict (a "skip" has none). Raises
+    ``store.StoreError`` for a run not in the DB.
     """
     run = store.get_run(conn, run_id)
     if run is None:
@@ -523,44 +447,105 @@ def analyze_run(conn: sqlite3.Connection, run_id: str,
     order = store.run_ids(conn, fingerprint)  # newest first, the order store.history uses
     pos = order.index(run_id)
     earlier = set(order[pos + 1:])
-    findings: list[Finding] = []
+    out = Analysis(run_id, fingerprint, [], [], [])
     for cur in store.results_for_run(conn, run_id):
-        prior = _earlier_results(conn, cur, fingerprint, earlier, pos, lookback)
-        current = _samples(cur)
-        timed = [p for p in prior
-                 if _samples(p) and timing_method(p) == timing_method(cur)][: lookback + 1]
-        if current and timed:
-            history = [_samples(p) for p in timed]
-            verdict, shift = classify_series(history, current, threshold(cur.op),
-                                             lookback=lookback)
-            if shift is not None and verdict in ("regression", "suspicious", "improvement"):
-                findings.append(_history_finding(verdict, cur, timed, history, shift, lookback))
+        prior = _earlier_results(conn, cur, fingerprint, earlier, pos, history_runs)
+        if _samples(cur):
+            timed = [p for p in prior
+                     if _samples(p) and timing_method(p) == timing_method(cur)][:history_runs]
+            if timed:
+                _series_changes(conn, out, run, cur, timed[::-1], threshold(cur.op))
         reference = next((p for p in prior if p.status != "skip"), None)
         if reference is not None:
-            findings.extend(correctness_findings(reference, cur))
-    return findings
+            out.findings.extend(correctness_findings(reference, cur))
+    return out
 
 
-def _history_finding(verdict: str, cur: CaseResult, timed: list[CaseResult],
-                     history: list[list[float]], shift: Shift, lookback: int) -> Finding:
-    c = float(np.median(_clean(_samples(cur))))
-    previous = timed[0].run_id
-    if len(timed) < MIN_HISTORY:
-        b = float(np.median(_clean(history[0])))
-        where = f"vs run {_short(previous)}"
-    else:
-        runs = _usable_runs(history)[:lookback]
-        b, _ = _robust_baseline(runs)
-        where = f"vs the median of {len(runs)} earlier runs (newest {_short(previous)})"
-        if verdict == "regression":
-            where += "; the previous run was slower too"
-        elif verdict == "improvement":
-            where += "; the previous run was faster too"
+def analyze_run(conn: sqlite3.Connection, run_id: str,
+                threshold: Callable[[str], float] = threshold_of,
+                history_runs: int = HISTORY_RUNS) -> list[Finding]:
+    """``analyze``'s findings (nothing is stored)."""
+    return analyze(conn, run_id, threshold, history_runs).findings
+
+
+def timing_label(r: CaseResult) -> str:
+    """How a result was timed when that makes it a series of its own ("" for the default)."""
+    graph, flushed = timing_method(r)
+    return "+".join(p for p, on in (("graph", graph), ("l2 flush", flushed)) if on)
+
+
+def _point_columns(conn: sqlite3.Connection, cp: changepoints.ChangePoint,
+                   series: list[CaseResult]) -> dict[str, Any]:
+    first = series[cp.index]
+    return {"run_id": first.run_id, "git_commit": _commit_of(conn, first.run_id),
+            "state": "open", **{k: v for k, v in cp.to_dict().items() if k != "index"}}
+
+
+def _commit_of(conn: sqlite3.Connection, run_id: str) -> str | None:
+    info = store.get_run(conn, run_id)
+    return str(info.git_commit) if info is not None and info.git_commit else None
+
+
+def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: CaseResult,
+                    earlier: list[CaseResult], threshold: float) -> None:
+    """Change points and a suspicious newest run of ``cur``'s timing series (``earlier``:
+    its earlier runs, oldest first), into ``out``."""
+    series = [*earlier, cur]
+    runs = [_samples(p) for p in series]
+    found = changepoints.find(runs, min_change_pct=MIN_CHANGE_PCT)
+    stored = store.series_change_points(conn, out.machine_fingerprint, cur.case_id, cur.impl,
+                                        cur.world_size, timing_label(cur))
+    rec = changes.reconcile(stored, found, [p.run_id for p in series], run.run_id,
+                            float(run.started_at or 0.0))
+    for cp_id, cp in rec.matched.items():
+        out.updates.append((cp_id, _point_columns(conn, cp, series)))
+    out.updates.extend((cp_id, {"state": "withdrawn"}) for cp_id in rec.withdrawn)
+    own = {i: cp_id for cp_id, i in rec.refound.items()}
+    for i, cp in enumerate(rec.new):
+        columns = _point_columns(conn, cp, series)
+        if i in own:
+            ref: Any = own[i]
+            out.updates.append((own[i], columns))
         else:
-            where += "; a single run so far"
-    return _finding(verdict, cur, "median_ns", f"{_fmt_shift(b, c, shift)} {where}",
-                    baseline=b, current=c, ratio=shift.ratio, p_value=shift.p_value,
-                    baseline_run=previous)
+            out.new_points.append({"case_id": cur.case_id, "impl": cur.impl,
+                                   "world_size": cur.world_size, "timing": timing_label(cur),
+                                   "op": cur.op, **columns})
+            ref = ("new", len(out.new_points) - 1)
+        if abs(cp.change_pct) >= 100.0 * threshold:
+            out.findings.append(_change_finding(cur, series[cp.index], cp, ref,
+                                                columns["git_commit"]))
+        for old in changes.returned([s for s in stored if s["state"] == "open"], cp):
+            out.updates.append((old["id"], {
+                "triage": "fixed", "triage_by": "harness", "triaged_at": time.time(),
+                "triage_note": f"back to {_fmt_time(cp.after)} from run "
+                               f"{_short(series[cp.index].run_id)}"}))
+    if any(cp.index == len(series) - 2 for cp in found):
+        return  # the newest run confirmed a new level: it is not an outlier of the old one
+    outlier = changepoints.newest_outlier(runs, min_change_pct=100.0 * threshold)
+    if outlier is not None and outlier.direction == "up":
+        out.findings.append(_finding(
+            "suspicious", cur, "median_ns",
+            f"median {_fmt_time(outlier.level)} -> {_fmt_time(outlier.value)} "
+            f"({outlier.change_pct:+.1f}%, p={outlier.p_value:.1g}) in this run alone, against "
+            "the level since the last change point; the next run confirms or drops it",
+            baseline=outlier.level, current=outlier.value,
+            ratio=outlier.value / outlier.level if outlier.level else None,
+            p_value=outlier.p_value, baseline_run=earlier[-1].run_id))
+
+
+def _change_finding(cur: CaseResult, first: CaseResult, cp: changepoints.ChangePoint,
+                    ref: Any, commit: str | None) -> Finding:
+    kind = "regression" if cp.direction == "up" else "improvement"
+    where = f"from run {_short(first.run_id)}" + (f" (commit {commit[:10]})" if commit else "")
+    if first.run_id == cur.run_id:
+        where = "from this run"
+    detail = (f"median {_fmt_time(cp.before)} -> {_fmt_time(cp.after)} ({cp.change_pct:+.1f}%, "
+              f"p={cp.p_value:.1g}) {where}; {cp.n_before} runs before, {cp.n_after} after")
+    f = _finding(kind, cur, "median_ns", detail, baseline=cp.before, current=cp.after,
+                 ratio=cp.after / cp.before if cp.before else None, p_value=cp.p_value,
+                 baseline_run=first.run_id)
+    f.change_point_id = ref
+    return f
 
 
 # ----------------------------------------------------------------------------- stored analysis
@@ -568,11 +553,15 @@ def _history_finding(verdict: str, cur: CaseResult, timed: list[CaseResult],
 
 def analyze_and_store(conn: sqlite3.Connection, run_id: str,
                       threshold: Callable[[str], float] = threshold_of) -> list[Finding]:
-    """``analyze_run``, with the findings stored in the DB (replacing earlier ones) so that
-    reports read them instead of re-deriving every run's history."""
-    findings = analyze_run(conn, run_id, threshold)
-    store.save_findings(conn, run_id, [f.to_dict() for f in findings])
-    return findings
+    """``analyze``, stored: the run's findings (replacing earlier ones) and its change points,
+    so that reports and triage read them instead of re-deriving every run's history."""
+    a = analyze(conn, run_id, threshold)
+    ids = store.save_analysis(conn, run_id, a.machine_fingerprint,
+                              [f.to_dict() for f in a.findings], a.new_points, a.updates)
+    for f in a.findings:
+        if isinstance(f.change_point_id, tuple):
+            f.change_point_id = ids[f.change_point_id[1]]
+    return a.findings
 
 
 def analyze_ingested(conn: sqlite3.Connection, run_ids: Sequence[str],

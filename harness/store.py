@@ -33,7 +33,7 @@ from harness.results import CaseResult, ResultsError, RunInfo
 
 DEFAULT_DB = Path("harness-results/history.db")
 ENV_VAR = "HARNESS_DB"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_S = 30.0
 
 Migration = Callable[[sqlite3.Connection], None]
@@ -205,8 +205,50 @@ def _add_findings_v3(conn: sqlite3.Connection) -> None:
         conn.execute(sql)
 
 
+def _add_change_points_v4(conn: sqlite3.Connection) -> None:
+    # Change points of each timing series (changes.py), found once and kept with their triage;
+    # a finding names the change point it reports. Every run is marked for re-analysis: the
+    # findings of v3 came from a lagging-median rule that re-flagged a step on every later run,
+    # and the change points of an existing history only exist once it is analysed again.
+    statements = [
+        """
+        CREATE TABLE change_points (
+            id INTEGER PRIMARY KEY,
+            machine_id INTEGER NOT NULL REFERENCES machines(id),
+            case_id TEXT NOT NULL,
+            impl TEXT NOT NULL,
+            world_size INTEGER NOT NULL,
+            timing TEXT NOT NULL DEFAULT '',
+            op TEXT,
+            run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
+            git_commit TEXT,
+            found_in_run TEXT NOT NULL,
+            direction TEXT NOT NULL,
+            before REAL,
+            after REAL,
+            change_pct REAL,
+            p_value REAL,
+            n_before INTEGER,
+            n_after INTEGER,
+            state TEXT NOT NULL DEFAULT 'open',
+            triage TEXT,
+            triage_note TEXT,
+            triage_by TEXT,
+            triaged_at REAL,
+            updated_at REAL
+        )
+        """,
+        "CREATE INDEX change_points_series ON change_points(case_id, impl, world_size)",
+        "ALTER TABLE findings ADD COLUMN change_point_id INTEGER",
+        "UPDATE runs SET analyzed_at = NULL",
+    ]
+    for sql in statements:
+        conn.execute(sql)
+
+
 #: MIGRATIONS[i] upgrades schema version i to i + 1; append, never edit a released one.
-MIGRATIONS: list[Migration] = [_create_v1, _add_calibrations_v2, _add_findings_v3]
+MIGRATIONS: list[Migration] = [_create_v1, _add_calibrations_v2, _add_findings_v3,
+                               _add_change_points_v4]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -602,36 +644,42 @@ def latest_calibrations(conn: sqlite3.Connection, machine_fingerprint: str
 # --------------------------------------------------------------------------- findings
 
 _FINDING_COLUMNS = ("kind", "case_id", "op", "impl", "world_size", "metric", "baseline",
-                    "current", "ratio", "p_value", "baseline_run", "detail")
+                    "current", "ratio", "p_value", "baseline_run", "detail", "change_point_id")
 
 
 def save_findings(conn: sqlite3.Connection, run_id: str, findings: Iterable[dict[str, Any]],
                   analyzed_at: float | None = None) -> int:
     """Replace the stored findings of ``run_id`` (``regress.Finding.to_dict()`` dicts) and mark
     the run analysed, in one transaction; returns how many were stored."""
-    rows = [tuple(f.get(c) for c in _FINDING_COLUMNS) for f in findings]
     with _write_txn(conn):
-        if _scalar(conn, "SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
-            raise StoreError(f"run {run_id} is not in history DB {_db_label(conn)}: "
-                             "ingest it before storing its analysis")
-        conn.execute("DELETE FROM findings WHERE run_id = ?", (run_id,))
-        conn.executemany(
-            f"INSERT INTO findings (run_id, {', '.join(_FINDING_COLUMNS)}) "
-            f"VALUES (?, {', '.join('?' for _ in _FINDING_COLUMNS)})",
-            [(run_id, *row) for row in rows])
-        conn.execute("UPDATE runs SET analyzed_at = ? WHERE run_id = ?",
-                     (time.time() if analyzed_at is None else analyzed_at, run_id))
-    return len(rows)
+        return _replace_findings(conn, run_id, list(findings),
+                                 time.time() if analyzed_at is None else analyzed_at)
+
+
+def _replace_findings(conn: sqlite3.Connection, run_id: str, findings: list[dict[str, Any]],
+                      analyzed_at: float) -> int:
+    if _scalar(conn, "SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
+        raise StoreError(f"run {run_id} is not in history DB {_db_label(conn)}: "
+                         "ingest it before storing its analysis")
+    conn.execute("DELETE FROM findings WHERE run_id = ?", (run_id,))
+    conn.executemany(
+        f"INSERT INTO findings (run_id, {', '.join(_FINDING_COLUMNS)}) "
+        f"VALUES (?, {', '.join('?' for _ in _FINDING_COLUMNS)})",
+        [(run_id, *(f.get(c) for c in _FINDING_COLUMNS)) for f in findings])
+    conn.execute("UPDATE runs SET analyzed_at = ? WHERE run_id = ?", (analyzed_at, run_id))
+    return len(findings)
 
 
 def stored_findings(conn: sqlite3.Connection, run_id: str | None = None) -> list[dict[str, Any]]:
-    """Stored findings (of one run, or all), as dicts with ``run_id`` and the Finding fields,
-    ordered by run start, then as analysed."""
-    sql = ("SELECT f.* FROM findings f JOIN runs r ON r.run_id = f.run_id"
+    """Stored findings (of one run, or all), as dicts with ``run_id``, the Finding fields and
+    ``triage`` (the triage of the change point a timing finding reports, else None), ordered
+    by run start, then as analysed."""
+    sql = ("SELECT f.*, cp.triage AS triage FROM findings f JOIN runs r ON r.run_id = f.run_id"
+           " LEFT JOIN change_points cp ON cp.id = f.change_point_id"
            + (" WHERE f.run_id = ?" if run_id is not None else "")
            + " ORDER BY r.started_at, f.id")
     params = (run_id,) if run_id is not None else ()
-    return [{k: row[k] for k in ("run_id", *_FINDING_COLUMNS)}
+    return [{k: row[k] for k in ("run_id", *_FINDING_COLUMNS, "triage")}
             for row in conn.execute(sql, params).fetchall()]
 
 
@@ -848,3 +896,122 @@ def annotations(
     return conn.execute(
         f"SELECT * FROM annotations{where} ORDER BY created_at, id", params
     ).fetchall()
+
+
+# --------------------------------------------------------------------------- change points
+
+#: what a person (or the harness, for "fixed") can say about a change point
+TRIAGE_STATES = ("acknowledged", "expected", "invalid", "fixed")
+#: the columns a change point's analysis writes (the rest is its identity and its triage)
+CHANGE_POINT_STATS = ("run_id", "git_commit", "direction", "before", "after", "change_pct",
+                      "p_value", "n_before", "n_after", "state")
+_CP_SELECT = ("SELECT cp.*, m.fingerprint AS machine_fingerprint, r.started_at AS run_started_at, "
+              "f.started_at AS found_started_at "
+              "FROM change_points cp JOIN machines m ON m.id = cp.machine_id "
+              "JOIN runs r ON r.run_id = cp.run_id JOIN runs f ON f.run_id = cp.found_in_run")
+
+
+def series_change_points(conn: sqlite3.Connection, machine_fingerprint: str, case_id: str,
+                         impl: str, world_size: int, timing: str) -> list[dict[str, Any]]:
+    """Stored change points of one timing series, oldest first."""
+    rows = conn.execute(
+        _CP_SELECT + " WHERE m.fingerprint = ? AND cp.case_id = ? AND cp.impl = ? AND "
+        "cp.world_size = ? AND cp.timing = ? ORDER BY r.started_at, cp.id",
+        (machine_fingerprint, case_id, impl, int(world_size), timing)).fetchall()
+    return [dict(row) for row in rows]
+
+
+def change_points(conn: sqlite3.Connection, *, found_in_run: str | None = None,
+                  untriaged: bool = False, state: str | None = None) -> list[dict[str, Any]]:
+    """Stored change points (optionally those a run's analysis found, the untriaged ones, or
+    one state), oldest first, with ``machine_fingerprint``, ``run_started_at`` (of the first
+    run at the new level) and ``found_started_at`` (of the run whose analysis found it)."""
+    clauses, params = [], []
+    if found_in_run is not None:
+        clauses.append("cp.found_in_run = ?")
+        params.append(found_in_run)
+    if untriaged:
+        clauses.append("cp.triage IS NULL")
+    if state is not None:
+        clauses.append("cp.state = ?")
+        params.append(state)
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    return [dict(row) for row in conn.execute(
+        _CP_SELECT + where + " ORDER BY r.started_at, cp.id", params).fetchall()]
+
+
+def get_change_point(conn: sqlite3.Connection, cp_id: int) -> dict[str, Any] | None:
+    row = conn.execute(_CP_SELECT + " WHERE cp.id = ?", (int(cp_id),)).fetchone()
+    return dict(row) if row is not None else None
+
+
+def save_analysis(conn: sqlite3.Connection, run_id: str, machine_fingerprint: str,
+                  findings: list[dict[str, Any]], new_points: list[dict[str, Any]],
+                  updates: list[tuple[int, dict[str, Any]]]) -> list[int]:
+    """Store one run's analysis in one transaction: insert ``new_points`` (series identity plus
+    CHANGE_POINT_STATS, with ``found_in_run`` = ``run_id``), apply ``updates`` ((id, columns))
+    to stored change points, and replace the run's findings (``save_findings``). A finding whose
+    ``change_point_id`` is ``("new", i)`` gets the id of ``new_points[i]``. The new ids."""
+    with _write_txn(conn):
+        if _scalar(conn, "SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
+            raise StoreError(f"run {run_id} is not in history DB {_db_label(conn)}: "
+                             "ingest it before storing its analysis")
+        machine = _scalar(conn, "SELECT id FROM machines WHERE fingerprint = ?",
+                          (machine_fingerprint,))
+        if machine is None:
+            raise StoreError(f"machine {machine_fingerprint} is not in history DB "
+                             f"{_db_label(conn)}: ingest its runs first")
+        # re-analysing a run replaces what it found: drop its change points that it did not
+        # find again, unless triaged or reported by another run
+        kept = sorted({int(cp_id) for cp_id, _ in updates})
+        conn.execute("DELETE FROM change_points WHERE found_in_run = ? AND triage IS NULL "
+                     "AND id NOT IN (SELECT change_point_id FROM findings WHERE run_id != ? "
+                     "AND change_point_id IS NOT NULL) "
+                     f"AND id NOT IN ({', '.join('?' for _ in kept)})", (run_id, run_id, *kept))
+        ids = []
+        now = time.time()
+        for p in new_points:
+            columns = ("machine_id", "case_id", "impl", "world_size", "timing", "op",
+                       "found_in_run", "updated_at", *CHANGE_POINT_STATS)
+            values = (machine, p["case_id"], p["impl"], int(p["world_size"]), p["timing"],
+                      p.get("op"), run_id, now, *(p.get(c) for c in CHANGE_POINT_STATS))
+            cur = conn.execute(
+                f"INSERT INTO change_points ({', '.join(columns)}) "
+                f"VALUES ({', '.join('?' for _ in columns)})", values)
+            ids.append(int(cur.lastrowid or 0))
+        for cp_id, fields in updates:
+            fields = {**fields, "updated_at": now}
+            conn.execute(f"UPDATE change_points SET {', '.join(f'{k} = ?' for k in fields)} "
+                         "WHERE id = ?", (*fields.values(), int(cp_id)))
+        resolved = []
+        for f in findings:
+            ref = f.get("change_point_id")
+            resolved.append({**f, "change_point_id": ids[ref[1]]}
+                            if isinstance(ref, (tuple, list)) else f)
+        _replace_findings(conn, run_id, resolved, now)
+    return ids
+
+
+def triage_change_point(conn: sqlite3.Connection, cp_id: int, triage: str | None, *,
+                        note: str | None = None, by: str | None = None,
+                        at: float | None = None) -> dict[str, Any]:
+    """Mark a change point (``triage`` one of TRIAGE_STATES, or None to clear the mark); the
+    updated change point. StoreError, one line, for an unknown id or state."""
+    if triage is not None and triage not in TRIAGE_STATES:
+        raise StoreError(f"unknown triage state {triage!r}: use one of "
+                         f"{', '.join(TRIAGE_STATES)}")
+    with _write_txn(conn):
+        if _scalar(conn, "SELECT 1 FROM change_points WHERE id = ?", (int(cp_id),)) is None:
+            newest = [r[0] for r in conn.execute(
+                "SELECT id FROM change_points ORDER BY id DESC LIMIT 3")]
+            raise StoreError(
+                f"no change point #{cp_id} in history DB {_db_label(conn)} (newest: "
+                f"{', '.join(f'#{i}' for i in newest) or 'none'}): list them with "
+                "`harness triage`")
+        conn.execute("UPDATE change_points SET triage = ?, triage_note = ?, triage_by = ?, "
+                      "triaged_at = ? WHERE id = ?",
+                      (triage, note, by, (time.time() if at is None else at) if triage else None,
+                       int(cp_id)))
+    point = get_change_point(conn, cp_id)
+    assert point is not None
+    return point

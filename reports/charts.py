@@ -161,7 +161,10 @@ def case_figure(history: History, entries: Sequence[Entry], markers: dict[tuple,
                             "legendgroup": kind, "showlegend": False,
                             "x": [when(e.run) for e, _ in hits],
                             "y": [_median_us(e) for e, _ in hits],
-                            "marker": {"symbol": symbol, "size": 14, "color": mcolour,
+                            # a triaged change point is drawn hollow: seen, nothing to do
+                            "marker": {"symbol": [symbol + ("-open" if f.get("triage") else "")
+                                                  for _, f in hits],
+                                       "size": 14, "color": mcolour,
                                        "line": {"width": 1, "color": "#222"}},
                             "text": [esc(f"{kind.upper()}: {f['detail']}") for _, f in hits],
                             "hovertemplate": "%{text}<extra></extra>"})

@@ -101,14 +101,15 @@ def _judge(history, run_ids: list[str], fail_on: str) -> int:
     ids = {r.run_id for r in runs}
     failing = [e.result for e in history.entries
                if e.run.run_id in ids and e.result.status in FAILING]
+    # a regression someone triaged (acknowledged, expected, invalid, fixed) no longer fails
     regressions = [f for f in history.findings
-                   if f["run_id"] in ids and f["kind"] == "regression"]
+                   if f["run_id"] in ids and f["kind"] == "regression" and not f.get("triage")]
     for r in failing:
         print_failure(r)
     print_findings([Finding.from_stored(f) for f in regressions])
     console.print(escape(f"judged {len(runs)} run(s) ({', '.join(r.short for r in runs)}): "
                          f"{len(failing)} failing result(s), {len(regressions)} "
-                         "confirmed regression(s)"), soft_wrap=True)
+                         "untriaged regression(s)"), soft_wrap=True)
     if failing and fail_on in ("failure", "regression"):
         return EXIT_FAIL
     if regressions and fail_on == "regression":

@@ -19,7 +19,7 @@ from typing import Any
 from harness import regress, store
 from harness.results import FAILING, CaseResult, RunInfo
 
-#: finding kinds drawn as change markers on the latency trends
+#: marker kinds on the latency trends: change points (slower, faster) and suspicious runs
 TIMING_KINDS = ("regression", "suspicious", "improvement")
 #: finding kinds listed on the index, most urgent first
 INDEX_KINDS = ("new_failure", "regression", "suspicious", "drift", "bits_changed", "fixed",
@@ -71,6 +71,8 @@ class History:
     runs: list[Run]
     entries: list[Entry]
     findings: list[dict[str, Any]]
+    #: the timing series' change points with their triage (``store.change_points``)
+    change_points: list[dict[str, Any]]
     #: op -> names of its negative controls (known-wrong versions that must fail)
     controls: dict[str, set[str]]
     #: op -> (family, description, implementations, suite, origin) from the registry, where
@@ -109,10 +111,7 @@ class History:
         return next((e.result.family for e in self.entries if e.result.op == op), "")
 
 
-def timing_label(r: CaseResult) -> str:
-    """How a result was timed when that makes it a series of its own ("" for the default)."""
-    graph, flushed = regress.timing_method(r)
-    return "+".join(p for p, on in (("graph", graph), ("l2 flush", flushed)) if on)
+timing_label = regress.timing_label
 
 
 def analyze_missing(conn: sqlite3.Connection) -> list[str]:
@@ -168,7 +167,9 @@ def load(conn: sqlite3.Connection, db_label: str) -> History:
         entries.append(Entry(result, run))
     controls, known = _registry_view()
     return History(db_label=db_label, runs=runs, entries=entries,
-                   findings=store.stored_findings(conn), controls=controls, ops_known=known)
+                   findings=store.stored_findings(conn),
+                   change_points=store.change_points(conn), controls=controls,
+                   ops_known=known)
 
 
 # ----------------------------------------------------------------------------- views

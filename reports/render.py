@@ -40,7 +40,6 @@ from harness.results import FAILING
 from reports import charts
 from reports.data import (
     INDEX_KINDS,
-    TIMING_KINDS,
     Entry,
     History,
     Run,
@@ -165,12 +164,43 @@ def write_assets(out_dir: Path) -> None:
 
 
 def _markers(history: History) -> dict[tuple, list[dict[str, Any]]]:
-    """Timing findings by (case id, impl, world size, run id): the change markers."""
+    """Change markers by (case id, impl, world size, run id): each open change point at the
+    first run of its new level (hollow once triaged), each suspicious run at itself."""
     out: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for cp in history.change_points:
+        if cp["state"] != "open":
+            continue
+        kind = "regression" if cp["direction"] == "up" else "improvement"
+        out[(cp["case_id"], cp["impl"], cp["world_size"], cp["run_id"])].append(
+            {"kind": kind, "triage": cp["triage"], "detail": change_point_text(cp)})
     for f in history.findings:
-        if f["kind"] in TIMING_KINDS:
+        if f["kind"] == "suspicious":
             out[(f["case_id"], f["impl"], f["world_size"], f["run_id"])].append(f)
     return out
+
+
+def change_point_text(cp: dict[str, Any]) -> str:
+    """One line: the change, where it starts, who found it, its triage."""
+    pct = cp.get("change_pct")
+    text = (f"change point #{cp['id']}: median {_fmt_us(cp.get('before'))} -> "
+            f"{_fmt_us(cp.get('after'))} µs"
+            + (f" ({pct:+.1f}%)" if isinstance(pct, float) else "")
+            + f" from run {cp['run_id'][:8]}"
+            + (f" (commit {cp['git_commit'][:10]})" if cp.get("git_commit") else "")
+            + f", found by run {cp['found_in_run'][:8]}")
+    if cp.get("triage"):
+        text += f"; {cp['triage']}" + (f": {cp['triage_note']}" if cp.get("triage_note") else "")
+    return text
+
+
+def _index_change_points(history: History, limit: int = 50) -> list[dict[str, Any]]:
+    """Open change points for the index: untriaged slower ones first, then the rest, newest
+    first within each."""
+    open_points = [cp for cp in history.change_points if cp["state"] == "open"]
+    ranked = sorted(open_points, key=lambda cp: (cp["triage"] is not None,
+                                                 cp["direction"] != "up",
+                                                 -(cp.get("run_started_at") or 0.0)))
+    return ranked[:limit]
 
 
 def _suite_order(row: dict[str, Any]) -> tuple[Any, ...]:
@@ -306,6 +336,8 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
                          "n_runs": len(history.runs_of(fingerprint))})
     findings = _findings_of(history, judged)
     w.page("index.html", "index.html.j2", machines=machines, findings=findings,
+           change_points=_index_change_points(history),
+           n_change_points=sum(1 for cp in history.change_points if cp["state"] == "open"),
            findings_by_kind={k: [f for f in findings if f["kind"] == k] for k in INDEX_KINDS},
            runs_fig=charts.runs_figure(history) if history.runs else None,
            op_rows=sorted(op_rows, key=_suite_order),

@@ -100,83 +100,6 @@ def test_degenerate_inputs_are_same_with_p_1(base, cur):
     assert shift.direction == "same" and shift.p_value == 1.0
 
 
-# ----------------------------------------------------------------------------- lookback
-
-
-def test_single_spike_after_noisy_flat_history_is_suspicious():
-    history = flat_history(20)
-    verdict, shift = regress.classify_series(history, draw(50, 1.25), 0.05)
-    assert verdict == "suspicious"
-    assert shift is not None and shift.direction == "slower" and shift.p_value < 0.01
-
-
-def test_step_held_for_two_runs_is_a_regression():
-    history = [draw(51, 1.25)] + flat_history(20)
-    verdict, shift = regress.classify_series(history, draw(52, 1.25), 0.05)
-    assert verdict == "regression"
-    assert 1.2 < shift.ratio < 1.3
-
-
-def test_spike_that_went_away_is_ok():
-    history = [draw(53, 1.25)] + flat_history(20)
-    assert regress.classify_series(history, draw(54), 0.05)[0] == "ok"
-
-
-def test_improvement_needs_two_consecutive_faster_runs():
-    history = flat_history(20)
-    verdict, shift = regress.classify_series(history, draw(55, 0.75), 0.05)
-    assert verdict == "ok" and shift.direction == "faster"
-    verdict, _ = regress.classify_series([draw(56, 0.75)] + history, draw(57, 0.75), 0.05)
-    assert verdict == "improvement"
-
-
-def test_mad_band_absorbs_a_series_that_wanders_between_runs():
-    # run medians that swing +-10% between runs: a 15% step is inside their normal range
-    levels = [0.92, 1.1, 0.95, 1.12, 0.9, 1.08, 0.93, 1.1, 0.91, 1.09, 0.94, 1.11]
-    history = [draw(60 + i, lv, noise=0.005) for i, lv in enumerate(levels)]
-    cur = draw(80, 1.15, noise=0.005)
-    assert regress.lookback_violation(history, cur, 0.05).direction == "same"
-    # the band, not the threshold or the test, is what held it back
-    assert regress.lookback_violation(history, cur, 0.05, k=0.0).direction == "slower"
-
-
-def test_threshold_guard_holds_a_small_step_on_a_quiet_series():
-    history = [draw(90 + i, noise=0.002) for i in range(10)]
-    cur = draw(101, 1.03, noise=0.002)
-    assert regress.lookback_violation(history, cur, 0.05).direction == "same"
-    assert regress.lookback_violation(history, cur, 0.01).direction == "slower"
-
-
-def test_only_the_newest_lookback_runs_form_the_baseline():
-    # newest first: 30 runs at level 1, then 40 older ones at half the time
-    history = flat_history(regress.LOOKBACK) + [draw(200 + i, 0.5) for i in range(40)]
-    shift = regress.lookback_violation(history, draw(300), 0.05)
-    assert shift.ratio == pytest.approx(1.0, abs=0.05)
-    assert shift.direction == "same"
-
-
-def test_short_history_compares_with_the_previous_run_alone():
-    history = [draw(400), draw(401)]
-    verdict, shift = regress.classify_series(history, draw(402, 1.25), 0.05)
-    assert verdict == "regression" and shift.direction == "slower"
-    assert regress.classify_series(history, draw(403, 0.75), 0.05)[0] == "improvement"
-    assert regress.classify_series(history, draw(404), 0.05)[0] == "ok"
-    # the previous run (history[0]) is the baseline, not an older one
-    stepped = [draw(405, 1.25), draw(406)]
-    assert regress.classify_series(stepped, draw(407, 1.25), 0.05)[0] == "ok"
-
-
-def test_no_history_is_new():
-    assert regress.classify_series([], draw(500), 0.05) == ("new", None)
-    assert regress.classify_series([[], []], draw(501), 0.05) == ("new", None)
-
-
-def test_degenerate_lookback_inputs_are_same():
-    assert regress.lookback_violation([], draw(1), 0.05).direction == "same"
-    assert regress.lookback_violation(flat_history(10), [], 0.05).p_value == 1.0
-    assert regress.lookback_violation([[0.0] * 5] * 6, draw(1), 0.05).direction == "same"
-
-
 # ----------------------------------------------------------------------------- correctness
 
 ALLCLOSE = {"kind": "allclose", "text": "allclose(rtol=1e-05, atol=1e-05)", "rtol": 1e-5,
@@ -394,31 +317,37 @@ def test_analyze_flags_a_spike_as_suspicious_then_a_held_step_as_regression(tmp_
             np.median([np.median(draw(700 + i)) for i in range(8)]))
         step = regress.analyze_run(conn, "r09")
         assert kinds(step) == ["regression"] and step[0].baseline_run == "r08"
-        assert "previous run was slower too" in step[0].detail
+        assert "from run r08" in step[0].detail and "8 runs before, 2 after" in step[0].detail
+        assert step[0].baseline == pytest.approx(f.baseline)
+        assert step[0].current == pytest.approx(
+            np.median([np.median(draw(708, 1.3)), np.median(draw(709, 1.3))]))
         assert regress.analyze_run(conn, "r07") == []
         assert regress.analyze_run(conn, "r00") == []  # a new series
     finally:
         conn.close()
 
 
-def test_analyze_with_short_history_compares_with_the_previous_run(tmp_path):
-    conn = series_db(tmp_path, [1.0, 1.0, 1.3], intruder=1.3)
+def test_a_short_history_needs_the_new_level_twice(tmp_path):
+    # three runs cannot tell a step from noise; the fourth at the new level confirms it
+    conn = series_db(tmp_path, [1.0, 1.0, 1.3, 1.3], intruder=1.3)
     try:
-        findings = regress.analyze_run(conn, "r02")
-        assert kinds(findings) == ["regression"] and findings[0].baseline_run == "r01"
-        assert findings[0].baseline == pytest.approx(np.median(draw(701)))
+        assert regress.analyze_run(conn, "r02") == []
+        findings = regress.analyze_run(conn, "r03")
+        assert kinds(findings) == ["regression"] and findings[0].baseline_run == "r02"
+        assert findings[0].baseline == pytest.approx(
+            np.median([np.median(draw(700)), np.median(draw(701))]))
     finally:
         conn.close()
 
 
-def test_analyze_lookback_limits_the_history(tmp_path):
-    # newest first: 6 quiet runs at level 1, and before them 10 that swung +-40% between
-    # runs; their wide MAD band hides a 30% spike unless the lookback leaves them out
+def test_analyze_history_runs_limits_the_history(tmp_path):
+    # 10 runs that swung +-40% between runs, then 6 quiet ones: the swings make a 30% spike
+    # ordinary unless the history in view leaves them out
     old = [0.6, 1.4] * 5
     conn = series_db(tmp_path, old + [1.0] * 6 + [1.3])
     try:
-        assert regress.analyze_run(conn, "r16", lookback=30) == []
-        assert kinds(regress.analyze_run(conn, "r16", lookback=6)) == ["suspicious"]
+        assert regress.analyze_run(conn, "r16", history_runs=30) == []
+        assert kinds(regress.analyze_run(conn, "r16", history_runs=6)) == ["suspicious"]
     finally:
         conn.close()
 
@@ -465,40 +394,90 @@ def test_analyze_unknown_run_is_a_store_error(tmp_path):
         conn.close()
 
 
-def test_a_step_stays_flagged_until_it_is_most_of_the_lookback():
-    # held for 5 runs: the baseline (median of 20 run medians) is still the old level and the
-    # significance test compares with the typical (old-level) runs, so the step stays flagged
-    history = [draw(600 + i, 1.3) for i in range(5)] + flat_history(15)
-    shifts = [regress.lookback_violation(history, draw(620 + s, 1.3), 0.05) for s in range(40)]
-    assert all(s.ratio > 1.25 for s in shifts)
-    assert sum(s.direction == "slower" for s in shifts) >= 36
-    # held for 16 of 30 runs: the median moved to the new level, which is now normal
-    history = [draw(700 + i, 1.3) for i in range(16)] + flat_history(14)
-    shifts = [regress.lookback_violation(history, draw(720 + s, 1.3), 0.05) for s in range(40)]
-    assert sum(s.direction == "slower" for s in shifts) <= 2
-
-
 # ----------------------------------------------------------------------------- stored analysis
 
 
 def test_analyze_ingested_stores_findings_and_redoes_later_runs_out_of_order(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
-        # r0 and r2 are ingested first; r1 (between them) arrives late and is 30% slower
-        store.ingest(conn, run_info("r0", T0), [result("r0", samples=draw(1))])
-        store.ingest(conn, run_info("r2", T0 + 2), [result("r2", samples=draw(3))])
-        assert regress.analyze_ingested(conn, ["r0", "r2"]) == ["r0", "r2"]
-        assert store.stored_findings(conn) == []  # r2 against r0: the same
+        # r0..r5 and r7 are ingested first; r6 (before r7) arrives late; r6 and r7 are slower
+        levels = {f"r{i}": 1.0 for i in range(6)} | {"r6": 1.3, "r7": 1.3}
+        first = [r for r in levels if r != "r6"]
+        for i, run in enumerate(levels):
+            if run != "r6":
+                store.ingest(conn, run_info(run, T0 + i),
+                             [result(run, samples=draw(i, levels[run]))])
+        assert regress.analyze_ingested(conn, first) == first
+        # r7 alone is off the level: suspicious, not yet a change point
+        assert [(f["run_id"], f["kind"]) for f in store.stored_findings(conn)] == [
+            ("r7", "suspicious")]
         assert store.unanalyzed_runs(conn) == []
 
-        store.ingest(conn, run_info("r1", T0 + 1), [result("r1", samples=draw(2, 1.3))])
-        # r1 is analysed, and r2 again: its previous run is now r1
-        assert regress.analyze_ingested(conn, ["r1"]) == ["r1", "r2"]
-        stored = {(f["run_id"], f["kind"]) for f in store.stored_findings(conn)}
-        assert stored == {("r1", "regression"), ("r2", "improvement")}
-        assert [f.to_dict() for f in regress.analyze_run(conn, "r2")] == [
-            {k: v for k, v in f.items() if k != "run_id"} | {"key": "w1:vendor.op[n=1024]@fast"}
-            for f in store.stored_findings(conn, "r2")]
+        store.ingest(conn, run_info("r6", T0 + 6), [result("r6", samples=draw(6, 1.3))])
+        # r6 is analysed, and r7 again: it now confirms the level r6 started
+        assert regress.analyze_ingested(conn, ["r6"]) == ["r6", "r7"]
+        stored = [(f["run_id"], f["kind"]) for f in store.stored_findings(conn)]
+        assert stored == [("r6", "suspicious"), ("r7", "regression")]
+        (point,) = store.change_points(conn)
+        assert (point["run_id"], point["found_in_run"], point["direction"]) == ("r6", "r7", "up")
+        # analysing again finds the same, and keeps the one change point
+        assert [f.to_dict() for f in regress.analyze_run(conn, "r7")] == [
+            {k: v for k, v in f.items() if k not in ("run_id", "triage")}
+            | {"key": "w1:vendor.op[n=1024]@fast"}
+            for f in store.stored_findings(conn, "r7")]
+        regress.analyze_ingested(conn, ["r7"])
+        assert [p["id"] for p in store.change_points(conn)] == [point["id"]]
+    finally:
+        conn.close()
+
+
+def nightly(conn, levels: list[float], start: int = 0) -> list[list[str]]:
+    """Ingest and analyse one run per level, in order, as a nightly would: their findings."""
+    out = []
+    for i, level in enumerate(levels, start):
+        put(conn, f"r{i:02d}", T0 + i * 86400, [result(f"r{i:02d}", samples=draw(700 + i, level))])
+        out.append(kinds(regress.analyze_and_store(conn, f"r{i:02d}")))
+    return out
+
+
+def test_a_held_step_is_reported_once_and_a_return_marks_it_fixed(tmp_path):
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        seen = nightly(conn, [1.0] * 10 + [1.25] * 12)
+        assert seen[10] == ["suspicious"] and seen[11] == ["regression"]
+        assert all(k == [] for i, k in enumerate(seen) if i not in (10, 11))
+        (point,) = store.change_points(conn)
+        assert point["run_id"] == "r10" and point["triage"] is None
+        assert point["n_after"] == 12 and 24 < point["change_pct"] < 26  # refreshed nightly
+        # back to the old level: the recovery is an improvement, and the step is fixed
+        seen = nightly(conn, [1.0] * 3, start=22)
+        assert seen == [[], ["improvement"], []]
+        step = store.get_change_point(conn, point["id"])
+        assert step["triage"] == "fixed" and step["triage_by"] == "harness"
+        assert "back to" in step["triage_note"] and "r22" in step["triage_note"]
+    finally:
+        conn.close()
+
+
+def test_triage_marks_are_kept_and_read_with_the_findings(tmp_path):
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        nightly(conn, [1.0] * 6 + [1.3] * 2)
+        (point,) = store.change_points(conn, untriaged=True)
+        marked = store.triage_change_point(conn, point["id"], "expected", note="new tiling",
+                                           by="ana")
+        assert (marked["triage"], marked["triage_note"], marked["triage_by"]) == (
+            "expected", "new tiling", "ana")
+        assert store.change_points(conn, untriaged=True) == []
+        (finding,) = store.stored_findings(conn, "r07")
+        assert finding["kind"] == "regression" and finding["triage"] == "expected"
+        # a re-analysis keeps the mark and the one change point
+        regress.analyze_ingested(conn, ["r06"])
+        assert [p["triage"] for p in store.change_points(conn)] == ["expected"]
+        with pytest.raises(store.StoreError, match="unknown triage state 'wontfix'"):
+            store.triage_change_point(conn, point["id"], "wontfix")
+        with pytest.raises(store.StoreError, match="no change point #999"):
+            store.triage_change_point(conn, 999, "invalid")
     finally:
         conn.close()
 

@@ -129,30 +129,34 @@ def test_op_trend_is_the_geometric_mean_of_each_series_against_its_first_run(tmp
 
 
 def test_render_of_a_small_history(tmp_path):
-    nights = [[result(f"r{i}", "n=1031", "torch", 1000.0 * (1.5 if i >= 3 else 1.0), ws=4,
+    nights = [[result(f"r{i}", "n=1031", "torch", 1000.0 * (1.5 if i >= 5 else 1.0), ws=4,
                       busbw=2.0),
                result(f"r{i}", "n=1031", "drop_rank", 900.0, ws=4,
-                      status="fail" if i != 4 else "pass")]
-              for i in range(5)]
-    # another selection on the same machine between two nights: not what r4 compares with
-    nights.insert(4, [result("other", "n=7", "mpi", 10.0, op="broadcast")])
+                      status="fail" if i != 6 else "pass")]
+              for i in range(7)]
+    # another selection on the same machine between two nights: not what r6 compares with
+    nights.insert(6, [result("other", "n=7", "mpi", 10.0, op="broadcast")])
     make_db(tmp_path / "h.db", nights)
     conn = store.connect(tmp_path / "h.db")
-    assert data.analyze_missing(conn) == ["r0", "r1", "r2", "r3", "other", "r4"]
+    assert data.analyze_missing(conn) == ["r0", "r1", "r2", "r3", "r4", "r5", "other", "r6"]
     history = data.load(conn, "h.db")
     site = render.render(conn, history, tmp_path / "site")
     conn.close()
-    assert (site.n_runs, site.op_pages, site.run_pages, site.compare_pages) == (6, 2, 6, 5)
-    assert (tmp_path / "site" / "compare" / "r3_r4.html").is_file()  # skips "other"
+    assert (site.n_runs, site.op_pages, site.run_pages, site.compare_pages) == (8, 2, 8, 7)
+    assert (tmp_path / "site" / "compare" / "r5_r6.html").is_file()  # skips "other"
     # a negative control that passed is a missed control: the matrix says so in red
     sizes, matrix = data.status_matrix(history, "fp-a")
     cells = {(impl, ctrl): c[4] for _, impl, ctrl, c in matrix if 4 in c}
     assert sizes == [1, 4]
-    assert cells[("drop_rank", True)].state == "bad"  # r4: drop_rank passed
+    assert cells[("drop_rank", True)].state == "bad"  # r6: drop_rank passed
     assert cells[("torch", False)].state == "ok"
-    # the slowdown on r3 and r4 is a confirmed regression, drawn as a marker on r3's point
+    # the slowdown on r5 and r6 is a change point that r6 confirmed, drawn as a marker on r5's
+    # point and listed on the index
     kinds = {(f["run_id"], f["kind"]) for f in history.findings if f["impl"] == "torch"}
-    assert ("r3", "regression") in kinds
+    assert ("r6", "regression") in kinds
+    (point,) = history.change_points
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert f'<td class="mono">{point["id"]}</td>' in index and "untriaged" in index
     page = (tmp_path / "site" / "ops" / "allreduce.html").read_text()
     figs = [json.loads(m) for m in re.findall(
         r'<script type="application/json" id="fig-[^"]+">(.*?)</script>', page, re.S)]
@@ -160,9 +164,9 @@ def test_render_of_a_small_history(tmp_path):
     trends = [f for f in figs if f["layout"]["xaxis"].get("type") == "date"]
     torch_fig = next(f for f in trends if any(t.get("name") == "torch w4" for t in f["data"]))
     latency = next(t for t in torch_fig["data"] if t.get("name") == "torch w4")
-    assert latency["y"] == pytest.approx([1.0, 1.0, 1.0, 1.5, 1.5])  # µs, from the records
+    assert latency["y"] == pytest.approx([1.0] * 5 + [1.5] * 2)  # µs, from the records
     markers = [t for t in torch_fig["data"] if t.get("marker", {}).get("symbol") ==
-               "triangle-up"]
+               ["triangle-up"]]
     assert len(markers) == 1 and markers[0]["y"] == pytest.approx([1.5])
     errors = [t for t in torch_fig["data"] if "max_tol_ratio" in json.dumps(t) or
               "atol+rtol" in t.get("name", "")]
@@ -182,7 +186,7 @@ def _entry(i: int, max_tol_ratio: float) -> data.Entry:
 
 @pytest.mark.parametrize("ratios, noted", [([0.0, 0.0], True), ([0.0, 0.3], False)])
 def test_an_error_row_of_zeros_says_so_instead_of_looking_empty(ratios, noted):
-    history = data.History("h.db", [], [], [], {}, {})
+    history = data.History("h.db", [], [], [], [], {}, {})
     fig = charts.case_figure(history, [_entry(i, v) for i, v in enumerate(ratios)], {})
     axes = {v["title"]["text"]: k for k, v in fig["layout"].items() if k.startswith("yaxis")}
     assert fig["layout"][axes[charts.ERROR_ROW]]["type"] == "log"

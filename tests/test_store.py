@@ -123,14 +123,15 @@ def test_fresh_db_has_the_current_schema_and_all_tables(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "dir" / "history.db"  # parent directories are created
     conn = store.connect(path)
     assert path.is_file()
-    assert user_version(conn) == store.SCHEMA_VERSION == len(store.MIGRATIONS) == 3
-    assert TABLES <= tables(conn)
+    assert user_version(conn) == store.SCHEMA_VERSION == len(store.MIGRATIONS) == 4
+    assert TABLES | {"findings", "change_points"} <= tables(conn)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"results_series", "results_run", "runs_machine_started",
-            "calibrations_machine_device", "findings_run", "findings_series"} <= indexes
+            "calibrations_machine_device", "findings_run", "findings_series",
+            "change_points_series"} <= indexes
     conn.close()
 
 
@@ -303,12 +304,45 @@ def test_v2_file_migrates_to_v3_and_its_runs_count_as_never_analysed(tmp_path: P
     before_run = store.get_run(conn, "run-0001")
     conn.close()
 
-    conn = store.connect(path)
-    assert user_version(conn) == 3
+    conn = store.connect(path)  # v2 -> v3 -> v4
+    assert user_version(conn) == store.SCHEMA_VERSION
     assert store.results_for_run(conn, "run-0001") == before_results
     assert store.get_run(conn, "run-0001") == before_run
     assert store.unanalyzed_runs(conn) == ["run-0001"]
     assert store.stored_findings(conn) == []
+    conn.close()
+
+
+def test_v3_file_migrates_to_v4_and_its_history_gets_change_points(tmp_path: Path) -> None:
+    # a v3 history: 6 runs at one level, 2 at a slower one, analysed with v3's rule (whose
+    # findings are replaced: v4 re-analyses every run, oldest first)
+    from harness import regress
+
+    path = tmp_path / "history.db"
+    conn = store.connect(path, migrations=store.MIGRATIONS[:3])
+    for i in range(8):
+        run_id = f"run-{i:04d}"
+        r = make_result(run_id, 1031, median=100_000.0 * (1.3 if i >= 6 else 1.0))
+        r.timing["samples"] = [r.timing["median"] * (1 + 0.01 * k) for k in (-2, -1, 0, 1, 2)]
+        store.ingest(conn, make_run(run_id, started_at=1_700_000_000.0 + i), [r])
+        if i >= 6:  # what v3's save_findings wrote
+            conn.execute("INSERT INTO findings (run_id, kind, case_id, impl, world_size, detail) "
+                         "VALUES (?, 'regression', 'allreduce[n=1031]', 'ring', 4, 'x1.3')",
+                         (run_id,))
+        conn.execute("UPDATE runs SET analyzed_at = 1 WHERE run_id = ?", (run_id,))
+    before = store.results_for_run(conn, "run-0007")
+    conn.close()
+
+    conn = store.connect(path)
+    assert user_version(conn) == 4
+    assert store.results_for_run(conn, "run-0007") == before
+    assert len(store.unanalyzed_runs(conn)) == 8 and store.change_points(conn) == []
+    assert regress.analyze_ingested(conn, store.unanalyzed_runs(conn))[-1] == "run-0007"
+    (point,) = store.change_points(conn)
+    assert (point["run_id"], point["found_in_run"], point["direction"]) == (
+        "run-0006", "run-0007", "up")
+    assert [(f["run_id"], f["kind"], f["change_point_id"]) for f in store.stored_findings(conn)
+            ] == [("run-0006", "suspicious", None), ("run-0007", "regression", point["id"])]
     conn.close()
 
 
@@ -323,7 +357,7 @@ def test_findings_round_trip_replace_and_mark_the_run_analysed(tmp_path: Path) -
                                                                         metric="out")]) == 2
     got = store.stored_findings(conn, "run-0002")
     assert [f["kind"] for f in got] == ["regression", "drift"]
-    assert got[0] == {"run_id": "run-0002", **_finding()}
+    assert got[0] == {"run_id": "run-0002", **_finding(), "change_point_id": None, "triage": None}
     assert got[1]["ratio"] is None
     assert store.unanalyzed_runs(conn) == ["run-0001"]
     # an analysed run with nothing to report is analysed all the same

@@ -1,0 +1,272 @@
+"""Change points of one series of runs: where its level moved, found once, with their evidence.
+
+A series is a list of runs in order, each a value or the raw samples of one run (a run's value
+is the median of its samples: robust to the odd slow sample). ``find`` segments the run values
+into stretches of one level and reports each boundary as a :class:`ChangePoint`: the first run
+of the new level, the medians before and after, the change in percent, and a p-value.
+
+The method and its one fixed setting were chosen by measurement (benchmarks/tcpd_changepoints.py
+on 25 human-annotated series, benchmarks/regression_detection.py on recorded harness noise):
+see ``segment``. Every segment holds at least MIN_SIZE runs, so a single odd run is never a
+change point by itself: the newest run alone can only be ``newest_outlier``, "suspicious", until
+the next run confirms the new level or returns to the old one.
+
+Pure functions of numbers: the history DB side (matching change points across analyses,
+triage) lives in ``harness.changes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+#: the shortest segment: one run alone is an outlier, not a level
+MIN_SIZE = 2
+#: a change point needs this p-value or less (see ``p_value``)
+ALPHA = 1e-3
+#: the runs on each side of a change point that its medians and p-value rest on (the nearest
+#: ones inside its two segments: a level long ago says little about the step itself)
+WINDOW = 30
+#: MAD * 1.4826 estimates the standard deviation of normally distributed data
+_MAD_TO_SIGMA = 1.4826
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    """One change of level in a series."""
+
+    index: int  # 0-based position of the first run of the new level
+    before: float  # median of the runs before it (up to WINDOW, within the segment)
+    after: float  # median of the runs from it on (up to WINDOW, within the segment)
+    change_pct: float  # 100 * (after - before) / |before|; nan when before is 0
+    p_value: float
+    n_before: int  # runs the figures rest on, each side
+    n_after: int
+
+    @property
+    def direction(self) -> str:
+        """"up" or "down" (for a timing, up is slower)."""
+        return "up" if self.after > self.before else "down"
+
+    def to_dict(self) -> dict[str, object]:
+        d = {"index": self.index, "before": self.before, "after": self.after,
+             "change_pct": self.change_pct, "p_value": self.p_value,
+             "direction": self.direction, "n_before": self.n_before, "n_after": self.n_after}
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                for k, v in d.items()}
+
+
+def mwu_p(current: np.ndarray, baseline: np.ndarray, slower: bool) -> float:
+    """One-sided MWU p-value that ``current`` is stochastically greater (slower) or less."""
+    if current.size < 2 or baseline.size < 2:
+        return 1.0
+    if np.all(current == current[0]) and np.all(baseline == current[0]):
+        return 1.0  # nothing differs: scipy's answer would be nan or 1
+    # imported here: scipy.stats costs 0.6 s, and a run with no history never tests
+    from scipy.stats import mannwhitneyu
+
+    try:
+        res = mannwhitneyu(current, baseline, alternative="greater" if slower else "less")
+    except ValueError:
+        return 1.0
+    p = float(res.pvalue)
+    return p if math.isfinite(p) else 1.0
+
+
+def run_values(runs: Sequence[Sequence[float] | float]) -> np.ndarray:
+    """One value per run: a number as it is, a run's samples by their median (non-finite
+    samples dropped; a run with none is nan)."""
+    out = np.empty(len(runs))
+    for i, run in enumerate(runs):
+        if isinstance(run, (int, float)):
+            out[i] = float(run)
+            continue
+        a = np.asarray(run, dtype=np.float64).reshape(-1)
+        a = a[np.isfinite(a)]
+        out[i] = float(np.median(a)) if a.size else math.nan
+    return out
+
+
+#: below this many runs the differences are centred on 0, not on their median: with a few
+#: differences one of them is the median itself, and the MAD of the rest is often near 0
+_CENTRED_FROM = 10
+
+
+def noise_sigma(values: np.ndarray, floor: float = 0.0) -> float:
+    """Run-to-run noise: a robust standard deviation from the differences of neighbouring runs
+    (a level change moves one difference, not the estimate; a trend barely does), at least
+    ``floor`` (``sample_floor``: runs cannot vary less than their own medians do)."""
+    if values.size < 2:
+        return floor
+    d = np.diff(values)
+    centre = float(np.median(d)) if values.size >= _CENTRED_FROM else 0.0
+    return max(float(_MAD_TO_SIGMA * np.median(np.abs(d - centre)) / math.sqrt(2.0)), floor)
+
+
+def sample_floor(runs: Sequence[Sequence[float] | float]) -> float:
+    """The typical standard error of a run's median from its own samples (0 without samples):
+    1.2533 * sd / sqrt(n) for normally distributed samples."""
+    errors = []
+    for run in runs:
+        if isinstance(run, (int, float)):
+            continue
+        a = np.asarray(run, dtype=np.float64).reshape(-1)
+        a = a[np.isfinite(a)]
+        if a.size >= 2:
+            errors.append(1.2533 * float(np.std(a, ddof=1)) / math.sqrt(a.size))
+    return float(np.median(errors)) if errors else 0.0
+
+
+#: the penalty of a change point in ``segment``, in units of sigma^2 * log(n) (BIC's is 2)
+PENALTY = 3.0
+
+
+def segment(values: np.ndarray, sigma: float, penalty: float = PENALTY) -> list[int]:
+    """Optimal partitioning of ``values`` into stretches of one mean (least squares, every
+    stretch at least MIN_SIZE long, a penalty of ``penalty * sigma^2 * log(n)`` per change
+    point): the change point indices, before ``find``'s checks. Exact (Jackson et al. 2005,
+    the recursion PELT prunes), O(n^2) with one numpy step per run: 2 ms for 600 runs."""
+    n = values.size
+    if n < 2 * MIN_SIZE:
+        return []
+    if sigma <= 0:
+        sigma = float(np.std(values)) or 1.0
+    pen = penalty * sigma * sigma * math.log(n)
+    x = values - float(np.mean(values))  # centred: the sums of squares stay well conditioned
+    s1 = np.concatenate(([0.0], np.cumsum(x)))
+    s2 = np.concatenate(([0.0], np.cumsum(x * x)))
+    best = np.full(n + 1, np.inf)
+    best[0] = -pen
+    last = np.zeros(n + 1, dtype=np.int64)
+    for end in range(MIN_SIZE, n + 1):
+        starts = np.arange(0, end - MIN_SIZE + 1)
+        length = end - starts
+        seg = s2[end] - s2[starts] - (s1[end] - s1[starts]) ** 2 / length
+        total = best[starts] + seg + pen
+        k = int(np.argmin(total))
+        best[end], last[end] = total[k], starts[k]
+    bounds, end = [], n
+    while end > 0:
+        end = int(last[end])
+        if end > 0:
+            bounds.append(end)
+    return sorted(bounds)
+
+
+def p_value(before: np.ndarray, after: np.ndarray, sigma: float) -> float:
+    """Two-sided p-value of a level change between two stretches of runs, by a t-test whose
+    noise is the series' run-to-run sigma (``noise_sigma``, from every run) rather than the two
+    stretches' own spread: right after a change the new stretch holds two or three runs, too
+    few to estimate a spread, yet a step of many sigmas is certain."""
+    from scipy.stats import t as student_t
+
+    if before.size == 0 or after.size == 0:
+        return 1.0
+    diff = abs(float(np.mean(after)) - float(np.mean(before)))
+    if diff == 0.0:
+        return 1.0
+    if sigma <= 0.0:
+        return 0.0
+    t = diff / (sigma * math.sqrt(1.0 / before.size + 1.0 / after.size))
+    df = max(before.size + after.size - 2, 1)
+    return float(2.0 * student_t.sf(t, df))
+
+
+def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
+         alpha: float = ALPHA) -> list[ChangePoint]:
+    """The change points of a series of runs (oldest first), both directions.
+
+    ``segment`` proposes boundaries; each must then hold up against its two neighbouring
+    segments (the nearest WINDOW runs of each): a p-value of at most ``alpha``, medians that
+    moved by at least ``min_change_pct`` percent (practical significance; 0 keeps any), and at
+    least MIN_SIZE runs on each side nearer their own side's median than the other's (so one odd
+    run beside a boundary cannot carry it). The weakest boundary that fails is dropped, its two
+    segments merge, and the rest are judged again, until all hold."""
+    raw = run_values(runs)
+    keep = np.flatnonzero(np.isfinite(raw))  # runs without a value drop out, positions kept
+    values = raw[keep]
+    sigma = noise_sigma(values, sample_floor(runs))
+    bounds = segment(values, sigma)
+    while True:
+        judged = [_judge(values, bounds, j, sigma) for j in range(len(bounds))]
+        failing = [(badness, j) for j, (_, badness) in enumerate(judged)
+                   if badness > alpha or (min_change_pct > 0 and not
+                                          abs(judged[j][0].change_pct) >= min_change_pct)]
+        if not failing:
+            break
+        del bounds[max(failing)[1]]
+    return [dataclasses.replace(cp, index=int(keep[cp.index])) for cp, _ in judged]
+
+
+def _judge(values: np.ndarray, bounds: list[int], j: int,
+           sigma: float) -> tuple[ChangePoint, float]:
+    """Boundary ``j`` as a ChangePoint, and how badly it fails: its p-value, or 2.0 when one
+    side has fewer than MIN_SIZE runs nearer its own median."""
+    edges = [0, *bounds, values.size]
+    b = bounds[j]
+    left = values[max(edges[j], b - WINDOW):b]
+    right = values[b:min(edges[j + 2], b + WINDOW)]
+    before, after = float(np.median(left)), float(np.median(right))
+    change = 100.0 * (after - before) / abs(before) if before != 0 else math.nan
+    p = p_value(left, right, sigma)
+    cp = ChangePoint(index=b, before=before, after=after, change_pct=change, p_value=p,
+                     n_before=int(left.size), n_after=int(right.size))
+    nearer_after = np.abs(right - after) < np.abs(right - before)
+    nearer_before = np.abs(left - before) < np.abs(left - after)
+    if int(nearer_after.sum()) < MIN_SIZE or int(nearer_before.sum()) < MIN_SIZE:
+        return cp, 2.0
+    return cp, p
+
+
+@dataclass(frozen=True)
+class Outlier:
+    """The newest run off its series' current level: "suspicious" until the next run says
+    whether it was a step (then a change point) or one bad night (then nothing)."""
+
+    value: float
+    level: float  # median of the current level's runs (since the last change point)
+    change_pct: float
+    p_value: float
+
+    @property
+    def direction(self) -> str:
+        return "up" if self.value > self.level else "down"
+
+
+def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
+                   alpha: float = ALPHA) -> Outlier | None:
+    """Whether the newest run left the level of the runs since the last change point before it:
+    the same p-value as ``find`` (one run against the level, the series' run-to-run sigma) and
+    the same ``min_change_pct``; where both sides have raw samples, a one-sided Mann-Whitney U
+    test of the newest run's samples against the level's 5 newest runs must agree too (a run
+    whose median moved but whose samples overlap the level's is noise)."""
+    raw = run_values(runs)
+    keep = np.flatnonzero(np.isfinite(raw))
+    if keep.size < MIN_SIZE + 1 or keep[-1] != len(runs) - 1:
+        return None
+    values = raw[keep]
+    earlier = values[:-1]
+    bounds = [b.index for b in find([float(v) for v in earlier], alpha=alpha)]
+    start = bounds[-1] if bounds else 0
+    level_runs = earlier[start:][-WINDOW:]
+    if level_runs.size < MIN_SIZE:
+        return None
+    level, value = float(np.median(level_runs)), float(values[-1])
+    change = 100.0 * (value - level) / abs(level) if level != 0 else math.nan
+    p = p_value(level_runs, values[-1:], noise_sigma(values, sample_floor(runs)))
+    if p > alpha or (min_change_pct > 0 and not abs(change) >= min_change_pct):
+        return None
+    newest = runs[-1]
+    recent = [runs[int(i)] for i in keep[:-1][start:][-5:]]
+    if not isinstance(newest, (int, float)) and all(not isinstance(r, (int, float))
+                                                     for r in recent):
+        pooled = np.concatenate([np.asarray(r, dtype=np.float64).reshape(-1) for r in recent])
+        cur = np.asarray(newest, dtype=np.float64).reshape(-1)
+        if mwu_p(cur[np.isfinite(cur)], pooled[np.isfinite(pooled)],
+                  slower=value > level) >= 0.01:
+            return None
+    return Outlier(value=value, level=level, change_pct=change, p_value=p)

@@ -1,0 +1,106 @@
+"""Change points of the history DB's timing series, found once and kept with their triage.
+
+Each analysis of a run looks at its series' recent history (``changepoints.find``) and matches
+what it finds with the change points stored for the series: one found again (the same
+direction, within MATCH_RUNS runs of where it was) is the same change, its figures refreshed;
+one found for the first time is new, and only a new one becomes a finding of the run (so a
+step is reported once, by the run that confirmed it, and not again every night after). A stored
+one the analysis no longer finds, though its runs are in view, is "withdrawn"; found again, it
+is "open" once more.
+
+A slower change point that the series later leaves again for its old level (a new faster
+change point ending at most RETURN_SHARE of the step above the old level) is marked "fixed" by
+the harness itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.changepoints import ChangePoint
+
+#: a change point found again this many runs or fewer from where it was is the same one
+MATCH_RUNS = 3
+#: back to the old level: at most this share of a step left above the level before it
+RETURN_SHARE = 0.25
+#: triage marks that the harness may replace with "fixed" when the series returns
+_STILL_OPEN = (None, "acknowledged")
+
+
+@dataclass
+class Reconciled:
+    """What one analysis of a series changes in its stored change points."""
+
+    #: found for the first time (or found by this same run before: a re-analysis)
+    new: list[ChangePoint] = field(default_factory=list)
+    #: stored id -> the change point found again (its figures and position may have moved)
+    matched: dict[int, ChangePoint] = field(default_factory=dict)
+    #: stored ids, mine by ``new`` index, that this run found before (a re-analysis)
+    refound: dict[int, int] = field(default_factory=dict)
+    #: stored ids in view but not found again
+    withdrawn: list[int] = field(default_factory=list)
+
+
+def reconcile(stored: Sequence[dict[str, Any]], found: Sequence[ChangePoint],
+              run_ids: Sequence[str], analysed_run: str, analysed_started_at: float,
+              min_size: int = 2) -> Reconciled:
+    """Match ``found`` (indices into ``run_ids``, the series' runs in view, oldest first)
+    with the series' ``stored`` change points (``store.series_change_points``).
+
+    Stored change points found by runs that started after the analysed one are left out: a
+    run ingested late must not take credit for, or hide, what later runs already reported.
+    """
+    position = {run_id: i for i, run_id in enumerate(run_ids)}
+    known = [s for s in stored
+             if (s.get("found_started_at") or 0.0) <= analysed_started_at
+             and s["found_in_run"] != analysed_run]
+    own = [s for s in stored if s["found_in_run"] == analysed_run]
+    out = Reconciled()
+    taken: set[int] = set()
+    for cp in found:
+        match = _nearest(known, cp, position, taken)
+        if match is not None:
+            taken.add(match["id"])
+            out.matched[match["id"]] = cp
+            continue
+        mine = _nearest(own, cp, position, taken)
+        if mine is not None:
+            taken.add(mine["id"])
+            out.refound[mine["id"]] = len(out.new)
+        out.new.append(cp)
+    for s in known:
+        pos = position.get(s["run_id"])
+        if (s["id"] not in taken and s["state"] == "open" and pos is not None
+                and pos >= min_size):
+            out.withdrawn.append(s["id"])
+    return out
+
+
+def _nearest(candidates: Sequence[dict[str, Any]], cp: ChangePoint, position: dict[str, int],
+             taken: set[int]) -> dict[str, Any] | None:
+    best, best_distance = None, MATCH_RUNS + 1
+    for s in candidates:
+        pos = position.get(s["run_id"])
+        if s["id"] in taken or pos is None or s["direction"] != cp.direction:
+            continue
+        if abs(pos - cp.index) < best_distance:
+            best, best_distance = s, abs(pos - cp.index)
+    return best
+
+
+def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint) -> list[dict[str, Any]]:
+    """The stored slower change points that a new faster one (``recovery``) takes the series
+    back from: still open or only acknowledged, and ``recovery.after`` at most RETURN_SHARE of
+    their step above the level before them."""
+    if recovery.direction != "down":
+        return []
+    out = []
+    for s in stored:
+        before, after = s.get("before"), s.get("after")
+        if (s["direction"] == "up" and s.get("triage") in _STILL_OPEN
+                and isinstance(before, float) and isinstance(after, float)
+                and recovery.after <= before + RETURN_SHARE * (after - before)):
+            out.append(s)
+    return out

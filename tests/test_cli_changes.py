@@ -1,0 +1,156 @@
+"""`harness triage`, `harness detect` and `--fail-on regression` against triage, on real SQLite
+files and CSV files, through the CLI's entry point (in-process: `main` with an argv)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import regress, store
+from harness.cli import main
+from tests.test_regress import draw, nightly
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Exit code, stdout and stderr of `harness ARGS`."""
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+@pytest.fixture
+def stepped_db(tmp_path: Path) -> Path:
+    """8 nights of one series: 6 at one level, 2 at a 30% slower one (r07 confirms it)."""
+    path = tmp_path / "h.db"
+    conn = store.connect(path)
+    try:
+        nightly(conn, [1.0] * 6 + [1.3] * 2)
+    finally:
+        conn.close()
+    return path
+
+
+def test_triage_lists_marks_and_silences_a_regression(stepped_db, capsys):
+    db = ("--db", str(stepped_db))
+    code, out, _ = cli(capsys, "report", *db, "--out", str(stepped_db.parent / "site"),
+                       "--fail-on", "regression")
+    assert code == 3 and "1 untriaged regression(s)" in out
+    assert "[change point #1]" in " ".join(out.split())
+
+    code, out, _ = cli(capsys, "triage", *db)
+    assert code == 0
+    assert out.splitlines()[0].startswith("#1 untriaged slower w1 vendor.op[n=1024]@fast")
+    assert "from run r06" in out and "found by run r07" in out
+    assert "1 untriaged change point(s)" in out
+
+    code, out, _ = cli(capsys, "triage", "1", "expected", "--note", "new tiling", "--by", "ana",
+                       *db)
+    assert code == 0 and out.startswith("#1 expected slower") and "new tiling (ana)" in out
+    code, out, _ = cli(capsys, "triage", *db, "--json")
+    assert json.loads(out) == []
+    code, out, _ = cli(capsys, "triage", *db, "--all", "--json")
+    assert [(p["id"], p["triage"], p["triage_by"]) for p in json.loads(out)] == [
+        (1, "expected", "ana")]
+    # triaged: the same judgement passes, and the dashboard says so
+    code, out, _ = cli(capsys, "report", *db, "--out", str(stepped_db.parent / "site"),
+                       "--fail-on", "regression")
+    assert code == 0 and "0 untriaged regression(s)" in out
+    index = (stepped_db.parent / "site" / "index.html").read_text()
+    assert "t-expected" in index and "new tiling" in index
+    # and a mark can be taken back
+    code, out, _ = cli(capsys, "triage", "1", "clear", *db)
+    assert code == 0 and out.startswith("#1 untriaged")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("triage", "999", "invalid"), "no change point #999"),
+    (("triage", "1"), "say what change point #1 is"),
+])
+def test_triage_mistakes_are_one_line_and_exit_2(stepped_db, capsys, args, message):
+    code, out, err = cli(capsys, *args, "--db", str(stepped_db))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_triage_rejects_an_unknown_state(stepped_db, capsys):
+    code, _, err = cli(capsys, "triage", "1", "wontfix", "--db", str(stepped_db))
+    assert code == 2 and "wontfix" in err
+
+
+def test_detect_on_a_history_db_finds_the_step_where_it_started(stepped_db, capsys):
+    code, out, _ = cli(capsys, "detect", str(stepped_db), "--json")
+    assert code == 0
+    (found,) = json.loads(out)
+    assert (found["index"], found["run"], found["direction"]) == (6, "r06", "up")
+    assert found["series"].endswith(":w1:vendor.op[n=1024]@fast")
+    assert found["before"] == pytest.approx(np.median([np.median(draw(700 + i))
+                                                        for i in range(6)]))
+    assert 25 < found["change_pct"] < 35 and found["p_value"] < 1e-3
+
+
+def write_csv(path: Path, rows: list[str], header: str = "series,order,value,commit") -> Path:
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_detect_on_a_csv_with_samples_and_commits(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    rows = []
+    for run in range(30):  # orders as numbers: 10 sorts after 9, not after 1
+        level = 100.0 if run < 18 else 90.0
+        rows += [f"kernel,{run},{level * (1 + 0.01 * rng.standard_normal()):.4f},c{run:03d}"
+                 for _ in range(5)]
+    rows += [f"flat,{run},{50 + (run % 3) * 0.1}," for run in range(20)]
+    path = write_csv(tmp_path / "h.csv", rows)
+    code, out, _ = cli(capsys, "detect", str(path), "--json")
+    assert code == 0
+    (found,) = json.loads(out)
+    assert (found["series"], found["index"], found["commit"], found["direction"]) == (
+        "kernel", 18, "c018", "down")
+    assert -11 < found["change_pct"] < -9
+    code, out, _ = cli(capsys, "detect", str(path))
+    assert "kernel  index 18 (order 18 commit c018)" in out
+    assert "1 change point(s) in 2 series" in out
+    code, out, _ = cli(capsys, "detect", str(path), "--min-change", "15", "--json")
+    assert json.loads(out) == []
+
+
+@pytest.mark.parametrize("content, message", [
+    ("series,value\nk,1\n", "no column order in its header"),
+    ("series,order,value\nk,1,fast\n", "line 2: value 'fast' is not a number"),
+    ("series,order,value\n,1,3\n", "line 2: empty series or order"),
+])
+def test_detect_bad_csv_is_one_line_and_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    code, _, err = cli(capsys, "detect", str(path))
+    assert code == 2 and message in " ".join(err.split()) and len(err.strip().splitlines()) <= 2
+
+
+def test_detect_missing_file_is_exit_2(tmp_path, capsys):
+    code, _, err = cli(capsys, "detect", str(tmp_path / "nope.csv"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_detect_through_the_installed_command(tmp_path):
+    # the console script, once: the in-process tests above cover the rest
+    path = write_csv(tmp_path / "h.csv", [f"s,{i},{10.0 if i < 6 else 20.0}," for i in range(12)])
+    out = subprocess.run([sys.executable, "-m", "harness", "detect", str(path), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [d["index"] for d in json.loads(out.stdout)] == [6]
+
+
+def test_analysis_with_the_same_runs_twice_finds_the_same(stepped_db):
+    conn = store.connect(stepped_db)
+    try:
+        first = [f.to_dict() for f in regress.analyze_and_store(conn, "r07")]
+        again = [f.to_dict() for f in regress.analyze_and_store(conn, "r07")]
+        assert first == again and len(store.change_points(conn)) == 1
+    finally:
+        conn.close()
