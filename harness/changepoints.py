@@ -27,7 +27,7 @@ import numpy as np
 #: the shortest segment: one run alone is an outlier, not a level
 MIN_SIZE = 2
 #: a change point needs this p-value or less (see ``p_value``)
-ALPHA = 1e-3
+ALPHA = 0.01
 #: the runs on each side of a change point that its medians and p-value rest on (the nearest
 #: ones inside its two segments: a level long ago says little about the step itself)
 WINDOW = 30
@@ -94,6 +94,7 @@ def run_values(runs: Sequence[Sequence[float] | float]) -> np.ndarray:
 #: below this many runs the differences are centred on 0, not on their median: with a few
 #: differences one of them is the median itself, and the MAD of the rest is often near 0
 _CENTRED_FROM = 10
+_QUANTILE, _QUANTILE_OF_HALF_NORMAL = 0.25, 0.3186
 
 
 def noise_sigma(values: np.ndarray, floor: float = 0.0) -> float:
@@ -104,12 +105,17 @@ def noise_sigma(values: np.ndarray, floor: float = 0.0) -> float:
         return floor
     d = np.diff(values)
     centre = float(np.median(d)) if values.size >= _CENTRED_FROM else 0.0
-    return max(float(_MAD_TO_SIGMA * np.median(np.abs(d - centre)) / math.sqrt(2.0)), floor)
+    # the lower quartile of |d|: a spike moves two differences, and on a loaded machine a
+    # quarter of the runs can be spikes, which a median (MAD) does not survive; for normal
+    # noise, |d| is half-normal with scale sigma * sqrt(2), whose lower quartile is 0.3186 of it
+    q = float(np.quantile(np.abs(d - centre), _QUANTILE))
+    return max(q / (_QUANTILE_OF_HALF_NORMAL * math.sqrt(2.0)), floor)
 
 
 def sample_floor(runs: Sequence[Sequence[float] | float]) -> float:
     """The typical standard error of a run's median from its own samples (0 without samples):
-    1.2533 * sd / sqrt(n) for normally distributed samples."""
+    1.2533 * sigma / sqrt(n), sigma robust (1.4826 * MAD: one preempted sample must not make a
+    run look imprecise)."""
     errors = []
     for run in runs:
         if isinstance(run, (int, float)):
@@ -117,8 +123,43 @@ def sample_floor(runs: Sequence[Sequence[float] | float]) -> float:
         a = np.asarray(run, dtype=np.float64).reshape(-1)
         a = a[np.isfinite(a)]
         if a.size >= 2:
-            errors.append(1.2533 * float(np.std(a, ddof=1)) / math.sqrt(a.size))
+            spread = _MAD_TO_SIGMA * float(np.median(np.abs(a - np.median(a))))
+            errors.append(1.2533 * spread / math.sqrt(a.size))
     return float(np.median(errors)) if errors else 0.0
+
+
+#: a run this many sigmas off both its neighbours, the same way, and off the median of the
+#: _LOCAL runs around it, is a spike (see ``despike``)
+SPIKE_SIGMAS = 4.0
+_LOCAL = 7
+
+
+def despike(values: np.ndarray, sigma: float) -> np.ndarray:
+    """``values`` with every isolated spike (a run more than SPIKE_SIGMAS sigmas above or below
+    both neighbours) replaced by the mean of its neighbours, for the segmentation only: a
+    loaded machine makes single runs 50% slower, and least squares would pay a change point to
+    fit each. A step is never touched (the run after its first is at the new level too), nor
+    is the newest run (it has no neighbour after it: ``newest_outlier`` judges it)."""
+    if values.size < 3 or sigma <= 0:
+        return values
+    x = values.copy()
+    reach = SPIKE_SIGMAS * sigma
+    left, mid, right = values[:-2], values[1:-1], values[2:]
+    up = (mid - left > reach) & (mid - right > reach)
+    down = (left - mid > reach) & (right - mid > reach)
+    # and off the local level too: an ordinary run between two spikes is off both of its
+    # neighbours as well, but not off the median of the runs around it
+    half = _LOCAL // 2
+    padded = np.pad(values, half, mode="edge")
+    local = np.median(np.lib.stride_tricks.sliding_window_view(padded, _LOCAL), axis=1)
+    off = np.abs(mid - local[1:-1]) > reach
+    spikes = np.flatnonzero((up | down) & off) + 1
+    x[spikes] = (values[spikes - 1] + values[spikes + 1]) / 2.0
+    # the two ends have one neighbour: whether they are spikes is not known, but each is held
+    # within SPIKE_SIGMAS of it, so that one wild run cannot move where a boundary falls
+    x[0] = min(max(x[0], x[1] - reach), x[1] + reach)
+    x[-1] = min(max(x[-1], x[-2] - reach), x[-2] + reach)
+    return x
 
 
 #: the penalty of a change point in ``segment``, in units of sigma^2 * log(n) (BIC's is 2)
@@ -158,26 +199,42 @@ def segment(values: np.ndarray, sigma: float, penalty: float = PENALTY) -> list[
 
 
 def p_value(before: np.ndarray, after: np.ndarray, sigma: float) -> float:
-    """Two-sided p-value of a level change between two stretches of runs, by a t-test whose
-    noise is the series' run-to-run sigma (``noise_sigma``, from every run) rather than the two
-    stretches' own spread: right after a change the new stretch holds two or three runs, too
-    few to estimate a spread, yet a step of many sigmas is certain."""
+    """Two-sided p-value of a level change between two stretches of runs: the difference of
+    their medians against its standard error, 1.2533 * sigma * sqrt(1/n1 + 1/n2) (a median's,
+    for normal noise), with sigma the series' run-to-run noise (``noise_sigma``, from every
+    run) rather than the two stretches' own spread: right after a change the new stretch holds
+    two or three runs, too few to estimate a spread, yet a step of many sigmas is certain.
+    Medians, not means: a slow spike beside a change must not move it. Student's t with
+    n1 + n2 - 2 degrees of freedom."""
     from scipy.stats import t as student_t
 
     if before.size == 0 or after.size == 0:
         return 1.0
-    diff = abs(float(np.mean(after)) - float(np.mean(before)))
+    diff = abs(float(np.median(after)) - float(np.median(before)))
     if diff == 0.0:
         return 1.0
     if sigma <= 0.0:
         return 0.0
-    t = diff / (sigma * math.sqrt(1.0 / before.size + 1.0 / after.size))
+    t = diff / (1.2533 * sigma * math.sqrt(1.0 / before.size + 1.0 / after.size))
     df = max(before.size + after.size - 2, 1)
     return float(2.0 * student_t.sf(t, df))
 
 
+def log_runs(runs: Sequence[Sequence[float] | float]) -> list[np.ndarray | float]:
+    """``runs`` in natural log (a value of 0 or less becomes nan: dropped like a missing one).
+    Timings vary by ratio: a kernel 100x slower is also noisier by 100x in nanoseconds, but
+    not in log, where one sigma fits the whole series."""
+    out: list[np.ndarray | float] = []
+    for run in runs:
+        a = np.asarray(run, dtype=np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logged = np.where(a > 0, np.log(np.where(a > 0, a, 1.0)), math.nan)
+        out.append(float(logged) if logged.ndim == 0 else logged.reshape(-1))
+    return out
+
+
 def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
-         alpha: float = ALPHA) -> list[ChangePoint]:
+         alpha: float = ALPHA, log: bool = False) -> list[ChangePoint]:
     """The change points of a series of runs (oldest first), both directions.
 
     ``segment`` proposes boundaries; each must then hold up against its two neighbouring
@@ -185,14 +242,19 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     moved by at least ``min_change_pct`` percent (practical significance; 0 keeps any), and at
     least MIN_SIZE runs on each side nearer their own side's median than the other's (so one odd
     run beside a boundary cannot carry it). The weakest boundary that fails is dropped, its two
-    segments merge, and the rest are judged again, until all hold."""
-    raw = run_values(runs)
+    segments merge, and the rest are judged again, until all hold.
+
+    ``log``: analyse the logs of the values (``log_runs``; for timings), report the medians
+    in the values' own units."""
+    shown, raw, floor = _prepared(runs, log)
     keep = np.flatnonzero(np.isfinite(raw))  # runs without a value drop out, positions kept
-    values = raw[keep]
-    sigma = noise_sigma(values, sample_floor(runs))
-    bounds = segment(values, sigma)
+    values, shown = raw[keep], shown[keep]
+    sigma = noise_sigma(values, floor)
+    # spikes inflate the differences' spread too: estimate again without them
+    sigma = noise_sigma(despike(values, sigma), floor)
+    bounds = segment(despike(values, sigma), sigma)
     while True:
-        judged = [_judge(values, bounds, j, sigma) for j in range(len(bounds))]
+        judged = [_judge(values, shown, bounds, j, sigma) for j in range(len(bounds))]
         failing = [(badness, j) for j, (_, badness) in enumerate(judged)
                    if badness > alpha or (min_change_pct > 0 and not
                                           abs(judged[j][0].change_pct) >= min_change_pct)]
@@ -202,19 +264,35 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     return [dataclasses.replace(cp, index=int(keep[cp.index])) for cp, _ in judged]
 
 
-def _judge(values: np.ndarray, bounds: list[int], j: int,
+def _change_pct(before: float, after: float) -> float:
+    return 100.0 * (after - before) / abs(before) if before != 0 else math.nan
+
+
+def _prepared(runs: Sequence[Sequence[float] | float],
+              log: bool) -> tuple[np.ndarray, np.ndarray, float]:
+    """(each run's value in its own units, the values analysed, ``sample_floor`` of them)."""
+    shown = run_values(runs)
+    if not log:
+        return shown, shown, sample_floor(runs)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = np.where(shown > 0, np.log(np.where(shown > 0, shown, 1.0)), math.nan)
+    return shown, values, sample_floor(log_runs(runs))
+
+
+def _judge(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int,
            sigma: float) -> tuple[ChangePoint, float]:
     """Boundary ``j`` as a ChangePoint, and how badly it fails: its p-value, or 2.0 when one
     side has fewer than MIN_SIZE runs nearer its own median."""
     edges = [0, *bounds, values.size]
     b = bounds[j]
-    left = values[max(edges[j], b - WINDOW):b]
-    right = values[b:min(edges[j + 2], b + WINDOW)]
+    lo, hi = max(edges[j], b - WINDOW), min(edges[j + 2], b + WINDOW)
+    left, right = values[lo:b], values[b:hi]
     before, after = float(np.median(left)), float(np.median(right))
-    change = 100.0 * (after - before) / abs(before) if before != 0 else math.nan
     p = p_value(left, right, sigma)
-    cp = ChangePoint(index=b, before=before, after=after, change_pct=change, p_value=p,
-                     n_before=int(left.size), n_after=int(right.size))
+    # the medians in the values' own units (in log, an even count's would be a geometric mean)
+    level = (float(np.median(shown[lo:b])), float(np.median(shown[b:hi])))
+    cp = ChangePoint(index=b, before=level[0], after=level[1], change_pct=_change_pct(*level),
+                     p_value=p, n_before=int(left.size), n_after=int(right.size))
     nearer_after = np.abs(right - after) < np.abs(right - before)
     nearer_before = np.abs(left - before) < np.abs(left - after)
     if int(nearer_after.sum()) < MIN_SIZE or int(nearer_before.sum()) < MIN_SIZE:
@@ -238,26 +316,28 @@ class Outlier:
 
 
 def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
-                   alpha: float = ALPHA) -> Outlier | None:
+                   alpha: float = ALPHA, log: bool = False) -> Outlier | None:
     """Whether the newest run left the level of the runs since the last change point before it:
     the same p-value as ``find`` (one run against the level, the series' run-to-run sigma) and
     the same ``min_change_pct``; where both sides have raw samples, a one-sided Mann-Whitney U
     test of the newest run's samples against the level's 5 newest runs must agree too (a run
-    whose median moved but whose samples overlap the level's is noise)."""
-    raw = run_values(runs)
+    whose median moved but whose samples overlap the level's is noise). ``log`` as in
+    ``find``."""
+    shown, raw, floor = _prepared(runs, log)
     keep = np.flatnonzero(np.isfinite(raw))
     if keep.size < MIN_SIZE + 1 or keep[-1] != len(runs) - 1:
         return None
-    values = raw[keep]
+    values, shown = raw[keep], shown[keep]
     earlier = values[:-1]
     bounds = [b.index for b in find([float(v) for v in earlier], alpha=alpha)]
     start = bounds[-1] if bounds else 0
     level_runs = earlier[start:][-WINDOW:]
     if level_runs.size < MIN_SIZE:
         return None
-    level, value = float(np.median(level_runs)), float(values[-1])
-    change = 100.0 * (value - level) / abs(level) if level != 0 else math.nan
-    p = p_value(level_runs, values[-1:], noise_sigma(values, sample_floor(runs)))
+    level, value = float(np.median(shown[:-1][start:][-WINDOW:])), float(shown[-1])
+    change = _change_pct(level, value)
+    sigma = noise_sigma(despike(values, noise_sigma(values, floor)), floor)
+    p = p_value(level_runs, values[-1:], sigma)
     if p > alpha or (min_change_pct > 0 and not abs(change) >= min_change_pct):
         return None
     newest = runs[-1]

@@ -2,7 +2,8 @@
 
 Each analysis of a run looks at its series' recent history (``changepoints.find``) and matches
 what it finds with the change points stored for the series: one found again (the same
-direction, within MATCH_RUNS runs of where it was) is the same change, its figures refreshed;
+direction, within MATCH_RUNS runs of where it was first found, which it keeps) is the same
+change, its figures refreshed;
 one found for the first time is new, and only a new one becomes a finding of the run (so a
 step is reported once, by the run that confirmed it, and not again every night after). A stored
 one the analysis no longer finds, though its runs are in view, is "withdrawn"; found again, it
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.changepoints import ChangePoint
+from harness.changepoints import ChangePoint, Outlier, find, newest_outlier
 
 #: a change point found again this many runs or fewer from where it was is the same one
 MATCH_RUNS = 3
@@ -80,12 +81,16 @@ def reconcile(stored: Sequence[dict[str, Any]], found: Sequence[ChangePoint],
 
 def _nearest(candidates: Sequence[dict[str, Any]], cp: ChangePoint, position: dict[str, int],
              taken: set[int]) -> dict[str, Any] | None:
+    """The stored change point ``cp`` is: the same direction and the nearest within
+    MATCH_RUNS runs of where it was first found (within one run for a withdrawn one: it is
+    coming back, not a new step nearby)."""
     best, best_distance = None, MATCH_RUNS + 1
     for s in candidates:
         pos = position.get(s["run_id"])
         if s["id"] in taken or pos is None or s["direction"] != cp.direction:
             continue
-        if abs(pos - cp.index) < best_distance:
+        reach = MATCH_RUNS if s["state"] == "open" else 1
+        if abs(pos - cp.index) <= reach and abs(pos - cp.index) < best_distance:
             best, best_distance = s, abs(pos - cp.index)
     return best
 
@@ -104,3 +109,39 @@ def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint) -> list[di
                 and recovery.after <= before + RETURN_SHARE * (after - before)):
             out.append(s)
     return out
+
+
+@dataclass
+class SeriesVerdict:
+    """One analysis of a series at its newest run."""
+
+    found: list[ChangePoint]
+    reconciled: Reconciled
+    #: the newest run alone off the current level (None when it confirmed a new level)
+    outlier: Outlier | None
+    #: stored ids of matched change points that reach the threshold now and were never
+    #: reported by an earlier run (found small, they grew: reported once, now)
+    grown: list[int] = field(default_factory=list)
+
+
+def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str],
+                 stored: Sequence[dict[str, Any]], analysed_started_at: float, *,
+                 min_change_pct: float, threshold_pct: float,
+                 log: bool = False) -> SeriesVerdict:
+    """The analysis of a series at its newest run (``runs`` and ``run_ids`` oldest first, the
+    analysed run last): its change points (``find``, at least ``min_change_pct``), matched with
+    the ``stored`` ones, and whether the newest run alone left the level by ``threshold_pct``
+    or more (``log``: in the logs of the values, as for timings). The one rule ``harness run``
+    applies and benchmarks/regression_detection.py replays."""
+    found = find(runs, min_change_pct=min_change_pct, log=log)
+    rec = reconcile(stored, found, run_ids, run_ids[-1], analysed_started_at)
+    # a change point at the previous run was confirmed by the newest: it is no outlier
+    confirmed = any(cp.index == len(runs) - 2 for cp in found)
+    outlier = None if confirmed else newest_outlier(runs, min_change_pct=threshold_pct,
+                                                          log=log)
+    by_id = {s["id"]: s for s in stored}
+    grown = [cp_id for cp_id, cp in rec.matched.items()
+             if abs(cp.change_pct) >= threshold_pct
+             and not (by_id[cp_id].get("reported_at") is not None
+                      and by_id[cp_id]["reported_at"] < analysed_started_at)]
+    return SeriesVerdict(found, rec, outlier, grown)

@@ -196,28 +196,35 @@ def read_db(path: Path) -> dict[str, list[tuple[str, list[float], str | None]]]:
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--min-change", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Report only changes of at least this many percent.")
+@click.option("--log/--linear", "log", default=None,
+              help="Analyse the logs of the values (for data that varies by ratio, such as "
+                   "timings) or the values.  [default: --log for a history DB, --linear for "
+                   "a CSV]")
 @click.option("--json", "as_json", is_flag=True,
               help="A JSON list of {series, index, run or commit, before, after, change_pct, "
                    "p_value, direction}.")
 @click.pass_context
-def detect(ctx: click.Context, path: Path, min_change: float, as_json: bool) -> None:
+def detect(ctx: click.Context, path: Path, min_change: float, log: bool | None,
+           as_json: bool) -> None:
     """The change points of every series in PATH, both directions.
 
     PATH is a history DB, or a CSV with the columns series,order,value[,commit]: one row per
     run, or several rows with the same series and order for the samples of one run. `index`
     is the 0-based position, in the series' order, of the first run at the new level.
     """
-    from harness import changepoints
+    from harness import changepoints, regress
 
     if not path.is_file():
         raise HarnessExit(f"{path} does not exist: give a history DB or a CSV with the columns "
                           "series,order,value[,commit]", EXIT_USAGE)
     from_db = _is_sqlite(path)
     series = read_db(path) if from_db else read_csv(path)
+    if log is None:  # a history holds timings, analysed as `harness run` does
+        log = regress.TIMINGS_IN_LOG if from_db else False
     found = []
     for name, runs in series.items():
         for cp in changepoints.find([values for _, values, _ in runs],
-                                    min_change_pct=min_change):
+                                    min_change_pct=min_change, log=log):
             order, _, commit = runs[cp.index]
             d = {"series": name, "index": cp.index}
             if from_db:

@@ -41,6 +41,8 @@ HISTORY_RUNS = 100
 #: change points smaller than this (percent) are not kept (Perfherder's floor); the op's
 #: threshold decides which kept ones are findings
 MIN_CHANGE_PCT = 2.0
+#: timings are analysed in log: they vary by ratio (see ``changepoints.log_runs``)
+TIMINGS_IN_LOG = True
 DRIFT_FACTOR = 10.0
 DEFAULT_THRESHOLD = 0.05
 
@@ -491,14 +493,24 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
     """Change points and a suspicious newest run of ``cur``'s timing series (``earlier``:
     its earlier runs, oldest first), into ``out``."""
     series = [*earlier, cur]
-    runs = [_samples(p) for p in series]
-    found = changepoints.find(runs, min_change_pct=MIN_CHANGE_PCT)
     stored = store.series_change_points(conn, out.machine_fingerprint, cur.case_id, cur.impl,
                                         cur.world_size, timing_label(cur))
-    rec = changes.reconcile(stored, found, [p.run_id for p in series], run.run_id,
-                            float(run.started_at or 0.0))
-    for cp_id, cp in rec.matched.items():
-        out.updates.append((cp_id, _point_columns(conn, cp, series)))
+    verdict = changes.judge_series([_samples(p) for p in series], [p.run_id for p in series],
+                                   stored, float(run.started_at or 0.0),
+                                   min_change_pct=MIN_CHANGE_PCT, threshold_pct=100 * threshold,
+                                   log=TIMINGS_IN_LOG)
+    rec = verdict.reconciled
+    by_id = {s["id"]: s for s in stored}
+    position = {p.run_id: i for i, p in enumerate(series)}
+    for cp_id, cp in rec.matched.items():  # where it starts stays where it was first found
+        columns = _point_columns(conn, cp, series)
+        out.updates.append((cp_id, {k: v for k, v in columns.items()
+                                    if k not in ("run_id", "git_commit")}))
+        if cp_id in verdict.grown:
+            first = by_id[cp_id]["run_id"]
+            out.findings.append(_change_finding(
+                cur, series[position.get(first, cp.index)], cp, cp_id,
+                by_id[cp_id]["git_commit"]))
     out.updates.extend((cp_id, {"state": "withdrawn"}) for cp_id in rec.withdrawn)
     own = {i: cp_id for cp_id, i in rec.refound.items()}
     for i, cp in enumerate(rec.new):
@@ -519,9 +531,7 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
                 "triage": "fixed", "triage_by": "harness", "triaged_at": time.time(),
                 "triage_note": f"back to {_fmt_time(cp.after)} from run "
                                f"{_short(series[cp.index].run_id)}"}))
-    if any(cp.index == len(series) - 2 for cp in found):
-        return  # the newest run confirmed a new level: it is not an outlier of the old one
-    outlier = changepoints.newest_outlier(runs, min_change_pct=100.0 * threshold)
+    outlier = verdict.outlier
     if outlier is not None and outlier.direction == "up":
         out.findings.append(_finding(
             "suspicious", cur, "median_ns",

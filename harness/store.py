@@ -240,6 +240,7 @@ def _add_change_points_v4(conn: sqlite3.Connection) -> None:
         """,
         "CREATE INDEX change_points_series ON change_points(case_id, impl, world_size)",
         "ALTER TABLE findings ADD COLUMN change_point_id INTEGER",
+        "CREATE INDEX findings_change_point ON findings(change_point_id)",
         "UPDATE runs SET analyzed_at = NULL",
     ]
     for sql in statements:
@@ -905,8 +906,12 @@ TRIAGE_STATES = ("acknowledged", "expected", "invalid", "fixed")
 #: the columns a change point's analysis writes (the rest is its identity and its triage)
 CHANGE_POINT_STATS = ("run_id", "git_commit", "direction", "before", "after", "change_pct",
                       "p_value", "n_before", "n_after", "state")
+# reported_at: when the first run whose findings report it started (NULL: never reported, as
+# a change smaller than its op's threshold is not, until it grows)
 _CP_SELECT = ("SELECT cp.*, m.fingerprint AS machine_fingerprint, r.started_at AS run_started_at, "
-              "f.started_at AS found_started_at "
+              "f.started_at AS found_started_at, (SELECT min(fr.started_at) FROM findings x "
+              "JOIN runs fr ON fr.run_id = x.run_id WHERE x.change_point_id = cp.id) "
+              "AS reported_at "
               "FROM change_points cp JOIN machines m ON m.id = cp.machine_id "
               "JOIN runs r ON r.run_id = cp.run_id JOIN runs f ON f.run_id = cp.found_in_run")
 

@@ -341,13 +341,13 @@ def test_a_short_history_needs_the_new_level_twice(tmp_path):
 
 
 def test_analyze_history_runs_limits_the_history(tmp_path):
-    # 10 runs that swung +-40% between runs, then 6 quiet ones: the swings make a 30% spike
+    # 24 runs that swung +-40% between runs, then 6 quiet ones: the swings make a 30% spike
     # ordinary unless the history in view leaves them out
-    old = [0.6, 1.4] * 5
+    old = [0.6, 1.4] * 12
     conn = series_db(tmp_path, old + [1.0] * 6 + [1.3])
     try:
-        assert regress.analyze_run(conn, "r16", history_runs=30) == []
-        assert kinds(regress.analyze_run(conn, "r16", history_runs=6)) == ["suspicious"]
+        assert regress.analyze_run(conn, "r30", history_runs=30) == []
+        assert kinds(regress.analyze_run(conn, "r30", history_runs=6)) == ["suspicious"]
     finally:
         conn.close()
 
@@ -455,6 +455,22 @@ def test_a_held_step_is_reported_once_and_a_return_marks_it_fixed(tmp_path):
         step = store.get_change_point(conn, point["id"])
         assert step["triage"] == "fixed" and step["triage_by"] == "harness"
         assert "back to" in step["triage_note"] and "r22" in step["triage_note"]
+    finally:
+        conn.close()
+
+
+def test_a_change_found_below_the_threshold_is_reported_once_when_it_grows(tmp_path):
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        # +4.5% for two runs: a change point (over the 2% floor) but no finding (under the 5%
+        # threshold); the new level then settles at +6%: the same change point, now over the
+        # threshold, is reported, once
+        seen = nightly(conn, [1.0] * 12 + [1.045] * 2 + [1.06] * 4)
+        assert [i for i, k in enumerate(seen) if k] == [15]
+        (point,) = store.change_points(conn)
+        assert (point["run_id"], point["found_in_run"]) == ("r12", "r13")
+        (f,) = store.stored_findings(conn, "r15")
+        assert f["kind"] == "regression" and f["change_point_id"] == point["id"]
     finally:
         conn.close()
 

@@ -1,0 +1,134 @@
+"""The change point analysis as pure functions of numbers (harness/changepoints.py)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from harness import changepoints as cp
+
+
+def noise(seed: int, n: int, sigma: float = 1.0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0.0, sigma, n)
+
+
+def brute_force_segment(values: np.ndarray, pen: float) -> list[int]:
+    """Every partition into stretches of at least MIN_SIZE, the cheapest by least squares plus
+    ``pen`` per cut: the definition ``segment`` must meet, by enumeration."""
+    n = values.size
+    best, best_cuts = math.inf, []
+    for k in range(0, n // cp.MIN_SIZE):
+        for cuts in itertools.combinations(range(cp.MIN_SIZE, n - cp.MIN_SIZE + 1), k):
+            edges = [0, *cuts, n]
+            if any(b - a < cp.MIN_SIZE for a, b in itertools.pairwise(edges)):
+                continue
+            cost = sum(float(np.sum((values[a:b] - values[a:b].mean()) ** 2))
+                       for a, b in itertools.pairwise(edges)) + pen * k
+            if cost < best - 1e-9:
+                best, best_cuts = cost, list(cuts)
+    return best_cuts
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_segment_is_the_exact_optimum(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(4, 11))
+    values = rng.normal(0, 1, n) + np.repeat(rng.normal(0, 3, 3), -(-n // 3))[:n]
+    sigma, penalty = 1.0, float(rng.uniform(0.2, 3.0))
+    expected = brute_force_segment(values, penalty * sigma ** 2 * math.log(n))
+    assert cp.segment(values, sigma, penalty) == expected
+
+
+def test_a_step_is_found_once_where_it_starts_in_both_directions():
+    values = np.concatenate([100 + noise(1, 20), 110 + noise(2, 15), 104 + noise(3, 15)])
+    found = cp.find(list(values))
+    assert [(c.index, c.direction) for c in found] == [(20, "up"), (35, "down")]
+    first = found[0]
+    assert first.before == pytest.approx(100, abs=1) and first.after == pytest.approx(110, abs=1)
+    assert first.change_pct == pytest.approx(10, abs=1.2) and first.p_value < 1e-6
+    assert (first.n_before, first.n_after) == (20, 15)
+
+
+def test_pure_noise_rarely_has_a_change_point():
+    with_one = sum(bool(cp.find(list(100 + noise(seed, 40)))) for seed in range(200))
+    # several cuts are tried per series, each at p <= 0.01: at most 1 series in 10
+    assert with_one <= 20
+
+
+def test_one_odd_run_is_never_a_change_point_and_the_newest_alone_is_an_outlier():
+    values = list(100 + noise(4, 30))
+    spiked = values[:15] + [150.0] + values[16:]
+    assert cp.find(spiked) == []
+    assert cp.find(values + [150.0]) == []
+    out = cp.newest_outlier(values + [150.0])
+    assert out is not None and out.direction == "up" and out.level == pytest.approx(100, abs=1)
+    assert cp.newest_outlier(values + [100.5]) is None
+    # two runs at the new level: now it is a change point, at the first of them
+    assert [c.index for c in cp.find(values + [150.0, 151.0])] == [30]
+
+
+def test_an_ordinary_run_between_two_spikes_is_not_a_spike():
+    values = np.array([1.0, 1.01, 0.99, 1.5, 1.0, 1.5, 1.0, 0.99, 1.01])
+    cleaned = cp.despike(values, 0.01)
+    assert cleaned[4] == 1.0  # off both neighbours, but not off the runs around it
+    assert cleaned[3] == pytest.approx(0.995) and cleaned[5] == pytest.approx(1.0)
+
+
+def test_min_change_pct_keeps_the_practically_significant_ones():
+    values = list(np.concatenate([1000 + noise(5, 30, 0.5), 1010 + noise(6, 30, 0.5)]))
+    assert [c.index for c in cp.find(values)] == [30]  # 1%, and significant
+    assert cp.find(values, min_change_pct=2.0) == []
+
+
+def test_samples_of_a_run_give_its_value_and_a_floor_on_the_noise():
+    rng = np.random.default_rng(7)
+    runs = [list(rng.normal(level, 5.0, 25)) for level in [100.0] * 10 + [104.0] * 10]
+    # the run medians alone are as precise as the samples allow: 1.2533 * 5 / 5 = 1.25
+    assert cp.sample_floor(runs) == pytest.approx(1.25, rel=0.35)
+    assert [c.index for c in cp.find(runs)] == [10]
+    assert cp.run_values([[1.0, 2.0, 9.0], 4.0, [], [math.nan, 3.0]])[:2].tolist() == [2.0, 4.0]
+
+
+def test_log_scale_sees_a_step_of_a_kernel_that_became_far_slower_and_noisier():
+    rng = np.random.default_rng(8)
+    fast = rng.normal(5_000, 100, 3)  # a few microseconds, 2% noise
+    slow = rng.normal(2_000_000, 100_000, 2)  # 400x slower, noise 1000x larger in ns
+    runs = list(np.concatenate([fast, slow]))
+    found = cp.find(runs, log=True)
+    assert [c.index for c in found] == [3]
+    # the medians are the runs' own, in nanoseconds
+    assert found[0].before == pytest.approx(float(np.median(fast)))
+    assert found[0].after == pytest.approx(float(np.median(slow)))
+    # a value of 0 or less has no log: that run drops out, positions kept
+    assert [c.index for c in cp.find([0.0, *runs], log=True)] == [4]
+
+
+def test_noise_sigma_is_robust_to_a_step_and_to_spikes():
+    values = 100 + noise(9, 400, 2.0)
+    assert cp.noise_sigma(values) == pytest.approx(2.0, rel=0.15)
+    stepped = values + np.where(np.arange(400) >= 200, 30.0, 0.0)
+    spiky = values.copy()
+    spiky[::4] += 50.0  # a quarter of the runs slow
+    assert cp.noise_sigma(stepped) == pytest.approx(2.0, rel=0.15)
+    assert cp.noise_sigma(spiky) < 4.0
+    assert cp.noise_sigma(values, floor=5.0) == 5.0
+
+
+def test_p_value_of_the_median_difference():
+    a, b = np.array([1.0, 1.0, 1.0, 1.0]), np.array([1.0, 1.0])
+    assert cp.p_value(a, b, 0.1) == 1.0
+    # t = 1 / (1.2533 * 0.1 * sqrt(1/4 + 1/2)) = 9.2 with 4 degrees of freedom: p = 7.7e-4
+    p = cp.p_value(a, b + 1.0, 0.1)
+    assert p == pytest.approx(cp.p_value(b + 1.0, a, 0.1)) and p == pytest.approx(7.7e-4, rel=0.05)
+    assert cp.p_value(a, b + 0.05, 0.1) > 0.5
+    assert cp.p_value(np.array([]), b, 0.1) == 1.0
+
+
+def test_to_dict_is_strict_json():
+    point = cp.ChangePoint(index=3, before=0.0, after=1.0, change_pct=math.nan, p_value=0.001,
+                           n_before=3, n_after=2)
+    d = point.to_dict()
+    assert d["change_pct"] is None and d["direction"] == "up" and d["index"] == 3
