@@ -75,8 +75,9 @@ def _summary(out: subprocess.CompletedProcess[str]) -> str:
               help="History DB the demo fills (its own, not your real history).")
 @click.option("--out", "out_dir", default="harness-results/demo/site", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="Where the site goes.")
-@click.option("--nights", default=6, show_default=True, type=click.IntRange(3, 50),
-              help="Runs of the selection to make (the last two plant the slowdown).")
+@click.option("--nights", default=6, show_default=True, type=click.IntRange(5, 50),
+              help="Runs of the selection to make: the last two plant the slowdown, "
+                   "and at least three before them set the level it leaves.")
 @click.option("--world-sizes", default="1,4", show_default=True)
 @click.option("--quick", is_flag=True,
               help="Fewer cases (about a minute on 2 cores): what the browser test runs.")

@@ -48,10 +48,11 @@ def _chromium() -> str:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """A quick demo history (3 nights of real runs; the selection at world size 4 only, which
-    still draws busbw, to spare CI a minute) and its rendered site."""
+    """A quick demo history (5 nights of real runs: three at the old level and two at the
+    new, so that the change point rests on enough runs to be significant; the selection at
+    world size 4 only, which still draws busbw, to spare CI a minute) and its rendered site."""
     tmp = tmp_path_factory.mktemp("demo")
-    out = harness(tmp, "demo", "--quick", "--nights", "3", "--world-sizes", "4",
+    out = harness(tmp, "demo", "--quick", "--nights", "5", "--world-sizes", "4",
                   "--db", str(tmp / "demo.db"), "--out", str(tmp / "site"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return tmp, out
@@ -128,7 +129,7 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
     tmp, out = demo
     db = tmp / "demo.db"
     runs = sql(db, "SELECT run_id, argv FROM runs ORDER BY started_at")
-    assert len(runs) == 6  # 3 nights x (the selection, the kernel under development)
+    assert len(runs) == 10  # 5 nights x (the selection, the kernel under development)
     kernel = "suites._demo:copy_under_development"
     rows = sql(db, "SELECT r.run_id, r.case_id, r.status, r.median_ns FROM results r "
                    "JOIN runs USING (run_id) WHERE r.impl = ? ORDER BY runs.started_at", kernel)
@@ -137,14 +138,20 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
         by_case.setdefault(r["case_id"], []).append(r)
     step = next(v for k, v in by_case.items() if "view=step" in k)
     contiguous = next(v for k, v in by_case.items() if "view=contiguous" in k)
-    # the slowdown: 2 ms planted on nights 2 and 3 of a copy that takes microseconds
-    assert step[1]["median_ns"] > step[0]["median_ns"] + 1.5e6
-    assert [r["status"] for r in step] == ["pass"] * 3
-    assert [r["status"] for r in contiguous] == ["pass", "pass", "fail"]  # the tail bug
-    findings = sql(db, "SELECT run_id, kind, case_id FROM findings WHERE impl = ?", kernel)
-    assert ("regression", step[1]["case_id"]) in {(f["kind"], f["case_id"]) for f in findings}
-    assert ("new_failure", contiguous[2]["case_id"]) in {(f["kind"], f["case_id"])
-                                                         for f in findings}
+    # the slowdown: 2 ms planted on nights 4 and 5 of a copy that takes microseconds
+    assert step[3]["median_ns"] > max(r["median_ns"] for r in step[:3]) + 1.5e6
+    assert [r["status"] for r in step] == ["pass"] * 5
+    assert [r["status"] for r in contiguous] == ["pass"] * 4 + ["fail"]  # the tail bug
+    findings = {(f["run_id"], f["kind"], f["case_id"]) for f in sql(
+        db, "SELECT run_id, kind, case_id FROM findings WHERE impl = ?", kernel)}
+    # found once, by night 5 that confirmed it, at night 4 where it began
+    assert {f for f in findings if f[1] == "regression"} == {
+        (step[4]["run_id"], "regression", step[3]["case_id"])}
+    points = sql(db, "SELECT run_id, found_in_run, direction, state, triage FROM change_points "
+                     "WHERE impl = ?", kernel)
+    assert points == [{"run_id": step[3]["run_id"], "found_in_run": step[4]["run_id"],
+                       "direction": "up", "state": "open", "triage": None}]
+    assert (contiguous[4]["run_id"], "new_failure", contiguous[4]["case_id"]) in findings
     assert "site: " in out.stdout and (tmp / "site" / "index.html").is_file()
 
 
@@ -194,8 +201,9 @@ def test_op_pages_draw_every_chart_with_the_db_numbers_and_markers(demo, browser
         line = next(t for t in fig["data"]
                     if (t["name"] or "").endswith("w1") and t["yaxis"] == "y")
         assert line["y"] == pytest.approx(medians, rel=1e-12)
-        # the regression found on night 2 is marked on the latency trend
-        assert any(t["symbol"] == "triangle-up" for t in fig["data"])
+        # the regression is marked on the latency trend, once, at night 4 where it began
+        [mark] = [t for t in fig["data"] if t["symbol"] == ["triangle-up"]]
+        assert mark["y"] == pytest.approx([medians[3]], rel=1e-12)
         page.shot("dashboard-op-strided_copy.png")
         assert page.problems == []
 
@@ -294,22 +302,36 @@ def test_a_case_name_with_html_stays_text_on_every_page(demo, browser, tmp_path)
             assert page.problems == [], (path, page.problems)
 
 
-def test_report_judges_the_runs_it_is_told_for_ci(demo, tmp_path):
+def test_report_judges_the_runs_it_is_told_for_ci_and_triage_silences(demo, tmp_path):
     tmp, _ = demo
-    db = tmp / "demo.db"
+    db = tmp_path / "demo.db"  # a copy: triage writes to it
+    shutil.copyfile(tmp / "demo.db", db)
     kernel_runs = [r["run_id"] for r in sql(
         db, "SELECT DISTINCT run_id FROM results JOIN runs USING (run_id) WHERE impl = ? "
             "ORDER BY runs.started_at", "suites._demo:copy_under_development")]
-    slow_night = kernel_runs[1]  # slower, still correct: a confirmed regression
 
     def report(*args):
         return harness(tmp_path, "report", "--db", str(db), "--out", str(tmp_path / "s"), *args)
 
-    slow = report("--run", slow_night[:8], "--fail-on", "regression")
-    assert slow.returncode == 3 and "REGRESSION w1 strided_copy[" in slow.stdout
-    # default: the newest run of each machine, whose tail bug fails; correctness beats speed
+    # night 4, the first slow one, is not judged a regression alone: night 5 confirms it
+    first_slow = report("--run", kernel_runs[3][:8], "--fail-on", "regression")
+    assert first_slow.returncode == 0 and "0 untriaged regression(s)" in first_slow.stdout
+    # default: the newest run of each machine; its tail bug fails (correctness beats speed)
+    # and its regression is reported beside it
     newest = report("--fail-on", "regression")
     assert newest.returncode == 1 and "FAIL w1 strided_copy[" in newest.stdout
+    assert "REGRESSION w1 strided_copy[" in newest.stdout
+    assert "1 untriaged regression(s)" in newest.stdout
+    # the reader triages it: no longer counted, and the dashboard shows the mark
+    listed = harness(tmp_path, "triage", "--db", str(db), "--json")
+    [point] = json.loads(listed.stdout)
+    marked = harness(tmp_path, "triage", str(point["id"]), "acknowledged", "--note",
+                     "planted by the demo", "--db", str(db))
+    assert marked.returncode == 0, marked.stdout + marked.stderr
+    after = report("--fail-on", "regression")
+    assert after.returncode == 1 and "0 untriaged regression(s)" in after.stdout
+    index = (tmp_path / "s" / "index.html").read_text()
+    assert "acknowledged" in index and "planted by the demo" in index
     bad = report("--run", "zzzz", "--fail-on", "failure")
     assert bad.returncode == 2 and "unknown run id 'zzzz'" in bad.stderr
 
