@@ -67,6 +67,11 @@ def resolve_db_path(cli_value: str | None) -> Path:
 # --------------------------------------------------------------------------- schema
 
 
+def _execute_all(conn: sqlite3.Connection, statements: list[str]) -> None:
+    for sql in statements:
+        conn.execute(sql)
+
+
 def _create_v1(conn: sqlite3.Connection) -> None:
     # One execute per statement: executescript() would COMMIT the migration transaction.
     statements = [
@@ -149,8 +154,7 @@ def _create_v1(conn: sqlite3.Connection) -> None:
         "CREATE INDEX results_run ON results(run_id)",
         "CREATE INDEX runs_machine_started ON runs(machine_id, started_at)",
     ]
-    for sql in statements:
-        conn.execute(sql)
+    _execute_all(conn, statements)
 
 
 def _add_calibrations_v2(conn: sqlite3.Connection) -> None:
@@ -170,8 +174,7 @@ def _add_calibrations_v2(conn: sqlite3.Connection) -> None:
         """,
         "CREATE INDEX calibrations_machine_device ON calibrations(machine_id, device, created_at)",
     ]
-    for sql in statements:
-        conn.execute(sql)
+    _execute_all(conn, statements)
 
 
 def _add_findings_v3(conn: sqlite3.Connection) -> None:
@@ -201,8 +204,7 @@ def _add_findings_v3(conn: sqlite3.Connection) -> None:
         "CREATE INDEX findings_run ON findings(run_id)",
         "CREATE INDEX findings_series ON findings(case_id, impl, world_size)",
     ]
-    for sql in statements:
-        conn.execute(sql)
+    _execute_all(conn, statements)
 
 
 def _add_change_points_v4(conn: sqlite3.Connection) -> None:
@@ -243,8 +245,7 @@ def _add_change_points_v4(conn: sqlite3.Connection) -> None:
         "CREATE INDEX findings_change_point ON findings(change_point_id)",
         "UPDATE runs SET analyzed_at = NULL",
     ]
-    for sql in statements:
-        conn.execute(sql)
+    _execute_all(conn, statements)
 
 
 #: MIGRATIONS[i] upgrades schema version i to i + 1; append, never edit a released one.

@@ -34,7 +34,10 @@ SELECTION = (
     "strided_copy[dtype=f32,*]",
     "dtensor.redistribute[dst=R,dtype=f32,mesh=4,shape=13x5,src=*]",
 )
-#: the quick demo (the browser test): fewer cases, the same shapes of charts
+#: the quick demo (the browser test): fewer cases, the same shapes of charts, on the last
+#: QUICK_SELECTION_NIGHTS nights only (the kernel under development runs every night: its
+#: change point needs three nights at the old level and two at the new)
+QUICK_SELECTION_NIGHTS = 3
 QUICK_SELECTION = (
     "allreduce[dtype=f32,inplace=false,mode=exact,*op=sum]",
     "allreduce[dtype=bf16,inplace=true,mode=exact,n=65539,op=sum]",
@@ -80,7 +83,8 @@ def _summary(out: subprocess.CompletedProcess[str]) -> str:
                    "and at least three before them set the level it leaves.")
 @click.option("--world-sizes", default="1,4", show_default=True)
 @click.option("--quick", is_flag=True,
-              help="Fewer cases (about a minute on 2 cores): what the browser test runs.")
+              help="Fewer cases, and on the last 3 nights only (about a minute on 2 "
+                   "cores): what the browser test runs.")
 @click.pass_context
 def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: str,
          quick: bool) -> None:
@@ -99,17 +103,22 @@ def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: 
         t0 = time.perf_counter()
         # --bench: the charts need points even where the ranks outnumber the cores (there
         # the times are taken fully, marked, and measure the contention as well)
-        main = _harness(["run", *selection, "--world-sizes", sizes, "--bench", *common], {})
+        main = None
+        if not quick or night > nights - QUICK_SELECTION_NIGHTS:
+            main = _harness(["run", *selection, "--world-sizes", sizes, "--bench", *common], {})
         kernel = _harness(["run", *kernel_cases, "--impl", KERNEL, "--world-sizes", "1",
                            *common], _night_env(night, nights))
         for out in (main, kernel):
+            if out is None:
+                continue
             if out.returncode != 0:
                 tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
                 raise HarnessExit(f"demo night {night}: `harness run` exited "
                                   f"{out.returncode} ({tail}); rerun it by hand to see why",
                                   EXIT_INFRA)
         planted = ", ".join(f"{k}={v}" for k, v in _night_env(night, nights).items())
-        console.print(escape(f"night {night}/{nights}: {_summary(main)}; kernel under "
+        ran = _summary(main) if main is not None else "selection not run (--quick)"
+        console.print(escape(f"night {night}/{nights}: {ran}; kernel under "
                              f"development: {_summary(kernel)}"
                              + (f" (planted: {planted})" if planted else "")
                              + f" [{time.perf_counter() - t0:.0f} s]"), soft_wrap=True)

@@ -48,9 +48,10 @@ def _chromium() -> str:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """A quick demo history (5 nights of real runs: three at the old level and two at the
-    new, so that the change point rests on enough runs to be significant; the selection at
-    world size 4 only, which still draws busbw, to spare CI a minute) and its rendered site."""
+    """A quick demo history (5 nights of real runs of the kernel under development: three at
+    the old level and two at the new, so that the change point rests on enough runs to be
+    significant; the selection on the last 3 nights, at world size 4 only, which still draws
+    busbw, to spare CI a minute) and its rendered site."""
     tmp = tmp_path_factory.mktemp("demo")
     out = harness(tmp, "demo", "--quick", "--nights", "5", "--world-sizes", "4",
                   "--db", str(tmp / "demo.db"), "--out", str(tmp / "site"))
@@ -129,7 +130,8 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
     tmp, out = demo
     db = tmp / "demo.db"
     runs = sql(db, "SELECT run_id, argv FROM runs ORDER BY started_at")
-    assert len(runs) == 10  # 5 nights x (the selection, the kernel under development)
+    # 5 nights of the kernel under development, the selection on the last 3 (--quick)
+    assert len(runs) == 8
     kernel = "suites._demo:copy_under_development"
     rows = sql(db, "SELECT r.run_id, r.case_id, r.status, r.median_ns FROM results r "
                    "JOIN runs USING (run_id) WHERE r.impl = ? ORDER BY runs.started_at", kernel)
