@@ -221,6 +221,14 @@ def detect(ctx: click.Context, path: Path, min_change: float, log: bool | None,
     series = read_db(path) if from_db else read_csv(path)
     if log is None:  # a history holds timings, analysed as `harness run` does
         log = regress.TIMINGS_IN_LOG if from_db else False
+    if log:
+        for name, runs in series.items():
+            bad = next(((order, v) for order, values, _ in runs for v in values if not v > 0),
+                       None)
+            if bad is not None:
+                raise HarnessExit(f"{path}: series {name!r} order {bad[0]} has the value "
+                                  f"{bad[1]:g}, which has no log: pass --linear",
+                                  EXIT_USAGE)
     found = []
     for name, runs in series.items():
         for cp in changepoints.find([values for _, values, _ in runs],

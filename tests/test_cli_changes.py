@@ -120,6 +120,19 @@ def test_detect_on_a_csv_with_samples_and_commits(tmp_path, capsys):
     assert json.loads(out) == []
 
 
+def test_detect_log_scale_on_a_csv_and_a_value_without_a_log(tmp_path, capsys):
+    # 3 runs near 5 us, then 2 near 2 ms: the medians come back in the values' own units
+    values = [5.2, 5.0, 5.3, 2100.0, 2000.0]
+    path = write_csv(tmp_path / "t.csv", [f"copy,{i},{v}," for i, v in enumerate(values)])
+    code, out, _ = cli(capsys, "detect", str(path), "--log", "--json")
+    assert code == 0 and [(p["index"], p["direction"]) for p in json.loads(out)] == [(3, "up")]
+    assert json.loads(out)[0]["before"] == 5.2 and json.loads(out)[0]["after"] == 2050.0
+    bad = write_csv(tmp_path / "z.csv", ["copy,0,1.0,", "copy,1,0,"])
+    code, _, err = cli(capsys, "detect", str(bad), "--log")
+    assert code == 2 and "series 'copy' order 1 has the value 0, which has no log" in err
+    assert "--linear" in err
+
+
 @pytest.mark.parametrize("content, message", [
     ("series,value\nk,1\n", "no column order in its header"),
     ("series,order,value\nk,1,fast\n", "line 2: value 'fast' is not a number"),
