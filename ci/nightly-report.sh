@@ -11,7 +11,7 @@
 #   SITE_DIR           where the site goes, default harness-results/site
 #   HARNESS_FAIL_ON    failure | regression | never, default regression
 #
-# Exit code: `harness report`'s (0 pass, 1 correctness failure, 3 confirmed regression); 2 when
+# Exit code: `harness report`'s (0 pass, 1 correctness failure, 3 untriaged new regression); 2 when
 # a run directory could not be read or ingested (the others are still reported); 4 when there
 # is no run at all to report (the GPU jobs uploaded nothing).
 set -euo pipefail
