@@ -21,8 +21,9 @@ Every detector gets one fixed setting for all series, as TCPDBench's "default" t
   means, |t| > 7 and a local maximum, then its alert floor of a 2% change of the means);
 * ``otava``: Apache Otava's ``compute_change_points`` at its defaults (E-divisive means with a
   t-test in windows of 50), when installed (``pip install --no-deps apache-otava``);
-* ``binseg``, ``pelt``: ruptures' binary segmentation and PELT with the l2 cost and the
-  harness's penalty (3 sigma^2 log n, sigma from the first differences), when installed.
+* ``binseg``, ``pelt``: ruptures' binary segmentation and PELT with the l2 cost, every
+  stretch at least 2 points, and the harness's penalty of 3 sigma^2 log n, sigma from the
+  median absolute first difference (not centred), when installed.
 
 Published reference (TCPDBench, their 37 univariate series, default settings): binseg F1 0.698
 / cover 0.672 (the best), pelt 0.674 / 0.652, E-divisive 0.560 / 0.470, no change point 0.645 /
