@@ -379,6 +379,7 @@ def print_results(results: Sequence[Any]) -> None:
     if others:
         _print_table(others)
     print_contention(results)
+    print_interpreted(results)
     print_absent_goldens(results)
     bound = [r for r in results if (r.timing or {}).get("launch_bound")]
     if bound:
@@ -440,6 +441,16 @@ def print_contention(results: Sequence[Any]) -> None:
         console.print(f"~ {len(contended) - token} time(s) taken fully (--bench) while ranks "
                       f"contended ({why}): compare them only with times taken the same way",
                       highlight=False)
+
+
+def print_interpreted(results: Sequence[Any]) -> None:
+    """The footnote of the ``i`` times: Triton kernels run by Triton's interpreter."""
+    n = sum(1 for r in results if r.interpreter and r.timing)
+    if n:
+        console.print(f"i {n} time(s) of Triton kernels run by Triton's interpreter (a CPU "
+                      "run): the results are checked as on a GPU, but the time is the "
+                      "interpreter's, so each got a token budget and stays out of the "
+                      "history's series", highlight=False)
 
 
 def print_failure(r: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from harness import triton_impl
 from harness.results import CaseResult
 from harness.spec import OpSpec, SpecError, load_callable
 
@@ -19,6 +20,7 @@ def world() -> Any:
         from harness.runtime import World
 
         _WORLD = World.from_mpi("cpu", timeout_s=120)
+        triton_impl.configure_rank("cpu")  # before a Triton implementation is imported
     return _WORLD
 
 

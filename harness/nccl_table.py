@@ -14,7 +14,8 @@ memory of the call), and the block's average bus bandwidth at the end::
 
 #wrong is the number of elements outside tolerance summed over ranks (nccl-tests' #wrong);
 a case that did not finish shows its status (error, timeout, crash) there instead. A time
-marked ``~`` was taken while ranks contended for CPUs or a GPU, ``*`` is launch-bound.
+marked ``~`` was taken while ranks contended for CPUs or a GPU, ``*`` is launch-bound, ``i``
+is an interpreter's (Triton kernels on the CPU).
 """
 
 from __future__ import annotations

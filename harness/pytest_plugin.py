@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from harness import results as results_mod
+from harness import triton_impl
 from harness.discovery import BUILTIN_SUITE
 from harness.golden import GoldenShelf
 from harness.results import CaseResult
@@ -109,6 +110,9 @@ class HarnessSession:
         try:
             self.registry: Registry = registry()
             self.world = World.from_mpi(opt.harness_device, timeout_s=self._group_timeout())
+            # before any implementation is resolved: a Triton kernel is compiled or
+            # interpreted when its module is imported (harness.triton_impl)
+            triton_impl.configure_rank(self.world.device.type)
         except (SpecError, RuntimeSetupError) as exc:
             # every rank decided the same; rank 0 tells the launcher, which stops with exit 2
             if placement_path is not None and MPI.COMM_WORLD.Get_rank() == 0:

@@ -209,7 +209,8 @@ def _finding(kind: str, r: CaseResult, metric: str, detail: str, *,
 def in_series(r: CaseResult) -> bool:
     """Whether ``r``'s times belong in its regression series: it passed (times of wrong outputs
     mean nothing) and was not timed with a token budget because its ranks contended for CPUs
-    or a GPU (``timing.minimal``: those times measure the contention)."""
+    or a GPU or an interpreter ran its kernels (``timing.minimal``: those times measure the
+    contention or the interpreter)."""
     return (r.status == "pass" and isinstance(r.timing, dict)
             and not r.timing.get("minimal"))
 

@@ -60,6 +60,9 @@ class CaseResult:
     #: "outputs": {name: {"kind", "metrics", "tolerance", "passed"}}}; None when not compared
     golden: dict[str, Any] | None = None
     device: str = "cpu"
+    #: the interpreter that ran the implementation's kernels ("triton": Triton's, on a CPU
+    #: run), or "": its outputs are checked as any, its time is the interpreter's
+    interpreter: str = ""
     backend: str | None = None
     started_at: float = 0.0
     duration_s: float = 0.0
@@ -70,9 +73,11 @@ class CaseResult:
     @property
     def time_marks(self) -> str:
         """What a table prints after the time: ``~`` taken while ranks contended, ``*``
-        launch-bound (the host's enqueue time set it)."""
+        launch-bound (the host's enqueue time set it), ``i`` an interpreter ran the kernels
+        (Triton's, on the CPU: not kernel time)."""
         t = self.timing or {}
-        return ("~" if t.get("contention") else "") + ("*" if t.get("launch_bound") else "")
+        return (("~" if t.get("contention") else "") + ("*" if t.get("launch_bound") else "")
+                + ("i" if self.interpreter else ""))
 
     @property
     def key(self) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
+from harness import compare, triton_impl
 from harness.buffers import (
     ALIGN_BYTES,
     flat_bytes,
@@ -344,6 +344,8 @@ def run_case(
         result.status, result.reason = status, why
         result.duration_s = time.perf_counter() - t0
         return result
+    # the same on every rank: the same implementation on the same kind of device
+    result.interpreter = triton_impl.interpreter_of(impl, world.device.type)
     mem = PeakMemory(world.device)
     checks = ["poisoned_outputs"] if spec.out_buffers else []
     try:
@@ -393,8 +395,11 @@ def run_case(
 
     # ---- timing, only of implementations that are correct
     if bench and result.status == "pass":
+        cfg = timing or TimingConfig()
+        if result.interpreter:
+            cfg = cfg.interpreted(result.interpreter)
         _time_and_recheck(world, case, impl, inputs, writable, expected, tols, result,
-                          timing or TimingConfig(), checks, calibration, setup.memos)
+                          cfg, checks, calibration, setup.memos)
     result.checks = checks
     result.peak_memory_bytes, result.peak_memory_kind = _gather_peak(world, mem.bytes, mem.kind)
     result.duration_s = time.perf_counter() - t0

@@ -13,11 +13,17 @@ what the registry discovers.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import importlib.metadata
+import importlib.util
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 TIERS = ("smoke", "nightly", "stress")
@@ -394,20 +400,32 @@ def _matches_op(spec: OpSpec, sel: str, tier: str) -> bool:
 
 
 def load_callable(ref: str) -> Callable[..., Any]:
-    """Import ``package.module:attr`` (attr may be dotted), or load ``path/kernel.cu:launch``
-    (a CUDA C++ source and its launch description, harness.cuda_impl)."""
-    if ref.partition(":")[0].endswith(".cu"):
+    """Import ``package.module:attr`` (attr may be dotted), load ``path/file.py:attr``, or
+    ``path/kernel.cu:launch`` (a CUDA C++ source and its launch description,
+    harness.cuda_impl). A module that needs triton where triton is not installed gives an
+    implementation whose every case is a skip naming the install command."""
+    module_name, _, attr = ref.rpartition(":") if ref.partition(":")[0].endswith(
+        (".py", ".cu")) else ref.partition(":")
+    if module_name.endswith(".cu"):
         from harness.cuda_impl import CudaImplError, load
 
         try:
             return load(ref)
         except CudaImplError as exc:
             raise SpecError(str(exc)) from exc
-    module_name, _, attr = ref.partition(":")
     if not module_name or not attr:
-        raise SpecError(f"--impl {ref!r} is not of the form package.module:callable")
+        raise SpecError(f"--impl {ref!r} is not of the form package.module:callable "
+                        "or path/file.py:callable")
     try:
-        obj: Any = importlib.import_module(module_name)
+        obj: Any = (_import_path(ref, module_name) if module_name.endswith(".py")
+                    else importlib.import_module(module_name))
+    except ModuleNotFoundError as exc:
+        if exc.name == "triton" or (exc.name or "").startswith("triton."):
+            from harness.triton_impl import MissingTriton
+
+            return MissingTriton(ref)
+        raise SpecError(f"--impl {ref!r}: cannot import {module_name!r} ({exc}); "
+                        "is it installed or on PYTHONPATH?") from exc
     except ImportError as exc:
         raise SpecError(f"--impl {ref!r}: cannot import {module_name!r} ({exc}); "
                         "is it installed or on PYTHONPATH?") from exc
@@ -419,6 +437,42 @@ def load_callable(ref: str) -> Callable[..., Any]:
     if not callable(obj):
         raise SpecError(f"--impl {ref!r} is not callable")
     return obj
+
+
+@functools.cache
+def _import_module_file(path: Path) -> Any:
+    """Import a Python file as a module of its own, once per process (its name from its path,
+    so two files of the same name do not collide)."""
+    name = f"harness_impl_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise SpecError(f"{path}: not importable as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # what looks a module up by name (dataclasses, pickle) finds it
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import_path(ref: str, path_text: str) -> Any:
+    """The module of ``--impl path/file.py:callable``; relative paths are the user's (a rank
+    runs in the run directory: ``HARNESS_INVOKED_FROM`` is where harness was started)."""
+    path = Path(path_text).expanduser()
+    if not path.is_absolute():
+        path = Path(os.environ.get("HARNESS_INVOKED_FROM", ".")) / path
+    if not path.is_file():
+        raise SpecError(f"--impl {ref!r}: no file {path} (paths are relative to the "
+                        "directory harness runs in)")
+    try:
+        return _import_module_file(path.resolve())
+    except (SpecError, ModuleNotFoundError):
+        raise
+    except Exception as exc:
+        raise SpecError(f"--impl {ref!r}: {path} failed to import "
+                        f"({type(exc).__name__}: {exc})") from exc
 
 
 def add_entry_point_impls(registry: Registry) -> None:

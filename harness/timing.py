@@ -57,6 +57,9 @@ class TimingConfig:
     contention: str = ""
     #: a token budget, spent because the times cannot mean anything (``for_placement``)
     minimal: bool = False
+    #: the interpreter that ran the implementation ("triton"), or "": its time is the
+    #: interpreter's, not the kernel's (``interpreted``)
+    interpreter: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -72,6 +75,14 @@ class TimingConfig:
         if tier == "smoke":
             return cls(warmup=1, min_repeats=5, max_repeats=20, budget_s=0.05)
         return cls()
+
+    def interpreted(self, interpreter: str) -> TimingConfig:
+        """This config for an implementation run by ``interpreter``: a token budget (one
+        call on a shifted copy whose output is still checked), whose time is kept, marked,
+        and left out of the history's series, as with ``minimal``."""
+        return replace(self, warmup=0, min_repeats=MINIMAL_REPEATS,
+                       max_repeats=MINIMAL_REPEATS, budget_s=0.0, minimal=True,
+                       interpreter=interpreter)
 
     def for_placement(self, contention: str, force: bool = False) -> TimingConfig:
         """This config where the ranks run with ``contention`` (``World.contention``): as it
@@ -302,7 +313,7 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
     mode fell back, else ""), ``host_median`` and ``launch_bound`` (events mode: the host's
     enqueue time, and whether it set the time; :func:`launch_bound`), ``l2_flush`` and
     ``l2_flush_bytes``, ``gpu`` (NVML telemetry right before and after the repeats on CUDA,
-    else None), and ``contention`` and ``minimal`` from ``config``."""
+    else None), and ``contention``, ``minimal`` and ``interpreter`` from ``config``."""
     device = world.device
     cuda = device.type == "cuda"
     mode, note = ("events" if cuda else CPU_MODE), ""
@@ -366,5 +377,6 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
              if gpu_before is not None or gpu_after is not None else None),
         contention=config.contention,
         minimal=config.minimal,
+        interpreter=config.interpreter,
     )
     return stats

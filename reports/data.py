@@ -159,8 +159,10 @@ def load(conn: sqlite3.Connection, db_label: str) -> History:
         timing = data.get("timing")
         if isinstance(timing, dict):
             timing.pop("samples", None)  # the bulk of a record; charts need stats
-            if timing.get("minimal"):  # a token timing where ranks contended: no trend point
-                data["timing"] = {k: timing.get(k) for k in ("minimal", "contention")}
+            if timing.get("minimal"):  # a token timing (contended ranks, an interpreter):
+                # no trend point
+                data["timing"] = {k: timing.get(k)
+                                  for k in ("minimal", "contention", "interpreter")}
         result = CaseResult.from_dict(data)
         run = by_id[row["run_id"]]
         run.counts[result.status] = run.counts.get(result.status, 0) + 1

@@ -25,6 +25,7 @@ from harness.spec import OpSpec, Work
 from reference_kernels import strided_copy as ref
 from suites._cuda import source
 from suites._cuda.strided_copy import launch_strided_copy, launch_strided_copy_int32
+from suites._triton import triton_impl
 
 FAMILY = "strided_copy"
 ALL_DTYPES = ("bool", "u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64", "e4m3",
@@ -233,6 +234,10 @@ STRESS = [
 ]
 
 
+def _elements(params: Mapping[str, Any]) -> int:
+    return math.prod(params["size"])
+
+
 def _work(params: Mapping[str, Any], world_size: int) -> Work:
     return Work(bytes=2 * _nbytes(params)[1])
 
@@ -244,10 +249,13 @@ STRIDED_COPY = OpSpec(
     grid={"smoke": _smoke(), "nightly": _nightly(), "stress": STRESS},
     out_buffers={"out": "out"},
     implementations={"torch": copy_torch,
-                     "cuda": from_source(source("strided_copy.cu"), launch_strided_copy)},
+                     "cuda": from_source(source("strided_copy.cu"), launch_strided_copy),
+                     "triton": triton_impl("strided_copy:strided_copy", elements=_elements)},
     negative_controls={"int32_index": copy_int32_index, "stride_ignored": copy_stride_ignored,
                        "cuda_int32_index": from_source(source("strided_copy.cu"),
-                                                       launch_strided_copy_int32)},
+                                                       launch_strided_copy_int32),
+                       "triton_int32_index": triton_impl("strided_copy:strided_copy_int32_index",
+                                                         elements=_elements)},
     requires=fits,
     deadline_s=1800.0,
 )

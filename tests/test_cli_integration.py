@@ -6,6 +6,7 @@ Each test launches MPI jobs once per world size and runs all its cases inside th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -194,9 +195,24 @@ def controls_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("controls")
     families = ("hopper_tasks", "fp8_gemm", "moe", "dtensor")
     controls = sorted({c for f in families for _, c in _registry_controls(f)})
-    args = [a for c in controls for a in ("--impl", c)]
+    # and the Triton implementations, which a CPU run plans only when asked for (interpreted)
+    args = [a for c in [*controls, "triton"] for a in ("--impl", c)]
     out = harness(tmp_path, "run", *families, "--world-sizes", "1,4,8", "--no-bench", *args)
     return tmp_path, out
+
+
+def _triton_passes(results: list[dict], ops: set[str]) -> None:
+    """The Triton implementation passed (or skipped a case outside its kernels, saying why)
+    on every case of each of ``ops``, interpreted; skipped everywhere without triton."""
+    got = [r for r in results if r["impl"] == "triton"]
+    assert {r["op"] for r in got} == ops, got
+    if importlib.util.find_spec("triton") is None:
+        assert all(r["status"] == "skip" and "pip install" in r["reason"] for r in got), got
+        return
+    assert {r["status"] for r in got} <= {"pass", "skip"}, [r for r in got
+                                                           if r["status"] != "pass"]
+    for op in ops:
+        assert any(r["status"] == "pass" for r in got if r["op"] == op), op
 
 
 def _family_rows(db: Path, family: str, columns: str, impls: tuple[str, ...] | None = None):
@@ -241,7 +257,7 @@ def test_negative_controls_and_a_wrong_user_callable_fail_with_exit_1(tmp_path):
     controls = sorted({impl for _, impl in every})
     args = [a for c in controls for a in ("--impl", c)]
     out = harness(tmp_path, "run", "collectives", "--world-sizes", "1,4,8", "--no-bench",
-                  *args, "--impl", "harness_test_impls:off_by_one")
+                  *args, "--impl", "harness_test_impls:off_by_one", "--impl", "tile_triton")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "FAIL w4 allreduce[" in out.stdout and "not bitwise equal" in out.stdout
     results = rows(tmp_path / "h.db", "SELECT world_size, op, case_id, impl, status, wrong, "
@@ -272,7 +288,11 @@ def test_negative_controls_and_a_wrong_user_callable_fail_with_exit_1(tmp_path):
     for w in (1, 4, 8):
         assert all(r["status"] == "fail"
                    for r in by[("allreduce", "harness_test_impls:off_by_one", w)])
-
+    # the Triton tile reduction, interpreted in every rank, at every world size
+    tile = [r for w in (1, 4, 8) for r in by[("allreduce", "tile_triton", w)]]
+    statuses = {r["status"] for r in tile}
+    assert statuses == ({"skip"} if importlib.util.find_spec("triton") is None else {"pass"}), [
+        r for r in tile if r["status"] != "pass"]
 
 # every negative control of the Hopper tasks: (op, control) -> where it must fail, and for
 # the decoder layer the stage its report must name as the first divergence
@@ -304,6 +324,9 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(cont
     every = _registry_controls("hopper_tasks")
     controls = tuple(sorted({impl for _, impl in every}))
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    _triton_passes(_family_rows(tmp_path / "h.db", "hopper_tasks", "op, impl, status, reason"),
+                   {f"hopper_tasks.{op}" for op in ("rmsnorm", "silu_mul", "embedding",
+                                                    "argmax")})
     results = _family_rows(tmp_path / "h.db", "hopper_tasks",
                            "world_size, op, impl, status, reason", controls)
     by = {}
@@ -357,8 +380,10 @@ def test_fp8_implementations_pass_and_every_control_fails(controls_run, smoke_ru
     tmp_path, out = controls_run
     every = _registry_controls("fp8_gemm")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    columns = "op, case_id, impl, status"
-    results = (_family_rows(tmp_path / "h.db", "fp8_gemm", columns)
+    columns = "op, case_id, impl, status, reason"
+    _triton_passes(_family_rows(tmp_path / "h.db", "fp8_gemm", columns), {"fp8_gemm.quantize"})
+    results = (_family_rows(tmp_path / "h.db", "fp8_gemm", columns,
+                            tuple(c for _, c in every))
                + _family_rows(smoke_run[0] / "h.db", "fp8_gemm", columns,
                               ("torch", "scaled_mm")))
     by = {}
@@ -407,7 +432,8 @@ def test_moe_implementations_pass_and_every_control_fails(controls_run, smoke_ru
     every = _registry_controls("moe")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     columns = "world_size, op, case_id, impl, status, reason"
-    results = (_family_rows(tmp_path / "h.db", "moe", columns)
+    _triton_passes(_family_rows(tmp_path / "h.db", "moe", columns), {"moe.permute"})
+    results = (_family_rows(tmp_path / "h.db", "moe", columns, tuple(c for _, c in every))
                + _family_rows(smoke_run[0] / "h.db", "moe", columns, _MOE_IMPLS))
     by = {}
     for r in results:
@@ -444,9 +470,13 @@ def _params(case_id: str) -> dict[str, str]:
 
 def test_strided_copy_controls_fail_where_their_bug_shows(tmp_path):
     out = harness(tmp_path, "run", "strided_copy", "--world-sizes", "1", "--no-bench",
-                  "--impl", "torch", "--impl", "stride_ignored", "--impl", "int32_index")
+                  "--impl", "torch", "--impl", "stride_ignored", "--impl", "int32_index",
+                  "--impl", "triton", "--impl", "triton_int32_index")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    results = rows(tmp_path / "h.db", "SELECT case_id, impl, status FROM results")
+    results = rows(tmp_path / "h.db", "SELECT op, case_id, impl, status, reason FROM results")
+    _triton_passes(results, {"strided_copy"})
+    if importlib.util.find_spec("triton") is None:
+        results = [r for r in results if not r["impl"].startswith("triton")]
     assert len({r["case_id"] for r in results}) >= 60
     for r in results:
         p = _params(r["case_id"])
@@ -457,7 +487,7 @@ def test_strided_copy_controls_fail_where_their_bug_shows(tmp_path):
             shows = bool(size) and size[-1] > 1 and stride[-1] != 1 and 0 not in size
             assert r["status"] == ("fail" if shows else "pass"), r
         else:
-            # indices below 2**31 never wrap: only the stress tier exposes int32_index
+            # indices below 2**31 never wrap: only the stress tier exposes the int32 controls
             assert r["status"] == "pass", r
     dtypes = {_params(r["case_id"])["dtype"] for r in results}
     assert len(dtypes) == 12  # every dtype the harness knows
@@ -524,15 +554,24 @@ def test_an_int8_view_of_more_than_2_31_elements_copies_right(tmp_path):
 
 
 def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
+    # one launch, one 2 GiB storage: torch's copy and its int32 control, and the Triton
+    # kernel (interpreted) with its own int32 control
     out = harness(tmp_path, "run", "strided_copy[*view=offset_over_2_31*]", "--tier", "stress",
                   "--world-sizes", "1", "--no-bench", "--impl", "int32_index", "--impl", "torch",
-                  timeout=1500)
+                  "--impl", "triton", "--impl", "triton_int32_index", timeout=1500)
     results = {r["impl"]: r for r in _results(tmp_path)}
     if results["torch"]["status"] == "skip":
         pytest.skip(results["torch"]["reason"])
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert results["torch"]["status"] == "pass"
     assert results["int32_index"]["status"] == "fail"
+    if importlib.util.find_spec("triton") is None:
+        assert "pip install" in results["triton"]["reason"]
+        return
+    assert results["triton"]["status"] == "pass", results["triton"]["reason"]
+    assert results["triton"]["interpreter"] == "triton"
+    assert results["triton_int32_index"]["status"] == "fail"
+    assert "not bitwise equal" in results["triton_int32_index"]["reason"]
 
 
 def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(tmp_path):

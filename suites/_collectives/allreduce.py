@@ -22,6 +22,7 @@ from harness.spec import OpSpec, Work
 from reference_kernels import collectives as ref
 from suites._cuda import source
 from suites._cuda.tile_reduce import launch_allreduce_tile
+from suites._triton import triton_impl
 
 from .common import (
     MPI_WIRE,
@@ -173,6 +174,13 @@ def allreduce_low_precision(world: Any, x: torch.Tensor, out: torch.Tensor, op: 
     return out.copy_(reduce_low_precision(gather_rows(world, x), op, x.dtype))
 
 
+def tile_unsupported(params: Mapping[str, Any]) -> str | None:
+    """The dtypes the Triton tile reduction takes (suites/_triton/tile_reduce.py)."""
+    if params.get("dtype") not in ("f32", "bf16", "f16", "i32"):
+        return "the Triton tile reduction takes f32, bf16, f16 and i32"
+    return None
+
+
 # ---------------------------------------------------------------- grids
 _FLOAT_OPS = ("sum", "prod", "min", "max", "avg")
 _INT_OPS = ("sum", "prod", "min", "max")
@@ -221,8 +229,13 @@ ALLREDUCE = OpSpec(
     work=allreduce_work,
     grid={"smoke": _smoke(), "nightly": _nightly()},
     implementations={"torch": allreduce_torch, "mpi": allreduce_mpi, "tile": allreduce_tile,
-                     "tile_cuda": from_source(source("tile_reduce.cu"), launch_allreduce_tile)},
-    negative_controls={"drop_rank": allreduce_drop_rank, "low_precision": allreduce_low_precision},
+                     "tile_cuda": from_source(source("tile_reduce.cu"), launch_allreduce_tile),
+                     "tile_triton": triton_impl("tile_reduce:allreduce_tile",
+                                                unsupported=tile_unsupported)},
+    negative_controls={"drop_rank": allreduce_drop_rank, "low_precision": allreduce_low_precision,
+                       "tile_triton_partials_in_bf16":
+                           triton_impl("tile_reduce:allreduce_tile_partials_in_bf16",
+                                       unsupported=tile_unsupported)},
     distributed=True,
     out_buffers={"out": "out"},
     deadline_s=60.0,

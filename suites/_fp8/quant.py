@@ -16,6 +16,7 @@ from harness.spec import OpSpec, Work
 from reference_kernels import fp8 as ref
 from suites._cuda import source
 from suites._cuda.fp8_quant import launch_quantize_per_token
+from suites._triton import triton_impl
 
 from .common import values
 
@@ -85,6 +86,13 @@ def quantize_saturation_ignored(x, fmt, granularity, ue8m0, scale):
     return _quantize(x, fmt, granularity, ue8m0, scale, saturate=False)
 
 
+def per_token_only(params: Mapping[str, Any]) -> str | None:
+    """The cases the Triton quantizer takes (suites/_triton/fp8_quant.py)."""
+    if params.get("granularity") != "token" or params.get("static"):
+        return "the Triton quantizer is per token (1x128 groups, scales from amax) only"
+    return None
+
+
 def _qcase(fmt, granularity, m, k, ue8m0=False, dist="logmag", static=False) -> dict:
     case = {"fmt": fmt, "granularity": granularity, "m": m, "k": k, "ue8m0": ue8m0,
             "dist": dist}
@@ -115,9 +123,14 @@ QUANTIZE = OpSpec(
                     for u in (False, True)],
     },
     implementations={"torch": quantize_torch,
-                     "cuda": from_source(source("fp8_quant.cu"), launch_quantize_per_token)},
+                     "cuda": from_source(source("fp8_quant.cu"), launch_quantize_per_token),
+                     "triton": triton_impl("fp8_quant:quantize_per_token",
+                                           unsupported=per_token_only)},
     negative_controls={"block_off_by_one": quantize_block_off_by_one,
-                       "saturation_ignored": quantize_saturation_ignored},
+                       "saturation_ignored": quantize_saturation_ignored,
+                       "triton_tail_mask_off_by_one":
+                           triton_impl("fp8_quant:quantize_tail_mask_off_by_one",
+                                       unsupported=per_token_only)},
 )
 
 

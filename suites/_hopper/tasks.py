@@ -15,6 +15,7 @@ from harness import compare
 from harness.inputs import generate, hash32, plant_specials, seed_from
 from harness.spec import OpSpec, Work
 from reference_kernels import hopper_tasks as ref
+from suites._triton import triton_impl
 
 from .common import (
     GEMM_TOLERANCE,
@@ -77,9 +78,11 @@ EMBEDDING = OpSpec(
     grid={"smoke": [{"b": 7, "vocab": 1000, "hidden": 256}, {"b": 1, "vocab": 17, "hidden": 64},
                     {"b": 9, "vocab": 17, "hidden": 64, "ids": "edges", "values": "special"}],
           "nightly": [{"b": b, "vocab": 152064, "hidden": h} for b in BATCHES for h in HIDDENS]},
-    implementations={"torch": embedding_torch},
+    implementations={"torch": embedding_torch, "triton": triton_impl("hopper:embedding")},
     negative_controls={"negative_wraps": embedding_negative_wraps,
-                       "zero_id_as_padding": embedding_zero_id_as_padding},
+                       "zero_id_as_padding": embedding_zero_id_as_padding,
+                       "triton_zero_id_as_padding":
+                           triton_impl("hopper:embedding_zero_id_as_padding")},
 )
 
 
@@ -112,8 +115,10 @@ RMSNORM = OpSpec(
     grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 1, "hidden": 512},
                     {"b": 3, "hidden": 256, "rows": "zero"}],
           "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]},
-    implementations={"torch": rmsnorm_torch},
-    negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted},
+    implementations={"torch": rmsnorm_torch, "triton": triton_impl("hopper:rmsnorm")},
+    negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted,
+                       "triton_eps_outside_rsqrt":
+                           triton_impl("hopper:rmsnorm_eps_outside_rsqrt")},
 )
 
 
@@ -238,8 +243,10 @@ SILU_MUL = OpSpec(
     grid={"smoke": [{"b": 4, "inter": 256, "groups": 4}, {"b": 3, "inter": 96, "groups": 2}],
           "nightly": [{"b": b, "inter": i, "groups": 8} for b in BATCHES
                       for i in (12288, 14336, 18432)]},
-    implementations={"torch": silu_mul_torch},
-    negative_controls={"not_interleaved": silu_mul_not_interleaved},
+    implementations={"torch": silu_mul_torch, "triton": triton_impl("hopper:silu_mul")},
+    negative_controls={"not_interleaved": silu_mul_not_interleaved,
+                       "triton_tail_mask_off_by_one":
+                           triton_impl("hopper:silu_mul_tail_mask_off_by_one")},
 )
 
 
@@ -359,9 +366,10 @@ ARGMAX = OpSpec(
                     {"b": 6, "vocab": 200, "chunk": 64, "values": "ties"}],
           "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
                       for v in (128256, 151936, 152064)]},
-    implementations={"torch": argmax_torch},
+    implementations={"torch": argmax_torch, "triton": triton_impl("hopper:argmax")},
     negative_controls={"no_chunk_offset": argmax_no_chunk_offset,
-                       "last_on_ties": argmax_last_on_ties},
+                       "last_on_ties": argmax_last_on_ties,
+                       "triton_no_chunk_offset": triton_impl("hopper:argmax_no_chunk_offset")},
 )
 
 

@@ -20,6 +20,7 @@ from harness.inputs import plant_specials
 from harness.spec import OpSpec, Work
 from reference_kernels import fp8
 from reference_kernels import moe as ref
+from suites._triton import triton_impl
 
 from . import torch_ops
 from .common import BF16, FAMILY, FMT, hidden, layout, routing
@@ -120,10 +121,13 @@ PERMUTE = OpSpec(
     outputs=("out", "rowmap", "probs", "scale"),
     out_buffers={"out": "out", "rowmap": "out_rowmap", "probs": "out_probs",
                  "scale": "out_scale"},
-    implementations={"torch": permute_torch},
+    implementations={"torch": permute_torch,
+                     "triton": triton_impl("moe_permute:permute")},
     negative_controls={"expert_out_of_order": permute_expert_out_of_order,
                        "padding_not_zeroed": permute_padding_not_zeroed,
-                       "scales_dropped": permute_scales_dropped},
+                       "scales_dropped": permute_scales_dropped,
+                       "triton_tail_mask_off_by_one":
+                           triton_impl("moe_permute:permute_tail_mask_off_by_one")},
     deadline_s=600.0,
 )
 
