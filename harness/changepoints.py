@@ -136,17 +136,21 @@ _LOCAL = 7
 
 def despike(values: np.ndarray, sigma: float) -> np.ndarray:
     """``values`` with every isolated spike (a run more than SPIKE_SIGMAS sigmas above or below
-    both neighbours) replaced by the mean of its neighbours, for the segmentation only: a
-    loaded machine makes single runs 50% slower, and least squares would pay a change point to
-    fit each. A step is never touched (the run after its first is at the new level too), nor
-    is the newest run (it has no neighbour after it: ``newest_outlier`` judges it)."""
+    both neighbours, which are of one level) replaced by the mean of its neighbours, for the
+    segmentation only: a loaded machine makes single runs 50% slower, and least squares would
+    pay a change point to fit each. A step is never touched (the run after its first is at the
+    new level too), nor is the newest run (it has no neighbour after it: ``newest_outlier``
+    judges it)."""
     if values.size < 3 or sigma <= 0:
         return values
     x = values.copy()
     reach = SPIKE_SIGMAS * sigma
     left, mid, right = values[:-2], values[1:-1], values[2:]
-    up = (mid - left > reach) & (mid - right > reach)
-    down = (left - mid > reach) & (right - mid > reach)
+    # between two runs of one level: the run before a step, whose left neighbour is a spike,
+    # is below both neighbours too, but they are not of one level
+    level = np.abs(left - right) <= reach
+    up = (mid - left > reach) & (mid - right > reach) & level
+    down = (left - mid > reach) & (right - mid > reach) & level
     # and off the local level too: an ordinary run between two spikes is off both of its
     # neighbours as well, but not off the median of the runs around it
     half = _LOCAL // 2

@@ -132,3 +132,16 @@ def test_to_dict_is_strict_json():
                            n_before=3, n_after=2)
     d = point.to_dict()
     assert d["change_pct"] is None and d["direction"] == "up" and d["index"] == 3
+
+
+def test_a_spike_right_before_a_step_does_not_move_the_step():
+    # the nightly medians (ns) of a demo under load: night 3 slow by a loaded machine, night 4
+    # at the old level, then 2 ms more from night 5 on. Night 4 sits below both neighbours
+    # (the spike, the step) but it is no spike: they are not of one level
+    nights = [5463.0, 5318.0, 9294.0, 5333.0, 2133365.0, 2094186.5]
+    [point] = cp.find(nights, log=True)
+    assert point.index == 4 and point.n_before == 4 and point.n_after == 2
+    # the spike between two runs of one level is still taken out
+    x = np.log(np.array(nights))
+    despiked = cp.despike(x, 0.05)
+    assert despiked[2] == (x[1] + x[3]) / 2 and np.array_equal(despiked[3:], x[3:])
