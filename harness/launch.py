@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import cuda, triton_impl
 from harness import results as results_mod
 from harness.placement import usable_cpus
 from harness.results import CaseResult
@@ -267,6 +268,10 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         # ranks run in the run directory; relative --impl paths (kernel.cu:launch) are the
         # user's, so they resolve against the directory harness was started in
         env = rank_environment(os.environ, cfg.run_id)
+        # before anything in a rank imports triton (harness.triton_impl)
+        gpus = len(cuda.devices()) if cfg.device == "auto" else 0
+        for name, value in triton_impl.launcher_environment(cfg.device, gpus, env).items():
+            env.setdefault(name, value)
         for name, value in wait_environment(world_size, len(usable_cpus()),
                                             one_node(cfg, env)).items():
             env.setdefault(name, value)  # the user's own setting wins

@@ -500,7 +500,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
         result.timing = time_call(call, world, spec.distributed, cfg)
     except Exception as exc:
         local_error = f"failed while timing: {type(exc).__name__}: {exc}"
-    if result.timing and spec.work is not None:
+    if result.timing and spec.work is not None and not cfg.interpreter:
+        # (an interpreter's time gives no bandwidth or FLOP rate of the kernel)
         work = spec.work(case.params, case.world_size)
         result.derived = derived(work, result.timing.get("median"))
         result.derived.update(percent_of_peak(result.derived, calibration, work.flops_dtype))

@@ -8,10 +8,12 @@ whose module is imported on the first call.
 Triton decides whether a kernel is compiled or interpreted when ``@triton.jit`` decorates it:
 ``triton.runtime.jit.jit`` returns an ``InterpretedFunction`` when ``knobs.runtime.interpret``
 is true, and that knob is an ``env_bool`` that reads ``TRITON_INTERPRET`` on every access
-(triton 3.9 runtime/jit.py and knobs.py). So a rank on the CPU sets ``TRITON_INTERPRET=1``
-(:func:`configure_rank`, called by the pytest plugin once the rank's device is decided, before
-any implementation is resolved) and nothing else sets it: the launcher's own environment, and
-with it a GPU run's ranks, never carries it.
+(triton 3.9 runtime/jit.py and knobs.py). And triton.language's own ``@jit`` functions
+(``tl.max``, ``tl.sum``) are decorated when triton is imported, so the setting must be there
+before anything imports triton. The launcher puts ``TRITON_INTERPRET=1`` in the environment of
+ranks that will run on the CPU (:func:`launcher_environment`), and each rank confirms it once
+its device is decided (:func:`configure_rank`, before any implementation is resolved); the
+launcher's own environment, and a GPU rank's, never carries it.
 
 An interpreted result says so (``timing["interpreter"] == "triton"``): it is timed with a token
 budget, since interpreter time is not kernel time, and its times stay out of the history's
@@ -36,6 +38,8 @@ from typing import Any
 #: what a user runs to get Triton
 INSTALL = "pip install -e '.[triton]' (or pip install triton)"
 INTERPRET_ENV = "TRITON_INTERPRET"
+#: set beside TRITON_INTERPRET=1 where the launcher guessed it (``launcher_environment``)
+GUESS_ENV = "HARNESS_TRITON_INTERPRET_GUESS"
 #: the interpreter's name in a result's timing
 INTERPRETER = "triton"
 #: the most elements a built-in kernel is run through the interpreter with: it runs a program
@@ -57,9 +61,28 @@ def interprets(device_type: str, environ: Mapping[str, str] = os.environ) -> boo
     return environ.get(INTERPRET_ENV, "0").strip().lower() in ("1", "true", "on")
 
 
+def launcher_environment(requested_device: str, gpus_here: int,
+                         environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """What a launcher adds to its ranks' environment so that TRITON_INTERPRET=1 is there
+    before anything in a rank imports triton (triton.language's own ``@jit`` functions are
+    compiled or interpreted at that import): where the ranks will run on the CPU, asked for
+    (``--device cpu``) or by default with no GPU on this host. A guess, marked as one, which
+    each rank confirms or undoes (:func:`configure_rank`: ranks of another host may have
+    GPUs). The user's own TRITON_INTERPRET wins."""
+    if INTERPRET_ENV in environ:
+        return {}
+    if requested_device == "cpu" or (requested_device == "auto" and gpus_here == 0):
+        return {INTERPRET_ENV: "1", GUESS_ENV: "1"}
+    return {}
+
+
 def configure_rank(device_type: str, environ: MutableMapping[str, str] = os.environ) -> None:
-    """Set the interpreter up in a rank whose device is ``device_type``: before any Triton
-    implementation module is imported (its kernels are decorated then)."""
+    """Set the interpreter up in a rank whose device is ``device_type``, before any Triton
+    implementation module is imported (its kernels are decorated then): on, where the rank
+    interprets; off on a GPU rank whose launcher guessed wrong."""
+    if device_type == "cuda" and environ.get(GUESS_ENV):
+        environ.pop(INTERPRET_ENV, None)
+        environ.pop(GUESS_ENV, None)
     if interprets(device_type, environ):
         environ[INTERPRET_ENV] = "1"
 

@@ -179,12 +179,15 @@ def test_bulk_and_sequential_allgather_agree_bitwise_and_differ_in_peak_memory(s
 def _registry_controls(family: str) -> set[tuple[str, str]]:
     """(op without its family prefix, control) of every negative control of a family. The
     tables below refine where some of them must fail; a control with no entry must fail at
-    least one case, so a new op or control needs no edit here."""
+    least one case, so a new op or control needs no edit here. Triton controls only where
+    triton is installed (elsewhere they skip, saying how to install it)."""
     from harness.spec import registry
 
+    has_triton = importlib.util.find_spec("triton") is not None
     return {(spec.name.removeprefix(f"{family}."), control)
             for spec in registry().select([family], "smoke")
-            for control in spec.negative_controls}
+            for control, fn in spec.negative_controls.items()
+            if has_triton or not getattr(fn, "triton", False)}
 
 
 @pytest.fixture(scope="module")
@@ -395,7 +398,9 @@ def test_fp8_implementations_pass_and_every_control_fails(controls_run, smoke_ru
             continue
         rule = _FP8_CONTROLS.get((op, impl), "some")
         statuses = [r["status"] for r in got]
-        assert "fail" in statuses and set(statuses) <= {"pass", "fail"}, (op, impl, got)
+        # a Triton kernel skips the cases outside what it does (per tensor, per block)
+        ran = {"pass", "fail", "skip"} if impl.startswith("triton") else {"pass", "fail"}
+        assert "fail" in statuses and set(statuses) <= ran, (op, impl, got)
         if rule == "all":
             assert set(statuses) == {"fail"}, (op, impl, got)
     assert {k for k in by if k[1] not in ("torch", "scaled_mm")} == every
@@ -569,7 +574,8 @@ def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
         assert "pip install" in results["triton"]["reason"]
         return
     assert results["triton"]["status"] == "pass", results["triton"]["reason"]
-    assert results["triton"]["interpreter"] == "triton"
+    record = rows(tmp_path / "h.db", "SELECT record FROM results WHERE impl = 'triton'")
+    assert json.loads(record[0]["record"])["interpreter"] == "triton"
     assert results["triton_int32_index"]["status"] == "fail"
     assert "not bitwise equal" in results["triton_int32_index"]["reason"]
 

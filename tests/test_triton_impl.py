@@ -1,11 +1,13 @@
-"""Triton implementations (harness.triton_impl, suites/_triton/): the decisions as plain
-functions, every built-in kernel and control through Triton's interpreter in this process,
-and the README's example through a real `harness run` with `--impl path.py:fn`, beside a wrong
-kernel of the kind a new user writes."""
+"""Triton implementations (harness.triton_impl): the decisions as plain functions, and the
+README's example through a real `harness run` with `--impl path.py:fn`, beside a wrong kernel
+of the kind a new user writes. The built-in kernels pass and their controls fail in the real
+runs of tests/test_cli_integration.py (the controls run, the collectives' controls, the strided
+copy's smoke and stress runs)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sqlite3
 import subprocess
 import sys
@@ -21,19 +23,6 @@ HAS_TRITON = importlib.util.find_spec("triton") is not None
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed: "
                                   "pip install -e '.[triton]'")
 
-#: op -> (its Triton implementation, its Triton controls)
-BUILT_IN = {
-    "hopper_tasks.rmsnorm": ("triton", ["triton_eps_outside_rsqrt"]),
-    "hopper_tasks.silu_mul": ("triton", ["triton_tail_mask_off_by_one"]),
-    "hopper_tasks.embedding": ("triton", ["triton_zero_id_as_padding"]),
-    "hopper_tasks.argmax": ("triton", ["triton_no_chunk_offset"]),
-    "fp8_gemm.quantize": ("triton", ["triton_tail_mask_off_by_one"]),
-    "moe.permute": ("triton", ["triton_tail_mask_off_by_one"]),
-    "strided_copy": ("triton", ["triton_int32_index"]),
-    "allreduce": ("tile_triton", ["tile_triton_partials_in_bf16"]),
-}
-
-
 def test_a_cpu_rank_interprets_and_a_gpu_rank_compiles_unless_asked():
     assert triton_impl.interprets("cpu", {})
     assert triton_impl.interprets("meta", {})
@@ -47,6 +36,24 @@ def test_a_cpu_rank_interprets_and_a_gpu_rank_compiles_unless_asked():
     assert env == {"TRITON_INTERPRET": "1"}
 
 
+def test_the_launcher_sets_the_interpreter_before_a_cpu_rank_imports_triton():
+    guess = {"TRITON_INTERPRET": "1", "HARNESS_TRITON_INTERPRET_GUESS": "1"}
+    assert triton_impl.launcher_environment("cpu", 8, {}) == guess
+    assert triton_impl.launcher_environment("auto", 0, {}) == guess
+    assert triton_impl.launcher_environment("auto", 8, {}) == {}
+    assert triton_impl.launcher_environment("cuda", 0, {}) == {}
+    assert triton_impl.launcher_environment("cpu", 0, {"TRITON_INTERPRET": "0"}) == {}
+    # a rank of another host that has a GPU undoes the guess; a CPU rank keeps it
+    gpu_rank, cpu_rank = dict(guess), dict(guess)
+    triton_impl.configure_rank("cuda", gpu_rank)
+    triton_impl.configure_rank("cpu", cpu_rank)
+    assert gpu_rank == {} and cpu_rank["TRITON_INTERPRET"] == "1"
+    # the user's own setting on a GPU rank (to debug a kernel there) stays
+    user = {"TRITON_INTERPRET": "1"}
+    triton_impl.configure_rank("cuda", user)
+    assert user == {"TRITON_INTERPRET": "1"}
+
+
 def test_only_triton_implementations_are_marked_interpreted():
     def plain_torch(x):
         return x
@@ -57,6 +64,19 @@ def test_only_triton_implementations_are_marked_interpreted():
     assert triton_impl.interpreter_of(plain_torch, "cpu", {}) == ""
     # a CPU run plans them only when asked for; a GPU run always
     assert not impl.runs_on("cpu") and impl.runs_on("cuda")
+
+
+def test_each_op_the_issue_names_has_a_triton_kernel_and_a_triton_control():
+    from harness.spec import registry
+
+    specs = registry().specs
+    for op, impl in (("hopper_tasks.rmsnorm", "triton"), ("hopper_tasks.silu_mul", "triton"),
+                     ("hopper_tasks.embedding", "triton"), ("hopper_tasks.argmax", "triton"),
+                     ("fp8_gemm.quantize", "triton"), ("moe.permute", "triton"),
+                     ("strided_copy", "triton"), ("allreduce", "tile_triton")):
+        assert getattr(specs[op].implementations[impl], "triton", False), op
+        assert any(getattr(fn, "triton", False)
+                   for fn in specs[op].negative_controls.values()), op
 
 
 def test_without_triton_an_implementation_is_a_skip_naming_the_install(tmp_path, monkeypatch):
@@ -77,31 +97,6 @@ def test_an_impl_path_that_is_wrong_says_what_to_fix(tmp_path):
     broken.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(SpecError, match="failed to import .*boom"):
         load_callable(f"{broken}:fn")
-
-
-@needs_triton
-@pytest.mark.parametrize("op", sorted(BUILT_IN))
-def test_every_built_in_kernel_passes_and_its_control_fails_interpreted(op):
-    from harness.local import run_cases
-    from harness.spec import registry
-
-    spec = registry().specs[op]
-    impl, controls = BUILT_IN[op]
-    results = run_cases(spec, impl)
-    assert {r.status for r in results} <= {"pass", "skip"}, [
-        (r.case_id, r.reason) for r in results if r.status not in ("pass", "skip")]
-    ran = [r for r in results if r.status == "pass"]
-    assert ran and all(r.interpreter == "triton" for r in ran)
-    assert set(controls) == {c for c in spec.negative_controls if "triton" in c}
-    for control in controls:
-        statuses = [r.status for r in run_cases(spec, control)]
-        if op in ("strided_copy", "allreduce"):
-            # int32 wraps only past 2**31 (the stress tier's cases), and one rank has no
-            # partial results to round: tests/test_cli_integration.py runs those
-            assert "fail" not in statuses
-        else:
-            assert "fail" in statuses, (op, control, statuses)
-        assert "error" not in statuses, (op, control, statuses)
 
 
 def _run(tmp_path: Path, impl: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
@@ -134,3 +129,21 @@ def test_the_readme_example_passes_and_a_wrong_kernel_fails_through_harness_run(
     failed = [r for r in rows if r["status"] == "fail"]
     assert [r["case_id"] for r in failed] == ["hopper_tasks.rmsnorm[b=3,hidden=256,rows=zero]"]
     assert "FAIL w1 hopper_tasks.rmsnorm[b=3,hidden=256,rows=zero]" in out.stdout
+
+
+@needs_triton
+def test_triton_imported_before_the_interpreter_was_set_is_a_skip_that_says_so():
+    # in a process of its own: this one set TRITON_INTERPRET=1 before importing triton
+    script = (
+        "import os\n"
+        "os.environ.pop('TRITON_INTERPRET', None)\n"
+        "import triton\n"
+        "from harness import triton_impl\n"
+        "triton_impl.configure_rank('cpu')\n"
+        "impl = triton_impl.TritonImplementation('suites._triton.hopper:rmsnorm')\n"
+        "print(impl.skip_reason({}, 1, 'cpu'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "triton was imported before TRITON_INTERPRET=1 was set" in out.stdout
