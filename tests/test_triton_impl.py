@@ -147,3 +147,51 @@ def test_triton_imported_before_the_interpreter_was_set_is_a_skip_that_says_so()
                          text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert "triton was imported before TRITON_INTERPRET=1 was set" in out.stdout
+
+
+def test_an_interpreted_result_is_marked_and_stays_out_of_the_series():
+    from harness.regress import in_series
+    from harness.results import CaseResult
+    from harness.timing import TimingConfig
+
+    cfg = TimingConfig.for_tier("smoke").interpreted("triton")
+    assert (cfg.min_repeats, cfg.max_repeats, cfg.minimal) == (1, 1, True)
+    r = CaseResult(run_id="r", case_id="c", op="o", family="f", impl="triton", world_size=1,
+                   params={}, status="pass", interpreter="triton",
+                   timing={"median": 5e6, "samples": [5e6], "minimal": True,
+                           "interpreter": "triton"})
+    assert not in_series(r) and r.time_marks == "i"
+    assert CaseResult.from_dict(r.to_dict()).interpreter == "triton"
+
+
+def _put_many(cache_dir: str, payload: str, rounds: int) -> None:
+    os.environ["TRITON_CACHE_DIR"] = cache_dir
+    from triton.runtime.cache import FileCacheManager
+
+    cache = FileCacheManager("k" * 32)
+    for _ in range(rounds):
+        cache.put(payload, "kernel.cubin", binary=False)
+
+
+@needs_triton
+def test_eight_processes_share_one_triton_cache_without_a_torn_file(tmp_path):
+    """What 8 ranks compiling the same kernel do to Triton's cache (FileCacheManager.put:
+    a temporary directory per process, then os.replace): a reader sees a whole file."""
+    import multiprocessing
+
+    payloads = [str(i) * 20000 for i in range(8)]
+    ctx = multiprocessing.get_context("fork")  # nothing but file writes in the children
+    procs = [ctx.Process(target=_put_many, args=(str(tmp_path), p, 30)) for p in payloads]
+    for p in procs:
+        p.start()
+    path = tmp_path / ("k" * 32) / "kernel.cubin"
+    seen = set()
+    while any(p.is_alive() for p in procs):
+        if path.exists():
+            seen.add(path.read_text())
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    seen.add(path.read_text())
+    assert seen <= set(payloads) and seen
+    assert not [d for d in path.parent.iterdir() if d.name.startswith("tmp.")]
