@@ -223,10 +223,18 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
         from harness.spec import not_runnable
 
         left_out = not_runnable(specs, resolved.type)
-        if left_out:
-            err_console.print(f"not run on {resolved.type}: {escape(', '.join(left_out))} "
+        triton = [name for name in left_out if name.rpartition("@")[2] in {
+            n for s in specs for n, fn in s.implementations.items() if getattr(fn, "triton", 0)}]
+        cuda_cpp = [name for name in left_out if name not in triton]
+        if cuda_cpp:
+            err_console.print(f"not run on {resolved.type}: {escape(', '.join(cuda_cpp))} "
                               "(CUDA C++ implementations; they run with --device cuda on a "
                               "GPU machine)", highlight=False)
+        if triton:
+            err_console.print(f"not run on {resolved.type} unless asked for: "
+                              f"{escape(', '.join(triton))} (Triton implementations: "
+                              "--impl NAME runs them through Triton's interpreter here; a GPU "
+                              "run compiles them)", highlight=False)
 
     infra_errors: list[str] = []
     placement_error = ""
