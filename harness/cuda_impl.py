@@ -23,14 +23,13 @@ why. Nothing of CUDA is imported until the first call.
 from __future__ import annotations
 
 import functools
-import hashlib
-import importlib.util
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from harness import cuda
+from harness.pyfile import import_file
 
 
 def cuda_launch(*, options: Mapping[str, Any] | None = None,
@@ -192,18 +191,6 @@ class CudaImplError(ValueError):
     """A ``path.cu:launch`` reference that does not resolve (the CLI maps it to exit 2)."""
 
 
-@functools.cache
-def _launch_module(py: Path) -> Any:
-    """Import a launch description file by path (once per process)."""
-    name = f"harness_cuda_launch_{py.stem}_{hashlib.sha1(str(py).encode()).hexdigest()[:10]}"
-    spec = importlib.util.spec_from_file_location(name, py)
-    if spec is None or spec.loader is None:
-        raise CudaImplError(f"{py}: not importable as Python")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def load(ref: str) -> CudaSourceImplementation:
     """``path/kernel.cu:launch_fn``: the source, and ``launch_fn`` from ``path/kernel.py``."""
     path_text, _, fn_name = ref.rpartition(":")
@@ -221,9 +208,7 @@ def load(ref: str) -> CudaSourceImplementation:
                             f"`def {fn_name}(kernels, ...)` there (README: CUDA C++ "
                             "implementations)")
     try:
-        module = _launch_module(py.resolve())
-    except CudaImplError:
-        raise
+        module = import_file(py.resolve())
     except Exception as exc:
         raise CudaImplError(f"--impl {ref!r}: {py} failed to import "
                             f"({type(exc).__name__}: {exc})") from exc

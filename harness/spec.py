@@ -13,18 +13,17 @@ what the registry discovers.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness.pyfile import import_file
 
 TIERS = ("smoke", "nightly", "stress")
 DEFAULT_WORLD_SIZES = (1, 4, 8)
@@ -439,24 +438,6 @@ def load_callable(ref: str) -> Callable[..., Any]:
     return obj
 
 
-@functools.cache
-def _import_module_file(path: Path) -> Any:
-    """Import a Python file as a module of its own, once per process (its name from its path,
-    so two files of the same name do not collide)."""
-    name = f"harness_impl_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    if module_spec is None or module_spec.loader is None:
-        raise SpecError(f"{path}: not importable as Python")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # what looks a module up by name (dataclasses, pickle) finds it
-    try:
-        module_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
 def _import_path(ref: str, path_text: str) -> Any:
     """The module of ``--impl path/file.py:callable``; relative paths are the user's (a rank
     runs in the run directory: ``HARNESS_INVOKED_FROM`` is where harness was started)."""
@@ -467,8 +448,8 @@ def _import_path(ref: str, path_text: str) -> Any:
         raise SpecError(f"--impl {ref!r}: no file {path} (paths are relative to the "
                         "directory harness runs in)")
     try:
-        return _import_module_file(path.resolve())
-    except (SpecError, ModuleNotFoundError):
+        return import_file(path.resolve())
+    except ModuleNotFoundError:
         raise
     except Exception as exc:
         raise SpecError(f"--impl {ref!r}: {path} failed to import "
