@@ -223,9 +223,8 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
         from harness.spec import not_runnable
 
         left_out = not_runnable(specs, resolved.type)
-        triton = [name for name in left_out if name.rpartition("@")[2] in {
-            n for s in specs for n, fn in s.implementations.items() if getattr(fn, "triton", 0)}]
-        cuda_cpp = [name for name in left_out if name not in triton]
+        triton = [name for name, fn in left_out if getattr(fn, "triton", False)]
+        cuda_cpp = [name for name, fn in left_out if not getattr(fn, "triton", False)]
         if cuda_cpp:
             err_console.print(f"not run on {resolved.type}: {escape(', '.join(cuda_cpp))} "
                               "(CUDA C++ implementations; they run with --device cuda on a "

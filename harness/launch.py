@@ -269,7 +269,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         # user's, so they resolve against the directory harness was started in
         env = rank_environment(os.environ, cfg.run_id)
         # before anything in a rank imports triton (harness.triton_impl)
-        gpus = len(cuda.devices()) if cfg.device == "auto" else 0
+        gpus = cuda.device_count() if cfg.device == "auto" else 0
         for name, value in triton_impl.launcher_environment(cfg.device, gpus, env).items():
             env.setdefault(name, value)
         for name, value in wait_environment(world_size, len(usable_cpus()),

@@ -373,9 +373,11 @@ def runs_on(impl: Callable[..., Any], device_type: str) -> bool:
     return bool(check(device_type)) if callable(check) else True
 
 
-def not_runnable(specs: Sequence[OpSpec], device_type: str) -> list[str]:
-    """``op@impl`` of every implementation of ``specs`` left out on ``device_type``."""
-    return [f"{s.name}@{name}" for s in specs for name, fn in s.implementations.items()
+def not_runnable(specs: Sequence[OpSpec], device_type: str
+                 ) -> list[tuple[str, Callable[..., Any]]]:
+    """(``op@impl``, the implementation) of every implementation of ``specs`` left out on
+    ``device_type``."""
+    return [(f"{s.name}@{name}", fn) for s in specs for name, fn in s.implementations.items()
             if not runs_on(fn, device_type)]
 
 
@@ -418,14 +420,12 @@ def load_callable(ref: str) -> Callable[..., Any]:
     try:
         obj: Any = (_import_path(ref, module_name) if module_name.endswith(".py")
                     else importlib.import_module(module_name))
-    except ModuleNotFoundError as exc:
-        if exc.name == "triton" or (exc.name or "").startswith("triton."):
+    except ImportError as exc:
+        missing = (exc.name or "") if isinstance(exc, ModuleNotFoundError) else ""
+        if missing == "triton" or missing.startswith("triton."):
             from harness.triton_impl import MissingTriton
 
             return MissingTriton(ref)
-        raise SpecError(f"--impl {ref!r}: cannot import {module_name!r} ({exc}); "
-                        "is it installed or on PYTHONPATH?") from exc
-    except ImportError as exc:
         raise SpecError(f"--impl {ref!r}: cannot import {module_name!r} ({exc}); "
                         "is it installed or on PYTHONPATH?") from exc
     for part in attr.split("."):

@@ -15,9 +15,10 @@ ranks that will run on the CPU (:func:`launcher_environment`), and each rank con
 its device is decided (:func:`configure_rank`, before any implementation is resolved); the
 launcher's own environment, and a GPU rank's, never carries it.
 
-An interpreted result says so (``timing["interpreter"] == "triton"``): it is timed with a token
-budget, since interpreter time is not kernel time, and its times stay out of the history's
-series (``harness.regress.in_series``, and the store leaves the time columns empty).
+An interpreted result says so (``CaseResult.interpreter == "triton"``, an ``i`` beside its
+time): it is timed with a token budget, since interpreter time is not kernel time, and that
+makes it ``timing.minimal``, which keeps it out of the history's series
+(``harness.regress.in_series``) and off the dashboard's trends, as a contended time is.
 
 The compiled path's cache: Triton's ``FileCacheManager.put`` writes each file into a directory
 of its own process and renames it into place with ``os.replace`` (triton runtime/cache.py), so
