@@ -21,6 +21,7 @@ from harness.inputs import dtype_from_name, generate, seed_from
 from harness.spec import OpSpec, Work
 from reference_kernels import collectives as ref
 from suites._cuda import source
+from suites._cuda.tile_reduce import DTYPES as TILE_DTYPES
 from suites._cuda.tile_reduce import launch_allreduce_tile
 from suites._triton import triton_impl
 
@@ -176,7 +177,7 @@ def allreduce_low_precision(world: Any, x: torch.Tensor, out: torch.Tensor, op: 
 
 def tile_unsupported(params: Mapping[str, Any]) -> str | None:
     """The dtypes the Triton tile reduction takes (suites/_triton/tile_reduce.py)."""
-    if params.get("dtype") not in ("f32", "bf16", "f16", "i32"):
+    if params.get("dtype") not in TILE_DTYPES:  # those of the CUDA tile kernel too
         return "the Triton tile reduction takes f32, bf16, f16 and i32"
     return None
 

@@ -8,7 +8,18 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
+
 from harness.triton_impl import TritonImplementation
+
+#: the integer type of each element size
+_RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def raw_bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed as integers of its element size: a kernel that moves data moves bits
+    (fp8, bool, NaN payloads and -0.0 included)."""
+    return t.view(_RAW[t.element_size()])
 
 
 def triton_impl(ref: str, unsupported: Callable[[Mapping[str, Any]], str | None] | None = None,

@@ -15,8 +15,8 @@ import triton
 import triton.language as tl
 
 from suites._moe.torch_ops import padded_destinations, sort_by_expert
+from suites._triton import raw_bits
 
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
 #: destination rows per program
 ROWS = 32
 
@@ -61,12 +61,11 @@ def _permute(hidden, scale, routemap, probs, num_experts, tokens_per_expert,
     if rows == 0:
         return out, out_rowmap, out_probs, out_scale
     width = hidden.shape[1]
-    bits = _BITS[hidden.element_size()]
     block = min(256, triton.next_power_of_2(width))
     has_scale = out_scale is not None
     groups = scale.shape[1] if has_scale else 1
     _permute_rows[(triton.cdiv(rows, ROWS), triton.cdiv(width, block))](
-        hidden.contiguous().view(bits), out.view(bits), source, pair,
+        raw_bits(hidden.contiguous()), raw_bits(out), source, pair,
         probs.contiguous().reshape(-1), out_probs, scale if has_scale else out_probs,
         out_scale if has_scale else out_probs, rows, width, groups, ROWS=ROWS, BLOCK=block,
         GROUPS_BLOCK=triton.next_power_of_2(groups), HAS_SCALE=has_scale, TAIL=tail)

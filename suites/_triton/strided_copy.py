@@ -17,11 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
+from suites._triton import raw_bits
+
 #: elements per program: 32 per thread at 4 warps on a GPU, and few programs for the
 #: interpreter, whose cost is per program
 BLOCK = 4096
-#: raw-bits dtype of each element size: the copy moves bits (fp8, bool and NaNs included)
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 @triton.jit
@@ -51,12 +51,11 @@ def _copy(storage, size, stride, offset, out, index_32: bool):
     numel = math.prod(size)
     if numel == 0:
         return out
-    bits = _BITS[storage.element_size()]
     # a 0-d view is one element at the offset: one dim of size 1
     sizes = torch.tensor(list(size) or [1], dtype=torch.int64, device=storage.device)
     strides = torch.tensor(list(stride) or [0], dtype=torch.int64, device=storage.device)
     _strided_copy[(triton.cdiv(numel, BLOCK),)](
-        storage.view(bits), out.view(bits), numel, storage.numel(), offset, sizes, strides,
+        raw_bits(storage), raw_bits(out), numel, storage.numel(), offset, sizes, strides,
         NDIM=sizes.numel(), BLOCK=BLOCK, INDEX_32=index_32)
     return out
 

@@ -85,8 +85,8 @@ def _allreduce(world: Any, x: torch.Tensor, out: torch.Tensor, op: str, partials
     target = out.view(torch.int16) if kind == 1 else out
     if n:
         _tile_reduce[(triton.cdiv(n, BLOCK),)](
-            rows.view(torch.int16).view(torch.bfloat16) if kind == 1 else rows, target, n,
-            world.size, OP=OPS[op], KIND=kind, PARTIALS_IN_BF16=partials_in_bf16, BLOCK=BLOCK)
+            rows, target, n, world.size, OP=OPS[op], KIND=kind,
+            PARTIALS_IN_BF16=partials_in_bf16, BLOCK=BLOCK)
     return out
 
 
