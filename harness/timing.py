@@ -80,9 +80,7 @@ class TimingConfig:
         """This config for an implementation run by ``interpreter``: a token budget (one
         call on a shifted copy whose output is still checked), whose time is kept, marked,
         and left out of the history's series, as with ``minimal``."""
-        return replace(self, warmup=0, min_repeats=MINIMAL_REPEATS,
-                       max_repeats=MINIMAL_REPEATS, budget_s=0.0, minimal=True,
-                       interpreter=interpreter)
+        return self._token(interpreter=interpreter)
 
     def for_placement(self, contention: str, force: bool = False) -> TimingConfig:
         """This config where the ranks run with ``contention`` (``World.contention``): as it
@@ -93,9 +91,12 @@ class TimingConfig:
             return self
         if force:
             return replace(self, contention=contention)
+        return self._token(contention=contention)
+
+    def _token(self, **why: str) -> TimingConfig:
+        """A token budget: one call, no warm-up (``minimal``), and why."""
         return replace(self, warmup=0, min_repeats=MINIMAL_REPEATS,
-                       max_repeats=MINIMAL_REPEATS, budget_s=0.0, contention=contention,
-                       minimal=True)
+                       max_repeats=MINIMAL_REPEATS, budget_s=0.0, minimal=True, **why)
 
 
 def summarize(samples_ns: list[float]) -> dict[str, Any]:
