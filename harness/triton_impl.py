@@ -33,6 +33,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import types
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -99,14 +100,20 @@ def _kernel_types() -> tuple[type, ...]:
 
 def kernels_of(fn: Callable[..., Any]) -> list[Any]:
     """The Triton kernels (``@triton.jit``, autotuned or heuristic ones) among the globals of
-    the module that defines ``fn``: how a plain callable is known to launch Triton."""
+    the module that defines ``fn``, and in the modules it imported by name (``import
+    mypkg.kernels as k`` then ``k.scale[grid](...)``, triton's own excepted): how a plain
+    callable is known to launch Triton."""
     kinds = _kernel_types()
     if not kinds:
         return []
     target = getattr(fn, "__wrapped__", fn)
     module = sys.modules.get(getattr(target, "__module__", "") or "")
     names = getattr(target, "__globals__", None) or (vars(module) if module else {})
-    return [v for v in list(names.values()) if isinstance(v, kinds)]
+    values = list(names.values())
+    for v in list(values):
+        if isinstance(v, types.ModuleType) and not v.__name__.startswith("triton"):
+            values += list(vars(v).values())
+    return [v for v in values if isinstance(v, kinds)]
 
 
 def is_triton(fn: Callable[..., Any]) -> bool:

@@ -189,3 +189,24 @@ def test_eight_processes_share_one_triton_cache_without_a_torn_file(tmp_path):
     seen.add(path.read_text())
     assert seen <= set(payloads) and seen
     assert not [d for d in path.parent.iterdir() if d.name.startswith("tmp.")]
+
+
+@needs_triton
+def test_a_launch_function_calling_kernels_of_an_imported_module_is_known_as_triton(tmp_path):
+    (tmp_path / "my_kernels.py").write_text(
+        "import triton\nimport triton.language as tl\n\n@triton.jit\n"
+        "def copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr):\n"
+        "    i = tl.arange(0, BLOCK)\n"
+        "    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n), mask=i < n)\n")
+    (tmp_path / "my_launch.py").write_text(
+        "import my_kernels as k\n\ndef launch(x):\n    return x\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text("import os\n\ndef launch(x):\n    return x\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        launch = load_callable(f"{tmp_path / 'my_launch.py'}:launch")
+        assert triton_impl.interpreter_of(launch, "cpu", {}) == "triton"
+        assert triton_impl.interpreter_of(load_callable(f"{plain}:launch"), "cpu", {}) == ""
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("my_kernels", None)
