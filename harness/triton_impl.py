@@ -111,9 +111,10 @@ def kernels_of(fn: Callable[..., Any]) -> list[Any]:
     names = getattr(target, "__globals__", None) or (vars(module) if module else {})
     values = list(names.values())
     for v in list(values):
-        if isinstance(v, types.ModuleType) and not v.__name__.startswith("triton"):
+        if issubclass(type(v), types.ModuleType) and not v.__name__.startswith("triton"):
             values += list(vars(v).values())
-    return [v for v in values if isinstance(v, kinds)]
+    # type(), not isinstance(): a deprecation proxy among a module's globals warns on __class__
+    return [v for v in values if issubclass(type(v), kinds)]
 
 
 def is_triton(fn: Callable[..., Any]) -> bool:
