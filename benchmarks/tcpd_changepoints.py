@@ -13,8 +13,10 @@ definitions and checked against the examples of that file in tests/test_tcpd_sco
 
 Every detector gets one fixed setting for all series, as TCPDBench's "default" table does:
 
-* ``harness``: ``harness.changepoints.find`` with its defaults, what ``harness detect`` runs
-  on a CSV;
+* ``harness``: ``harness.changepoints.find`` with the trend model, what ``harness detect``
+  runs on a CSV at its defaults;
+* ``harness-level``: the same with the level model, what ``harness run`` and ``harness
+  detect`` on a history DB run on timings;
 * ``none``: no change point (the floor: F1 0.647, cover 0.557 on these 25 series);
 * ``perfherder``: Mozilla Perfherder's rule (treeherder's ``perfalert.detect_changes``: a t
   between the up to 12-24 points before and the 12 from each point on, linearly weighted
@@ -107,11 +109,14 @@ def covering(annotations: Mapping[str, Sequence[int]], predicted: Iterable[int],
 
 # ------------------------------------------------------------------------------- detectors
 
-def harness_find(values: np.ndarray) -> list[int]:
-    sys.path.insert(0, str(HERE.parent))
-    from harness import changepoints
+def harness_find(model: str) -> Detector:
+    def detect(values: np.ndarray) -> list[int]:
+        sys.path.insert(0, str(HERE.parent))
+        from harness import changepoints
 
-    return [cp.index for cp in changepoints.find([float(v) for v in values])]
+        return [cp.index for cp in changepoints.find([float(v) for v in values], model=model)]
+
+    return detect
 
 
 def no_change(values: np.ndarray) -> list[int]:
@@ -191,7 +196,8 @@ def _ruptures(algo: str) -> Detector:
 
 
 DETECTORS: dict[str, tuple[Detector, str | None]] = {
-    "harness": (harness_find, None),
+    "harness": (harness_find("trend"), None),
+    "harness-level": (harness_find("level"), None),
     "none": (no_change, None),
     "perfherder": (perfherder, None),
     "otava": (otava, "otava"),

@@ -2,14 +2,17 @@
 
 A series is a list of runs in order, each a value or the raw samples of one run (a run's value
 is the median of its samples: robust to the odd slow sample). ``find`` segments the run values
-into stretches of one level and reports each boundary as a :class:`ChangePoint`: the first run
-of the new level, the medians before and after, the change in percent, and a p-value.
+into stretches of one level (or one line: ``MODELS``) and reports each boundary as a
+:class:`ChangePoint`: the first run of the new stretch, the medians before and after, the
+change in percent, and a p-value.
 
-The method and its one fixed setting were chosen by measurement (benchmarks/tcpd_changepoints.py
-on 25 human-annotated series, benchmarks/regression_detection.py on recorded harness noise):
-see ``segment``. Every segment holds at least MIN_SIZE runs, so a single odd run is never a
-change point by itself: the newest run alone can only be ``newest_outlier``, "suspicious", until
-the next run confirms the new level or returns to the old one.
+The methods and their one fixed setting were chosen by measurement: the level model, for
+timings, on recorded harness noise (benchmarks/regression_detection.py), the trend model, for
+any other series, on 25 human-annotated series (benchmarks/tcpd_changepoints.py), each the
+wrong one for the other's data (benchmarks/models_on_recorded_noise.py). Every segment holds
+at least MIN_SIZE runs, so a single odd run is never a change point by itself: the newest run
+alone can only be ``newest_outlier``, "suspicious", until the next run confirms the new level
+or returns to the old one.
 
 Pure functions of numbers: the history DB side (matching change points across analyses,
 triage) lives in ``harness.changes``.
@@ -169,29 +172,82 @@ def despike(values: np.ndarray, sigma: float) -> np.ndarray:
 #: the penalty of a change point in ``segment``, in units of sigma^2 * log(n) (BIC's is 2)
 PENALTY = 3.0
 
+#: the two models of a series between its change points. "level": a constant plus noise, the
+#: noise the run-to-run spread (``noise_sigma``): timings, whose changes are steps and whose
+#: noise is read from neighbouring runs. "trend": a straight line plus noise, the noise what a
+#: single line fitted to the whole series leaves (``trend_sigma``): any series, where a slow
+#: drift or a random walk is not a change, and a change is a jump or a turn
+MODELS = ("level", "trend")
+#: the shortest segment of the trend model: a line through two points fits them exactly
+TREND_MIN_SIZE = 3
 
-def segment(values: np.ndarray, sigma: float, penalty: float = PENALTY) -> list[int]:
-    """Optimal partitioning of ``values`` into stretches of one mean (least squares, every
-    stretch at least MIN_SIZE long, a penalty of ``penalty * sigma^2 * log(n)`` per change
-    point): the change point indices, before ``find``'s checks. Exact (Jackson et al. 2005,
-    the recursion PELT prunes), O(n^2) with one numpy step per run: 2 ms for 600 runs."""
+
+def level_cost(values: np.ndarray):
+    """``cost(starts, end)``: the squared residuals of the mean of each ``values[start:end]``
+    (``starts`` an array), from cumulative sums."""
+    x = values - float(np.mean(values))  # centred: the sums of squares stay well conditioned
+    s1 = np.concatenate(([0.0], np.cumsum(x)))
+    s2 = np.concatenate(([0.0], np.cumsum(x * x)))
+
+    def cost(starts: np.ndarray, end: int) -> np.ndarray:
+        return s2[end] - s2[starts] - (s1[end] - s1[starts]) ** 2 / (end - starts)
+
+    return cost
+
+
+def trend_cost(values: np.ndarray):
+    """``cost(starts, end)``: the squared residuals of the least-squares line through each
+    ``values[start:end]``, from cumulative sums (residual = Sxx - Sxt^2 / Stt, centred)."""
     n = values.size
-    if n < 2 * MIN_SIZE:
+    scale = float(np.std(values)) or 1.0
+    x = (values - float(np.mean(values))) / scale  # conditioned, as level_cost's
+    t = np.arange(n, dtype=np.float64) / max(n, 1)
+    sums = [np.concatenate(([0.0], np.cumsum(a))) for a in (t, t * t, x, x * t, x * x)]
+
+    def cost(starts: np.ndarray, end: int) -> np.ndarray:
+        length = end - starts
+        st, stt, sx, sxt, sxx = (s[end] - s[starts] for s in sums)
+        var_t = stt - st * st / length
+        cov = sxt - st * sx / length
+        var_x = sxx - sx * sx / length
+        explained = np.divide(cov * cov, var_t, out=np.zeros_like(cov), where=var_t > 0)
+        return np.maximum(var_x - explained, 0.0) * scale * scale
+
+    return cost
+
+
+def trend_sigma(values: np.ndarray, floor: float = 0.0) -> float:
+    """The noise of the trend model: the standard deviation of what one straight line fitted
+    to the whole series leaves (its changes count as noise, which keeps the model from
+    cutting a wandering series into many stretches), at least ``floor``."""
+    if values.size < 3:
+        return floor
+    t = np.arange(values.size, dtype=np.float64)
+    residual = values - np.polyval(np.polyfit(t, values, 1), t)
+    return max(float(np.std(residual)), floor)
+
+
+def segment(values: np.ndarray, sigma: float, penalty: float = PENALTY,
+            model: str = "level") -> list[int]:
+    """Optimal partitioning of ``values`` into stretches of one level (``model`` "level": one
+    mean, every stretch at least MIN_SIZE long) or one line ("trend": at least TREND_MIN_SIZE),
+    least squares, with a penalty of ``penalty * sigma^2 * log(n)`` per change point: the
+    change point indices, before ``find``'s checks. Exact (Jackson et al. 2005, the recursion
+    PELT prunes), O(n^2) with one numpy step per run: 2 ms for 600 runs."""
+    n = values.size
+    min_size = TREND_MIN_SIZE if model == "trend" else MIN_SIZE
+    if n < 2 * min_size:
         return []
     if sigma <= 0:
         sigma = float(np.std(values)) or 1.0
     pen = penalty * sigma * sigma * math.log(n)
-    x = values - float(np.mean(values))  # centred: the sums of squares stay well conditioned
-    s1 = np.concatenate(([0.0], np.cumsum(x)))
-    s2 = np.concatenate(([0.0], np.cumsum(x * x)))
+    cost = trend_cost(values) if model == "trend" else level_cost(values)
     best = np.full(n + 1, np.inf)
     best[0] = -pen
     last = np.zeros(n + 1, dtype=np.int64)
-    for end in range(MIN_SIZE, n + 1):
-        starts = np.arange(0, end - MIN_SIZE + 1)
-        length = end - starts
-        seg = s2[end] - s2[starts] - (s1[end] - s1[starts]) ** 2 / length
-        total = best[starts] + seg + pen
+    for end in range(min_size, n + 1):
+        starts = np.arange(0, end - min_size + 1)
+        total = best[starts] + cost(starts, end) + pen
         k = int(np.argmin(total))
         best[end], last[end] = total[k], starts[k]
     bounds, end = [], n
@@ -238,7 +294,7 @@ def log_runs(runs: Sequence[Sequence[float] | float]) -> list[np.ndarray | float
 
 
 def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
-         alpha: float = ALPHA, log: bool = False) -> list[ChangePoint]:
+         alpha: float = ALPHA, log: bool = False, model: str = "level") -> list[ChangePoint]:
     """The change points of a series of runs (oldest first), both directions.
 
     ``segment`` proposes boundaries; each must then hold up against its two neighbouring
@@ -249,16 +305,24 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     segments merge, and the rest are judged again, until all hold.
 
     ``log``: analyse the logs of the values (``log_runs``; for timings), report the medians
-    in the values' own units."""
+    in the values' own units. ``model``: one of MODELS; under "trend" a boundary's p-value is
+    that of the fit it adds (``trend_p``), and the nearer-median check does not apply (a turn
+    of a line need not move the median)."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
     shown, raw, floor = _prepared(runs, log)
     keep = np.flatnonzero(np.isfinite(raw))  # runs without a value drop out, positions kept
     values, shown = raw[keep], shown[keep]
-    sigma = noise_sigma(values, floor)
-    # spikes inflate the differences' spread too: estimate again without them
-    sigma = noise_sigma(despike(values, sigma), floor)
-    bounds = segment(despike(values, sigma), sigma)
+    if model == "trend":
+        sigma = trend_sigma(values, floor)
+        bounds = segment(values, sigma, model="trend")
+    else:
+        sigma = noise_sigma(values, floor)
+        # spikes inflate the differences' spread too: estimate again without them
+        sigma = noise_sigma(despike(values, sigma), floor)
+        bounds = segment(despike(values, sigma), sigma)
     while True:
-        judged = [_judge(values, shown, bounds, j, sigma) for j in range(len(bounds))]
+        judged = [_judge(values, shown, bounds, j, sigma, model) for j in range(len(bounds))]
         failing = [(badness, j) for j, (_, badness) in enumerate(judged)
                    if badness > alpha or (min_change_pct > 0 and not
                                           abs(judged[j][0].change_pct) >= min_change_pct)]
@@ -283,20 +347,41 @@ def _prepared(runs: Sequence[Sequence[float] | float],
     return shown, values, sample_floor(log_runs(runs))
 
 
+def trend_p(values: np.ndarray, at: int, sigma: float) -> float:
+    """p-value of a boundary at ``values[at]`` under the trend model: what two lines (before
+    ``at``, from it on) explain beyond one line through all of ``values``, in units of sigma^2,
+    against chi-square with 2 degrees of freedom (Chow's test with the noise known: the
+    stretch right after a change is too short to estimate its own)."""
+    from scipy.stats import chi2
+
+    if sigma <= 0.0:
+        return 0.0
+    cost = trend_cost(values)
+    whole = np.array([0])
+    gain = float(cost(whole, values.size)[0] - cost(whole, at)[0]
+                 - cost(np.array([at]), values.size)[0])
+    return float(chi2.sf(max(gain, 0.0) / (sigma * sigma), 2))
+
+
 def _judge(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int,
-           sigma: float) -> tuple[ChangePoint, float]:
+           sigma: float, model: str = "level") -> tuple[ChangePoint, float]:
     """Boundary ``j`` as a ChangePoint, and how badly it fails: its p-value, or 2.0 when one
-    side has fewer than MIN_SIZE runs nearer its own median."""
+    side has fewer than MIN_SIZE runs nearer its own median (level model only)."""
     edges = [0, *bounds, values.size]
     b = bounds[j]
     lo, hi = max(edges[j], b - WINDOW), min(edges[j + 2], b + WINDOW)
     left, right = values[lo:b], values[b:hi]
     before, after = float(np.median(left)), float(np.median(right))
-    p = p_value(left, right, sigma)
+    if model == "trend":
+        p = trend_p(values[edges[j]:edges[j + 2]], b - edges[j], sigma)
+    else:
+        p = p_value(left, right, sigma)
     # the medians in the values' own units (in log, an even count's would be a geometric mean)
     level = (float(np.median(shown[lo:b])), float(np.median(shown[b:hi])))
     cp = ChangePoint(index=b, before=level[0], after=level[1], change_pct=_change_pct(*level),
                      p_value=p, n_before=int(left.size), n_after=int(right.size))
+    if model == "trend":
+        return cp, p
     nearer_after = np.abs(right - after) < np.abs(right - before)
     nearer_before = np.abs(left - before) < np.abs(left - after)
     if int(nearer_after.sum()) < MIN_SIZE or int(nearer_before.sum()) < MIN_SIZE:

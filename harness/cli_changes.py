@@ -200,12 +200,18 @@ def read_db(path: Path) -> dict[str, list[tuple[str, list[float], str | None]]]:
               help="Analyse the logs of the values (for data that varies by ratio, such as "
                    "timings) or the values.  [default: --log for a history DB, --linear for "
                    "a CSV]")
+# changepoints.MODELS, spelled out: importing it would load numpy for every command's --help
+@click.option("--model", type=click.Choice(["level", "trend"]), default=None,
+              help="Between change points a series is a level plus run-to-run noise (level: "
+                   "timings, what `harness run` analyses) or a line plus noise (trend: any "
+                   "series; a drift or a wander is not a change, a jump or a turn is).  "
+                   "[default: level for a history DB, trend for a CSV]")
 @click.option("--json", "as_json", is_flag=True,
               help="A JSON list of {series, index, run or commit, before, after, change_pct, "
                    "p_value, direction}.")
 @click.pass_context
 def detect(ctx: click.Context, path: Path, min_change: float, log: bool | None,
-           as_json: bool) -> None:
+           model: str | None, as_json: bool) -> None:
     """The change points of every series in PATH, both directions.
 
     PATH is a history DB, or a CSV with the columns series,order,value[,commit]: one row per
@@ -221,6 +227,8 @@ def detect(ctx: click.Context, path: Path, min_change: float, log: bool | None,
     series = read_db(path) if from_db else read_csv(path)
     if log is None:  # a history holds timings, analysed as `harness run` does
         log = regress.TIMINGS_IN_LOG if from_db else False
+    if model is None:
+        model = "level" if from_db else "trend"
     if log:
         for name, runs in series.items():
             bad = next(((order, v) for order, values, _ in runs for v in values if not v > 0),
@@ -232,7 +240,7 @@ def detect(ctx: click.Context, path: Path, min_change: float, log: bool | None,
     found = []
     for name, runs in series.items():
         for cp in changepoints.find([values for _, values, _ in runs],
-                                    min_change_pct=min_change, log=log):
+                                    min_change_pct=min_change, log=log, model=model):
             order, _, commit = runs[cp.index]
             d = {"series": name, "index": cp.index}
             if from_db:

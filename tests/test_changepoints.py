@@ -145,3 +145,77 @@ def test_a_spike_right_before_a_step_does_not_move_the_step():
     x = np.log(np.array(nights))
     despiked = cp.despike(x, 0.05)
     assert despiked[2] == (x[1] + x[3]) / 2 and np.array_equal(despiked[3:], x[3:])
+
+
+# ------------------------------------------------------------------ the trend model
+
+def brute_force_trend_segment(values: np.ndarray, pen: float) -> list[int]:
+    """As ``brute_force_segment``, each stretch a least-squares line of TREND_MIN_SIZE or more."""
+    n, m = values.size, cp.TREND_MIN_SIZE
+    best, best_cuts = math.inf, []
+    for k in range(0, n // m):
+        for cuts in itertools.combinations(range(m, n - m + 1), k):
+            edges = [0, *cuts, n]
+            if any(b - a < m for a, b in itertools.pairwise(edges)):
+                continue
+            cost = pen * k
+            for a, b in itertools.pairwise(edges):
+                t = np.arange(a, b, dtype=float)
+                cost += float(np.sum((values[a:b] - np.polyval(np.polyfit(t, values[a:b], 1),
+                                                               t)) ** 2))
+            if cost < best - 1e-9:
+                best, best_cuts = cost, list(cuts)
+    return best_cuts
+
+
+def test_trend_cost_is_the_residual_of_a_fitted_line():
+    values = 1e6 + 50 * noise(7, 40) + np.linspace(0, 300, 40)  # large offset: conditioning
+    cost = cp.trend_cost(values)
+    for start, end in [(0, 40), (3, 9), (10, 13), (20, 40)]:
+        t = np.arange(start, end, dtype=float)
+        residual = values[start:end] - np.polyval(np.polyfit(t, values[start:end], 1), t)
+        assert cost(np.array([start]), end)[0] == pytest.approx(float(np.sum(residual ** 2)),
+                                                               rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_trend_segment_is_the_exact_optimum(seed):
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(6, 12))
+    t = np.arange(n, dtype=float)
+    turn = int(rng.integers(3, n - 2))
+    values = rng.normal(0, 1, n) + np.where(t < turn, 2 * t, 2 * turn - 3 * (t - turn))
+    penalty = float(rng.uniform(0.2, 3.0))
+    assert cp.segment(values, 1.0, penalty, model="trend") == brute_force_trend_segment(
+        values, penalty * math.log(n))
+
+
+def test_a_drift_is_no_change_under_trend_but_cut_into_levels_under_level():
+    values = list(100 + np.arange(60) * 0.5 + noise(11, 60))
+    assert cp.find(values, model="trend") == []
+    assert len(cp.find(values, model="level")) >= 2
+
+
+@pytest.mark.parametrize("shape, at", [("jump", 30), ("turn", 30)])
+def test_a_jump_or_a_turn_of_a_trend_is_found_once_where_it_starts(shape, at):
+    t = np.arange(60, dtype=float)
+    if shape == "jump":  # a rising series that jumps by 3 sigma
+        line = 0.2 * t + np.where(t >= at, 3.0, 0.0)
+    else:  # a rising series that turns and falls, with no jump
+        line = np.where(t < at, 0.2 * t, 0.2 * at - 0.2 * (t - at))
+    (found,) = cp.find(list(100 + line + noise(12, 60)), model="trend")
+    assert abs(found.index - at) <= 1 and found.p_value < 1e-5
+    if shape == "jump":  # a turn's direction is that of its medians, which barely move
+        assert found.direction == "up" and found.change_pct > 0
+
+
+def test_pure_noise_rarely_has_a_trend_change_point():
+    with_one = sum(bool(cp.find(list(100 + noise(seed, 40)), model="trend"))
+                   for seed in range(200))
+    assert with_one <= 20
+
+
+def test_a_series_too_short_for_two_lines_has_no_trend_change_point():
+    assert cp.find([1.0, 1.0, 1.0, 50.0, 50.0], model="trend") == []
+    with pytest.raises(ValueError, match="unknown model 'steps': one of level, trend"):
+        cp.find([1.0, 2.0], model="steps")

@@ -125,12 +125,32 @@ def test_detect_log_scale_on_a_csv_and_a_value_without_a_log(tmp_path, capsys):
     values = [5.2, 5.0, 5.3, 2100.0, 2000.0]
     path = write_csv(tmp_path / "t.csv", [f"copy,{i},{v}," for i, v in enumerate(values)])
     code, out, _ = cli(capsys, "detect", str(path), "--log", "--json")
+    assert code == 0 and json.loads(out) == []  # the trend model needs 3 runs a side
+    code, out, _ = cli(capsys, "detect", str(path), "--log", "--model", "level", "--json")
     assert code == 0 and [(p["index"], p["direction"]) for p in json.loads(out)] == [(3, "up")]
     assert json.loads(out)[0]["before"] == 5.2 and json.loads(out)[0]["after"] == 2050.0
     bad = write_csv(tmp_path / "z.csv", ["copy,0,1.0,", "copy,1,0,"])
     code, _, err = cli(capsys, "detect", str(bad), "--log")
     assert code == 2 and "series 'copy' order 1 has the value 0, which has no log" in err
     assert "--linear" in err
+
+
+def test_detect_models_a_csv_as_trends_and_a_history_db_as_levels(tmp_path, stepped_db,
+                                                                   capsys):
+    from harness import changepoints, cli_changes
+
+    model = next(p for p in cli_changes.detect.params if p.name == "model")
+    assert tuple(model.type.choices) == changepoints.MODELS
+    rng = np.random.default_rng(3)  # a steady drift: no change of a trend, many of a level
+    path = write_csv(tmp_path / "drift.csv", [f"d,{i},{100 + 0.5 * i + rng.normal():.3f},"
+                                              for i in range(60)])
+    code, out, _ = cli(capsys, "detect", str(path), "--json")
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = cli(capsys, "detect", str(path), "--model", "level", "--json")
+    assert code == 0 and len(json.loads(out)) >= 2
+    _, by_default, _ = cli(capsys, "detect", str(stepped_db), "--json")
+    _, as_levels, _ = cli(capsys, "detect", str(stepped_db), "--model", "level", "--json")
+    assert json.loads(by_default) == json.loads(as_levels) != []
 
 
 @pytest.mark.parametrize("content, message", [
