@@ -580,32 +580,44 @@ def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
     assert "not bitwise equal" in results["triton_int32_index"]["reason"]
 
 
-def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(tmp_path):
-    out = harness(tmp_path, "run", "allreduce[*op=min*]", "allreduce[*op=max*]",
-                  "--world-sizes", "4", "--no-bench", "--timeout", "5", "--grace", "20",
-                  "--impl", "harness_test_impls:hang_on_last_rank", timeout=300)
-    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    results = rows(tmp_path / "h.db", "SELECT case_id, status, reason, started_at FROM results "
+# one launch for both faults: the hang's and the crash's implementations each fail the same
+# case, every other case of theirs must still run (in a relaunched job) and pass
+_FAULT_SELECTORS = ("allreduce[*op=min*]", "allreduce[*op=max*]")
+_FAULT_IMPLS = ("harness_test_impls:hang_on_last_rank", "harness_test_impls:crash_on_rank_one")
+_FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
+
+
+@pytest.fixture(scope="module")
+def faults_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("faults")
+    impls = [a for impl in _FAULT_IMPLS for a in ("--impl", impl)]
+    out = harness(tmp_path, "run", *_FAULT_SELECTORS, "--world-sizes", "4", "--no-bench",
+                  "--timeout", "5", "--grace", "20", *impls, timeout=400)
+    results = rows(tmp_path / "h.db", "SELECT case_id, impl, status, reason FROM results "
                                       "ORDER BY started_at")
-    statuses = {r["case_id"]: r["status"] for r in results}
-    hung = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
-    assert statuses.pop(hung) == "timeout"
-    assert "deadline" in next(r["reason"] for r in results if r["case_id"] == hung)
-    # every other case ran (those after the hang in a relaunched job) and passed
-    assert len(statuses) == len(planned_items(
-        tmp_path, "allreduce[*op=min*]", "allreduce[*op=max*]", "--world-sizes", "4",
-        "--impl", "harness_test_impls:hang_on_last_rank")) - 1
-    assert set(statuses.values()) == {"pass"}
+    planned = planned_items(tmp_path, *_FAULT_SELECTORS, "--world-sizes", "4", *impls)
+    return out, results, planned
 
 
-def test_a_rank_that_dies_is_recorded_as_crash_and_the_run_goes_on(tmp_path):
-    out = harness(tmp_path, "run", "allreduce[*op=min*]", "--world-sizes", "4", "--no-bench",
-                  "--impl", "harness_test_impls:crash_on_rank_one", timeout=300)
-    assert out.returncode == 1
-    results = rows(tmp_path / "h.db", "SELECT case_id, status FROM results")
-    statuses = {r["case_id"]: r["status"] for r in results}
-    assert statuses.pop("allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]") == "crash"
-    assert statuses and set(statuses.values()) == {"pass"}
+def _fault_statuses(faults_run, impl):
+    out, results, planned = faults_run
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    mine = [r for r in results if r["impl"] == impl]
+    assert len(mine) == len(planned) // len(_FAULT_IMPLS)  # every case ran, after the fault too
+    return {r["case_id"]: r for r in mine}
+
+
+def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(faults_run):
+    got = _fault_statuses(faults_run, "harness_test_impls:hang_on_last_rank")
+    hung = got.pop(_FAULT_CASE)
+    assert hung["status"] == "timeout" and "deadline" in hung["reason"]
+    assert {r["status"] for r in got.values()} == {"pass"}
+
+
+def test_a_rank_that_dies_is_recorded_as_crash_and_the_run_goes_on(faults_run):
+    got = _fault_statuses(faults_run, "harness_test_impls:crash_on_rank_one")
+    assert got.pop(_FAULT_CASE)["status"] == "crash"
+    assert got and {r["status"] for r in got.values()} == {"pass"}
 
 
 @pytest.mark.parametrize("args, code, needle", [
