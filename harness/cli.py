@@ -154,18 +154,61 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="After the run, render the dashboard of the whole history into this "
                    "directory (as `harness report --out DIR`).")
+@click.option("--resume", "resume_id", default=None, metavar="RUN_ID",
+              help="Finish a run that was killed (its id, or the start of it): the cases it "
+                   "recorded stay, the missing ones run with the run's own selection and "
+                   "options, then it is stored and analysed once. --db or --out-dir say where "
+                   "its folder is; --timeout, --fail-on, --launcher, --launcher-args, "
+                   "--hostfile, --grace and --report may be given anew.")
 @click.pass_context
-def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: str,
-        impls: tuple[str, ...], device: str, bench: bool | None, db: str | None,
-        out_dir: str | None,
-        timeout: float | None, fail_on: str, launcher: str | None, launcher_args: str,
-        hostfile: str | None, grace: float, golden_dir: str | None, use_golden: bool,
-        timing_mode: str, l2_flush: bool, report_dir: str | None) -> None:
+def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     """Run, check and time the selected cases at each world size; record them in the DB.
 
     SELECTORS are families (collectives), ops (allreduce) or globs over case ids
     ('allreduce[*dtype=bf16*]'); none selects everything in the tier.
     """
+    if resume_id is None:
+        _run(ctx, resumed=None, **params)
+        return
+    from harness import envinfo, resume, store
+    from harness.spec import use_suites
+
+    given = sorted(name for name in resume.KEPT
+                   if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT,
+                                                             click.core.ParameterSource.DEFAULT_MAP,
+                                                             None))
+    if given:
+        flags = ", ".join("SELECTORS" if n == "selectors" else "--" + n.replace("_", "-")
+                          for n in given)
+        _fail(f"--resume finishes a run with the selection and options it was started with: "
+              f"drop {flags}", EXIT_USAGE)
+    db_path = store.resolve_db_path(params["db"])
+    runs_root = Path(params["out_dir"]) if params["out_dir"] else db_path.parent / "runs"
+    try:
+        run_dir, info = resume.locate(runs_root, resume_id)
+        options = resume.options_of(info)
+        resume.check_same_machine(info, envinfo.machine())
+        resume.check_same_commit(info, envinfo.git_commit())
+        stopped = resume.stop_leftovers(info.run_id)
+    except resume.ResumeError as exc:
+        _fail(str(exc), EXIT_USAGE)
+    if stopped:
+        err_console.print(f"stopped {len(stopped)} process(es) left running by run "
+                          f"{info.run_id}", highlight=False)
+    resume.cut_torn_line(run_dir / "results.jsonl")
+    use_suites(options.pop("suite_sources", []), options.pop("suite_golden_dir", None))
+    for name in resume.KEPT:
+        params[name] = tuple(options[name]) if isinstance(options[name], list) else options[name]
+    _run(ctx, resumed=(run_dir, info), **params)
+
+
+def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, selectors: tuple[str, ...],
+         tier: str, world_sizes: str, impls: tuple[str, ...], device: str, bench: bool | None,
+         db: str | None, out_dir: str | None, timeout: float | None, fail_on: str,
+         launcher: str | None, launcher_args: str, hostfile: str | None, grace: float,
+         golden_dir: str | None, use_golden: bool, timing_mode: str, l2_flush: bool,
+         report_dir: str | None) -> None:
+    """``run``'s body: a new run, or the ``resumed`` one's (run directory, RunInfo)."""
     import shlex
 
     from harness import envinfo, store
@@ -199,14 +242,26 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
             _fail(f"{blockers[0]} (`harness env --check` lists every check)", EXIT_USAGE)
 
     db_path = store.resolve_db_path(db)
-    runs_root = Path(out_dir) if out_dir else db_path.parent / "runs"
-    run_id = uuid.uuid4().hex
-    run_dir = (runs_root / run_id).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    env = envinfo.environment(mpiexec)
-    info = RunInfo(run_id=run_id, started_at=time.time(), tier=tier, world_sizes=sizes,
-                   machine=envinfo.machine(), env=env, selectors=list(selectors),
-                   impls=list(impls), argv=sys.argv[1:], git_commit=env.get("git_commit"))
+    if resumed is None:
+        runs_root = Path(out_dir) if out_dir else db_path.parent / "runs"
+        run_id = uuid.uuid4().hex
+        run_dir = (runs_root / run_id).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        env = envinfo.environment(mpiexec)
+        kept = {"selectors": list(selectors), "tier": tier, "world_sizes": world_sizes,
+                "impls": list(impls), "device": device, "bench": bench,
+                "golden_dir": golden_dir, "use_golden": use_golden,
+                "timing_mode": timing_mode, "l2_flush": l2_flush,
+                "suite_sources": list(extra_suites()[0]),
+                "suite_golden_dir": _str_or_none(extra_suites()[1])}
+        info = RunInfo(run_id=run_id, started_at=time.time(), tier=tier, world_sizes=sizes,
+                       machine=envinfo.machine(), env=env, selectors=list(selectors),
+                       impls=list(impls), argv=sys.argv[1:], git_commit=env.get("git_commit"),
+                       options=kept)
+    else:
+        run_dir, info = resumed
+        run_id, env = info.run_id, info.env
+        info.status = "running"
     info.write(run_dir / "run.json")
     calibrations = _write_calibrations(db_path, info.machine["fingerprint"], run_dir)
     cfg = LaunchConfig(launcher=mpiexec, run_dir=run_dir, run_id=run_id, tier=tier,
@@ -218,8 +273,9 @@ def run(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: 
                        l2_flush=l2_flush, calibrations=calibrations,
                        golden_dir=str(Path(golden_dir).resolve()) if golden_dir else None,
                        suites=extra_suites()[0], suite_golden_dir=_str_or_none(extra_suites()[1]))
-    err_console.print(f"run {run_id}  tier={tier}  world sizes={sizes}  -> {run_dir}")
-    if not impls:  # said once the run is sure to start
+    err_console.print(f"{'resuming run' if resumed else 'run'} {run_id}  tier={tier}  "
+                      f"world sizes={sizes}  -> {run_dir}")
+    if not impls and resumed is None:  # said once the run is sure to start
         from harness.spec import not_runnable
 
         left_out = not_runnable(specs, resolved.type)

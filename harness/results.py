@@ -156,6 +156,9 @@ class RunInfo:
     impls: list[str] = field(default_factory=list)
     argv: list[str] = field(default_factory=list)
     git_commit: str | None = None
+    #: the options of the ``harness run`` that started it, by parameter name (what
+    #: ``--resume`` runs it with; run.json only, not a DB column)
+    options: dict[str, Any] = field(default_factory=dict)
     #: "running", "complete", "partial" (some launches failed), "infra_error" or
     #: "config_error" (the ranks found no placement for themselves)
     status: str = "running"

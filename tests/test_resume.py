@@ -1,0 +1,165 @@
+"""`harness run --resume`: a run killed half-way is finished, not started over
+(harness/resume.py), with a real SIGKILL of a real `harness run` and its MPI ranks."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import resume
+from harness.cli import main
+from harness.results import RunInfo
+
+HELPERS = Path(__file__).parent / "helpers"
+# slow enough that the kill lands while world size 2 runs, fast enough for the test budget
+SELECTION = ("allreduce[*op=sum*]", "--world-sizes", "1,2", "--no-bench",
+             "--impl", "harness_test_impls:sleepy")
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "HARNESS_DB": str(tmp_path / "h.db"), "HARNESS_TEST_DELAY_S": "0.05",
+            "PYTHONPATH": os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])}
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def test_a_run_killed_with_sigkill_is_finished_by_resume_once(tmp_path):
+    env = _env(tmp_path)
+    planned = json.loads(subprocess.run(
+        [sys.executable, "-m", "harness", "list", "--json", *SELECTION[:3], *SELECTION[4:]],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout)
+    expected = {(p["case_id"], p["impl"], p["world_size"]) for p in planned}
+    at_one = sum(1 for p in planned if p["world_size"] == 1)
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", *SELECTION], cwd=tmp_path,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    results = None
+    while time.monotonic() < deadline and proc.poll() is None:
+        found = list((tmp_path / "runs").glob("*/results.jsonl"))
+        if found and _lines(found[0]) >= at_one + 3:  # world size 2 is under way
+            results = found[0]
+            break
+        time.sleep(0.05)
+    assert results is not None and proc.poll() is None, "the run ended before it was killed"
+    proc.send_signal(signal.SIGKILL)  # the harness alone: its job's ranks go on without it
+    proc.wait()
+    killed_at = _lines(results)
+    assert killed_at < len(expected)
+    run_id = results.parent.name
+    # killed before its end: nothing of it is in the DB yet, its directory holds it all
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--resume", run_id[:10]],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert f"resuming run {run_id}" in out.stderr
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    keys = collections.Counter((d["case_id"], d["impl"], d["world_size"]) for d in lines)
+    assert set(keys) == expected and max(keys.values()) == 1  # nothing lost, nothing twice
+    with sqlite3.connect(tmp_path / "h.db") as conn:
+        stored = conn.execute("SELECT case_id, impl, world_size, status FROM results "
+                              "WHERE run_id = ?", (run_id,)).fetchall()
+        runs = conn.execute("SELECT run_id, status FROM runs").fetchall()
+    assert {(c, i, w) for c, i, w, _ in stored} == expected and len(stored) == len(expected)
+    assert {s for *_, s in stored} == {"pass"} and runs == [(run_id, "complete")]
+    # and resumed again, a finished run runs nothing and stays as it was
+    again = subprocess.run([sys.executable, "-m", "harness", "run", "--resume", run_id],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and _lines(results) == len(expected), again.stderr[-2000:]
+
+
+def _run_dir(tmp_path: Path, run_id: str, **changes) -> Path:
+    run_dir = tmp_path / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    from harness import envinfo
+
+    fields = dict(run_id=run_id, started_at=1.0, tier="smoke", world_sizes=[1],
+                  machine=envinfo.machine(), env={}, git_commit=None,
+                  options={"selectors": ["allreduce[*n=1031,op=sum*]"], "tier": "smoke",
+                           "world_sizes": "1", "impls": ["torch"], "device": "cpu",
+                           "bench": False, "golden_dir": None, "use_golden": True,
+                           "timing_mode": "events", "l2_flush": False})
+    fields.update(changes)
+    RunInfo(**fields).write(run_dir / "run.json")
+    return run_dir
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("allreduce",), "drop SELECTORS"),
+    (("--tier", "nightly", "--world-sizes", "4"), "drop --tier, --world-sizes"),
+    (("--impl", "torch"), "drop --impls"),
+])
+def test_resume_keeps_the_runs_selection(tmp_path, monkeypatch, capsys, args, needle):
+    monkeypatch.setenv("HARNESS_DB", str(tmp_path / "h.db"))
+    code, _, err = cli(capsys, "run", "--resume", "abc", *args)
+    assert code == 2 and needle in err and "--resume finishes a run" in err
+
+
+def test_resume_says_which_run_it_cannot_find_or_tell_apart(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_DB", str(tmp_path / "h.db"))
+    _run_dir(tmp_path, "abc123")
+    _run_dir(tmp_path, "abd456")
+    code, _, err = cli(capsys, "run", "--resume", "zzz")
+    assert code == 2 and "no run 'zzz' in" in err and "--db (or --out-dir)" in err
+    code, _, err = cli(capsys, "run", "--resume", "ab")
+    assert code == 2 and "ambiguous" in err and "abc123" in err and "abd456" in err
+
+
+def test_resume_refuses_another_machine_another_commit_and_an_unrecorded_run(tmp_path):
+    from harness import envinfo
+
+    here = envinfo.machine()
+    elsewhere = _run_dir(tmp_path, "r1", machine={**here, "fingerprint": "f0", "hostname": "n7"})
+    info = RunInfo.read(elsewhere / "run.json")
+    with pytest.raises(resume.ResumeError, match="started on machine n7 .* resume it there"):
+        resume.check_same_machine(info, here)
+    resume.check_same_machine(RunInfo.read(_run_dir(tmp_path, "r2") / "run.json"), here)
+    older = RunInfo.read(_run_dir(tmp_path, "r3", git_commit="a" * 40) / "run.json")
+    with pytest.raises(resume.ResumeError, match="started at commit aaaaaaaaaaaa, this "
+                                                 "checkout is at bbbbbbbbbbbb"):
+        resume.check_same_commit(older, "b" * 40)
+    resume.check_same_commit(older, None)  # not in a git checkout: nothing to compare
+    bare = RunInfo.read(_run_dir(tmp_path, "r4", options={}) / "run.json")
+    with pytest.raises(resume.ResumeError, match="does not record the options"):
+        resume.options_of(bare)
+
+
+def test_a_half_written_last_line_is_cut_before_more_are_appended(tmp_path):
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": ')
+    assert resume.cut_torn_line(path) == len(b'{"c": ')
+    assert path.read_bytes() == b'{"a": 1}\n{"b": 2}\n'
+    assert resume.cut_torn_line(path) == 0 and resume.cut_torn_line(tmp_path / "none") == 0
+
+
+def test_leftover_processes_of_a_run_are_stopped_and_no_others(tmp_path):
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    mine = subprocess.Popen(sleeper, env={**os.environ, "HARNESS_RUN_ID": "run-x"})
+    other = subprocess.Popen(sleeper, env={**os.environ, "HARNESS_RUN_ID": "run-y"})
+    try:
+        time.sleep(0.2)
+        assert resume.stop_leftovers("run-x") == [mine.pid]
+        assert mine.wait(timeout=10) == -signal.SIGKILL and other.poll() is None
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
