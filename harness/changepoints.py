@@ -135,33 +135,43 @@ def sample_floor(runs: Sequence[Sequence[float] | float]) -> float:
 #: _LOCAL runs around it, is a spike (see ``despike``)
 SPIKE_SIGMAS = 4.0
 _LOCAL = 7
+#: the longest excursion ``despike`` sets aside: on a shared machine slow runs come two or
+#: three in a row as often as alone (benchmarks/data: a quarter to a third of the runs)
+EXCURSION_RUNS = 3
 
 
 def despike(values: np.ndarray, sigma: float) -> np.ndarray:
-    """``values`` with every isolated spike (a run more than SPIKE_SIGMAS sigmas above or below
-    both neighbours, which are of one level) replaced by the mean of its neighbours, for the
-    segmentation only: a loaded machine makes single runs 50% slower, and least squares would
-    pay a change point to fit each. A step is never touched (the run after its first is at the
-    new level too), nor is the newest run (it has no neighbour after it: ``newest_outlier``
-    judges it)."""
+    """``values`` with every excursion replaced by the mean of its two neighbours, for the
+    segmentation only. An excursion is 1 to EXCURSION_RUNS runs each more than SPIKE_SIGMAS
+    sigmas above (or each below) both neighbours, which are of one level, and off the median
+    of the _LOCAL runs around it: a loaded machine makes runs 50% slower, alone or a few in a
+    row, and least squares would pay two change points to fit each, which then hide a real
+    step beside them (the new level is judged against the excursion, not the level before
+    it). A step is never touched (the run after it is at the new level too, not back), nor
+    is the newest run (it has no neighbour after it: ``newest_outlier`` judges it)."""
     if values.size < 3 or sigma <= 0:
         return values
     x = values.copy()
     reach = SPIKE_SIGMAS * sigma
-    left, mid, right = values[:-2], values[1:-1], values[2:]
-    # between two runs of one level: the run before a step, whose left neighbour is a spike,
-    # is below both neighbours too, but they are not of one level
-    level = np.abs(left - right) <= reach
-    up = (mid - left > reach) & (mid - right > reach) & level
-    down = (left - mid > reach) & (right - mid > reach) & level
-    # and off the local level too: an ordinary run between two spikes is off both of its
-    # neighbours as well, but not off the median of the runs around it
     half = _LOCAL // 2
     padded = np.pad(values, half, mode="edge")
     local = np.median(np.lib.stride_tricks.sliding_window_view(padded, _LOCAL), axis=1)
-    off = np.abs(mid - local[1:-1]) > reach
-    spikes = np.flatnonzero((up | down) & off) + 1
-    x[spikes] = (values[spikes - 1] + values[spikes + 1]) / 2.0
+    windows = np.lib.stride_tricks.sliding_window_view
+    for k in range(1, EXCURSION_RUNS + 1):
+        if values.size < k + 2:
+            break
+        left, right = values[:-k - 1], values[k + 1:]  # the neighbours of values[i:i + k]
+        runs, near = windows(values[1:-1], k), windows(local[1:-1], k)
+        # between two runs of one level: the run before a step, whose left neighbour is a
+        # spike, is below both neighbours too, but they are not of one level
+        level = np.abs(left - right) <= reach
+        up = np.all(runs - np.maximum(left, right)[:, None] > reach, axis=1)
+        down = np.all(np.minimum(left, right)[:, None] - runs > reach, axis=1)
+        # and off the local level: an ordinary run between two spikes is off both of its
+        # neighbours as well, but not off the median of the runs around it
+        off = np.all(np.abs(runs - near) > reach, axis=1)
+        for i in np.flatnonzero(level & (up | down) & off) + 1:
+            x[i:i + k] = (values[i - 1] + values[i + k]) / 2.0
     # the two ends have one neighbour: whether they are spikes is not known, but each is held
     # within SPIKE_SIGMAS of it, so that one wild run cannot move where a boundary falls
     x[0] = min(max(x[0], x[1] - reach), x[1] + reach)

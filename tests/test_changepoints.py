@@ -219,3 +219,22 @@ def test_a_series_too_short_for_two_lines_has_no_trend_change_point():
     assert cp.find([1.0, 1.0, 1.0, 50.0, 50.0], model="trend") == []
     with pytest.raises(ValueError, match="unknown model 'steps': one of level, trend"):
         cp.find([1.0, 2.0], model="steps")
+
+
+def test_an_excursion_of_up_to_three_runs_is_set_aside_and_a_step_beside_it_is_found():
+    base = list(100 + noise(21, 20))
+    for slow in ([190.0, 175.0], [160.0, 185.0, 170.0]):
+        # slow runs that come back to the level around them: no level of their own
+        values = np.log(np.array(base + slow + list(100 + noise(22, 6))))
+        sigma = cp.noise_sigma(values)
+        assert np.all(np.abs(cp.despike(values, sigma) - math.log(100)) < 0.05)
+        # and a +10% step two runs after them is judged against the level before them
+        stepped = base + slow + [99.0, 101.0] + list(110 + noise(23, 2))
+        found = [c for c in cp.find(stepped, log=True) if c.index == len(stepped) - 2]
+        assert found and found[0].direction == "up", cp.find(stepped, log=True)
+        assert found[0].change_pct == pytest.approx(10, abs=2)
+    # four slow runs are a level, and a step that stays is never set aside
+    four = np.log(np.array(base + [180.0] * 4 + list(100 + noise(24, 6))))
+    assert np.allclose(cp.despike(four, cp.noise_sigma(four))[20:24], math.log(180.0))
+    step = np.log(np.array(base + [180.0] * 3))
+    assert np.array_equal(cp.despike(step, cp.noise_sigma(step))[20:22], step[20:22])
