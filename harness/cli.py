@@ -183,9 +183,8 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
         _fail(f"--resume finishes a run with the selection and options it was started with: "
               f"drop {flags}", EXIT_USAGE)
     db_path = store.resolve_db_path(params["db"])
-    runs_root = Path(params["out_dir"]) if params["out_dir"] else db_path.parent / "runs"
     try:
-        run_dir, info = resume.locate(runs_root, resume_id)
+        run_dir, info = resume.locate(store.runs_root(db_path, params["out_dir"]), resume_id)
         options = resume.options_of(info)
         resume.check_same_machine(info, envinfo.machine())
         resume.check_same_commit(info, envinfo.git_commit())
@@ -243,9 +242,8 @@ def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, selectors: tuple[
 
     db_path = store.resolve_db_path(db)
     if resumed is None:
-        runs_root = Path(out_dir) if out_dir else db_path.parent / "runs"
         run_id = uuid.uuid4().hex
-        run_dir = (runs_root / run_id).resolve()
+        run_dir = (store.runs_root(db_path, out_dir) / run_id).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
         env = envinfo.environment(mpiexec)
         kept = {"selectors": list(selectors), "tier": tier, "world_sizes": world_sizes,
@@ -370,12 +368,13 @@ def _str_or_none(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _write_calibrations(db_path: Path, fingerprint: str, run_dir: Path) -> str | None:
+def _write_calibrations(db_path: Path | str, fingerprint: str, run_dir: Path) -> str | None:
     """This machine's calibrations (``harness calibrate``) as a file the ranks read, so results
-    carry percent of peak; None when the machine was never calibrated."""
+    carry percent of peak; None when the machine was never calibrated. A PostgreSQL DB is
+    opened here in any case: one that cannot be reached fails the run before it starts."""
     from harness import store
 
-    if not db_path.exists():
+    if isinstance(db_path, Path) and not db_path.exists():
         return None
     try:
         conn = store.connect(db_path)
@@ -523,9 +522,11 @@ def print_failure(r: Any) -> None:
                   + escape(f"w{r.world_size} {r.case_id}@{r.impl}: {reason}"), soft_wrap=True)
 
 
-def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path: Path,
+def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path: Path | str,
               run_id: str) -> None:
     """Counts, the failures with their reasons, and where the run was stored."""
+    from harness import store
+
     counts: dict[str, int] = {}
     for r in results:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -540,7 +541,8 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
                       + escape(", ".join(sorted(missing)[:5]))
                       + (" ..." if len(missing) > 5 else ""))
     parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    console.print(f"{parts or 'no results'} in {seconds:.1f} s; run {run_id} stored in {db_path}")
+    console.print(f"{parts or 'no results'} in {seconds:.1f} s; run {run_id} stored in "
+                  f"{store.db_label(db_path)}")
 
 
 # ----------------------------------------------------------------------------------- list

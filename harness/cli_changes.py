@@ -164,7 +164,7 @@ def read_csv(path: Path) -> dict[str, list[tuple[str, list[float], str | None]]]
             for series, by_order in runs.items()}
 
 
-def read_db(path: Path) -> dict[str, list[tuple[str, list[float], str | None]]]:
+def read_db(path: str | Path) -> dict[str, list[tuple[str, list[float], str | None]]]:
     """The timing series of a history DB (as ``harness run`` analyses them: passing results
     with samples, per machine and timing method), as ``read_csv`` gives them; the order of a
     run is its id."""
@@ -193,7 +193,7 @@ def read_db(path: Path) -> dict[str, list[tuple[str, list[float], str | None]]]:
 
 
 @click.command("detect")
-@click.argument("path", type=click.Path(path_type=Path))
+@click.argument("target", metavar="PATH")
 @click.option("--min-change", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="Report only changes of at least this many percent.")
 @click.option("--log/--linear", "log", default=None,
@@ -210,21 +210,23 @@ def read_db(path: Path) -> dict[str, list[tuple[str, list[float], str | None]]]:
               help="A JSON list of {series, index, run or commit, before, after, change_pct, "
                    "p_value, direction}.")
 @click.pass_context
-def detect(ctx: click.Context, path: Path, min_change: float, log: bool | None,
+def detect(ctx: click.Context, target: str, min_change: float, log: bool | None,
            model: str | None, as_json: bool) -> None:
     """The change points of every series in PATH, both directions.
 
-    PATH is a history DB, or a CSV with the columns series,order,value[,commit]: one row per
-    run, or several rows with the same series and order for the samples of one run. `index`
-    is the 0-based position, in the series' order, of the first run at the new level.
+    PATH is a history DB (an SQLite file or a postgresql:// URL), or a CSV with the columns
+    series,order,value[,commit]: one row per run, or several rows with the same series and
+    order for the samples of one run. `index` is the 0-based position, in the series' order,
+    of the first run at the new level.
     """
-    from harness import changepoints, regress
+    from harness import changepoints, pg, regress
 
-    if not path.is_file():
+    path = Path(target)
+    if not pg.is_url(target) and not path.is_file():
         raise HarnessExit(f"{path} does not exist: give a history DB or a CSV with the columns "
                           "series,order,value[,commit]", EXIT_USAGE)
-    from_db = _is_sqlite(path)
-    series = read_db(path) if from_db else read_csv(path)
+    from_db = pg.is_url(target) or _is_sqlite(path)
+    series = read_db(target) if from_db else read_csv(path)
     if log is None:  # a history holds timings, analysed as `harness run` does
         log = regress.TIMINGS_IN_LOG if from_db else False
     if model is None:
@@ -234,7 +236,8 @@ def detect(ctx: click.Context, path: Path, min_change: float, log: bool | None,
             bad = next(((order, v) for order, values, _ in runs for v in values if not v > 0),
                        None)
             if bad is not None:
-                raise HarnessExit(f"{path}: series {name!r} order {bad[0]} has the value "
+                raise HarnessExit(f"{pg.label(target)}: series {name!r} order {bad[0]} has "
+                                  f"the value "
                                   f"{bad[1]:g}, which has no log: pass --linear",
                                   EXIT_USAGE)
     found = []

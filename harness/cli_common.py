@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -52,7 +53,7 @@ def open_history(db: str | None) -> sqlite3.Connection:
     from harness import store
 
     path = store.resolve_db_path(db)
-    if not path.is_file():
+    if isinstance(path, Path) and not path.is_file():  # a PostgreSQL URL: connect says
         raise HarnessExit(f"history DB {path} does not exist: run `harness run` first, or pass "
                           "--db (or set HARNESS_DB) to the DB that holds the runs", EXIT_USAGE)
     try:

@@ -33,9 +33,6 @@ def _resolve(conn: sqlite3.Connection, text: str) -> str:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
 
 
-def _db_label(conn: sqlite3.Connection) -> str:
-    rows = conn.execute("PRAGMA database_list").fetchall()
-    return next((row[2] for row in rows if row[1] == "main"), "the history DB")
 
 
 def _fingerprint(conn: sqlite3.Connection, run_id: str) -> str:
@@ -65,15 +62,15 @@ def _pick_runs(conn: sqlite3.Connection, runs: Sequence[str]) -> tuple[str, str]
         a = store.previous_comparable_run(conn, b)
         if a is None:
             raise HarnessExit(f"run {b} is the first run of machine {_fingerprint(conn, b)} "
-                              f"in {_db_label(conn)}: name a second run to compare it with",
-                              EXIT_USAGE)
+                              f"in {store.db_label_of(conn)}: name a second run to compare it "
+                              "with", EXIT_USAGE)
         return a, b
     fp = envinfo.machine()["fingerprint"]
     last = store.run_ids(conn, fp, limit=1)
     a = store.previous_comparable_run(conn, last[0]) if last else None
     if a is None:
-        raise HarnessExit(f"{_db_label(conn)} holds {len(last)} run(s) of this machine "
-                          f"(fingerprint {fp}), need two: run `harness run` again, or name "
+        raise HarnessExit(f"{store.db_label_of(conn)} holds {len(last)} run(s) of this "
+                          f"machine (fingerprint {fp}), need two: run `harness run` again, or name "
                           "the runs: harness compare RUN_A RUN_B", EXIT_USAGE)
     return a, last[0]
 
@@ -126,9 +123,12 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
         fp_a, fp_b = _fingerprint(conn, run_a), _fingerprint(conn, run_b)
     except (store.StoreError, ResultsError) as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
-    except sqlite3.Error as exc:
-        raise HarnessExit(f"history DB {_db_label(conn)} cannot be read ({exc}): pass another "
-                          "--db", EXIT_USAGE) from exc
+    except Exception as exc:
+        err = store.error_of(conn, exc)
+        if err is None:
+            raise
+        raise HarnessExit(f"{err} (reading runs {', '.join(runs) or 'the newest two'})",
+                          EXIT_USAGE) from exc
     finally:
         conn.close()
 

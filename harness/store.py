@@ -1,7 +1,9 @@
-"""Run-history database: SQLite (stdlib sqlite3), safe for several writer processes.
+"""Run-history database: SQLite (stdlib sqlite3) or PostgreSQL, safe for several writers.
 
-Every runner ingests its runs here; regression analysis and reports read it back. Design
-points:
+Every runner ingests its runs here; regression analysis and reports read it back. ``--db``
+is a file (SQLite, the default) or a ``postgresql://`` URL (``harness.pg``: one schema, the
+same SQL and migrations, for the many runners of a team that cannot share one SQLite file on
+a network file system). Design points, for SQLite:
 
 - WAL journal plus a 30 s busy timeout, and every write is one ``BEGIN IMMEDIATE``
   transaction, so several runners (or ``harness ingest`` jobs) can write the same file at once:
@@ -11,6 +13,10 @@ points:
   or a concurrent migrator never leaves a half-migrated file.
 - Ingest is idempotent by run id: the results files stay the source of truth, and re-ingesting
   a run directory (after a crash, or from several hosts' copies) never duplicates rows.
+
+On PostgreSQL every write is one transaction too (row locks and ``ON CONFLICT`` make
+concurrent ingests safe), the schema version lives in the table ``harness_schema``, and
+migrations take a transaction-scoped advisory lock.
 
 Connections returned by :func:`connect` are in autocommit mode (``isolation_level=None``):
 single statements commit on their own and multi-statement writes use explicit transactions.
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import pg
 from harness import results as results_mod
 from harness.results import CaseResult, ResultsError, RunInfo
 
@@ -54,14 +61,30 @@ class IngestSummary:
     new_run: bool
 
 
-def resolve_db_path(cli_value: str | None) -> Path:
-    """History DB path: the ``--db`` value if given, else ``$HARNESS_DB``, else DEFAULT_DB."""
-    if cli_value:
-        return Path(cli_value).expanduser()
-    env_value = os.environ.get(ENV_VAR)
-    if env_value:
-        return Path(env_value).expanduser()
-    return DEFAULT_DB
+def resolve_db_path(cli_value: str | None) -> Path | str:
+    """History DB: the ``--db`` value if given, else ``$HARNESS_DB``, else DEFAULT_DB; a
+    file's path, or a ``postgresql://`` URL as it is."""
+    value = cli_value or os.environ.get(ENV_VAR)
+    if not value:
+        return DEFAULT_DB
+    return value if pg.is_url(value) else Path(value).expanduser()
+
+
+def runs_root(db: Path | str, out_dir: str | None = None) -> Path:
+    """Where run folders go: ``out_dir``, else beside an SQLite file, else (a PostgreSQL DB
+    has no folder) beside DEFAULT_DB."""
+    if out_dir:
+        return Path(out_dir)
+    return (DEFAULT_DB if pg.is_url(db) else Path(db)).parent / "runs"
+
+
+def db_label(db: Path | str) -> str:
+    """``db`` fit to print (a URL's password hidden)."""
+    return pg.label(str(db)) if pg.is_url(db) else str(db)
+
+
+def is_postgres(conn: Any) -> bool:
+    return isinstance(conn, pg.Connection)
 
 
 # --------------------------------------------------------------------------- schema
@@ -257,7 +280,10 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 # --------------------------------------------------------------------------- connections
 
 
-def _db_label(conn: sqlite3.Connection) -> str:
+def db_label_of(conn: Any) -> str:
+    """Where ``conn`` reads and writes, fit to print."""
+    if is_postgres(conn):
+        return pg.label(conn.url)
     for row in conn.execute("PRAGMA database_list").fetchall():
         if row[1] == "main":
             return row[2] or ":memory:"
@@ -303,18 +329,46 @@ def _translate(label: str, exc: sqlite3.Error) -> StoreError | None:
     return None
 
 
+def _translate_pg(label: str, exc: Exception) -> StoreError | None:
+    """A one-line StoreError for PostgreSQL failures a user can cause (the server gone or
+    unreachable, refused credentials, no such database, no permission), None otherwise."""
+    import psycopg
+
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+        return StoreError(f"history DB {label}: permission denied ({first}): grant the user "
+                          "CREATE and write rights on the database, or pass another --db")
+    if isinstance(exc, psycopg.OperationalError):
+        return StoreError(f"history DB {label} cannot be reached ({first}): check the URL, "
+                          "that the server runs and accepts this user, or pass another --db")
+    return None
+
+
+def error_of(conn: Any, exc: BaseException) -> StoreError | None:
+    """The one-line StoreError for a failure of ``conn``'s engine a user can cause, or None."""
+    if is_postgres(conn):
+        import psycopg
+
+        if isinstance(exc, psycopg.Error) and not isinstance(exc, psycopg.IntegrityError):
+            return _translate_pg(db_label_of(conn), exc)
+        return None
+    if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
+        return _translate(db_label_of(conn), exc)
+    return None
+
+
 @contextmanager
 def _write_txn(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction; IMMEDIATE takes the write lock up front.
+    """One write transaction; on SQLite IMMEDIATE takes the write lock up front.
 
     Taking the lock at BEGIN (not at the first write) matters under WAL: a deferred
     transaction that read first cannot upgrade once another process committed, and fails
-    at once instead of waiting for the busy timeout.
+    at once instead of waiting for the busy timeout. PostgreSQL locks rows as it writes them.
     """
     try:
-        conn.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        err = _translate(_db_label(conn), exc)
+        conn.execute("BEGIN" if is_postgres(conn) else "BEGIN IMMEDIATE")
+    except Exception as exc:
+        err = error_of(conn, exc)
         if err is None:
             raise
         raise err from exc
@@ -324,11 +378,17 @@ def _write_txn(conn: sqlite3.Connection) -> Iterator[None]:
     except BaseException as exc:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
-        if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
-            err = _translate(_db_label(conn), exc)
-            if err is not None:
-                raise err from exc
+        err = error_of(conn, exc)
+        if err is not None:
+            raise err from exc
         raise
+
+
+def _insert_id(conn: Any, sql: str, params: tuple[Any, ...]) -> int:
+    """Run an INSERT into a table with an ``id`` key and return the new row's id."""
+    if is_postgres(conn):
+        return int(conn.execute(sql + " RETURNING id", params).fetchone()[0])
+    return int(conn.execute(sql, params).lastrowid or 0)
 
 
 def _enable_wal(conn: sqlite3.Connection) -> None:
@@ -360,8 +420,11 @@ def connect(
     """Open (creating if needed) the history DB at ``path`` and bring its schema up to date.
 
     The connection is in autocommit mode with WAL, foreign keys on, a 30 s busy timeout and
-    ``sqlite3.Row`` rows. Raises StoreError for files that cannot serve as a history DB.
+    ``sqlite3.Row`` rows; a ``postgresql://`` URL opens that database (``harness.pg``).
+    Raises StoreError for files or databases that cannot serve as a history DB.
     """
+    if pg.is_url(path):
+        return _connect_postgres(str(path), migrations)
     label = str(path)
     if label != ":memory:":
         parent = Path(path).parent
@@ -396,20 +459,71 @@ def connect(
     return conn
 
 
+def _connect_postgres(url: str, migrations: list[Migration]) -> Any:
+    label = pg.label(url)
+    try:
+        conn = pg.connect(url)
+    except pg.MissingDriver as exc:
+        raise StoreError(str(exc)) from exc
+    except Exception as exc:
+        raise _translate_pg(label, exc) or StoreError(
+            f"history DB {label} cannot be opened ({exc}): pass another --db") from exc
+    try:
+        migrate(conn, migrations)
+    except Exception as exc:
+        conn.close()
+        err = error_of(conn, exc)
+        if err is None:
+            raise
+        raise err from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+#: the advisory lock key that serialises migrations of one PostgreSQL database ("harness")
+_PG_MIGRATION_LOCK = 0x68_61_72_6E_65_73_73
+
+
+def _schema_version(conn: Any) -> int:
+    if not is_postgres(conn):
+        return int(_scalar(conn, "PRAGMA user_version"))
+    # a catalog query, not to_regclass(): that reads the relation cache, which can still
+    # miss a table another process committed while this one waited on the migration lock
+    if not _scalar(conn, "SELECT count(*) FROM pg_catalog.pg_tables WHERE schemaname = "
+                         "current_schema() AND tablename = 'harness_schema'"):
+        return 0
+    return int(_scalar(conn, "SELECT version FROM harness_schema") or 0)
+
+
+def _set_schema_version(conn: Any, version: int) -> None:
+    if not is_postgres(conn):
+        # PRAGMA takes no bound parameters; `version` is an int we computed.
+        conn.execute(f"PRAGMA user_version = {int(version)}")
+        return
+    conn.execute("CREATE TABLE IF NOT EXISTS harness_schema (version INTEGER NOT NULL)")
+    conn.execute("DELETE FROM harness_schema")
+    conn.execute("INSERT INTO harness_schema (version) VALUES (?)", (int(version),))
+
+
 def migrate(conn: sqlite3.Connection, migrations: list[Migration] = MIGRATIONS) -> int:
     """Apply the migrations the DB lacks, in order; return the resulting schema version.
 
-    Each step runs in its own IMMEDIATE transaction with its ``user_version`` bump, and the
-    version is re-read under the lock, so two processes migrating at once do each step once.
+    Each step runs in its own transaction (IMMEDIATE on SQLite; on PostgreSQL under an
+    advisory lock) with its version bump, and the version is re-read under the lock, so two
+    processes migrating at once do each step once.
     """
     target = len(migrations)
-    label = _db_label(conn)
-    current = int(_scalar(conn, "PRAGMA user_version"))
+    label = db_label_of(conn)
+    current = _schema_version(conn)
     # Check before locking so that an up-to-date DB opens without taking the write lock.
     _check_not_newer(label, current, target)
     while current < target:
         with _write_txn(conn):
-            current = int(_scalar(conn, "PRAGMA user_version"))
+            if is_postgres(conn):
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (_PG_MIGRATION_LOCK,))
+            current = _schema_version(conn)
             _check_not_newer(label, current, target)
             if current >= target:
                 break  # another process finished the job while we waited for the lock
@@ -420,8 +534,7 @@ def migrate(conn: sqlite3.Connection, migrations: list[Migration] = MIGRATIONS) 
                 )
             migrations[current](conn)
             current += 1
-            # PRAGMA takes no bound parameters; `current` is an int we computed.
-            conn.execute(f"PRAGMA user_version = {current}")
+            _set_schema_version(conn, current)
     return current
 
 
@@ -434,6 +547,10 @@ def _check_not_newer(label: str, current: int, target: int) -> None:
 
 
 def _has_user_tables(conn: sqlite3.Connection) -> bool:
+    if is_postgres(conn):
+        return bool(_scalar(conn, "SELECT count(*) FROM information_schema.tables WHERE "
+                                  "table_schema = current_schema() AND table_name <> "
+                                  "'harness_schema'"))
     n = _scalar(
         conn, "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite\\_%' ESCAPE '\\'"
     )
@@ -596,7 +713,8 @@ def save_calibration(conn: sqlite3.Connection, machine: dict[str, Any],
     details["device_name"] = calibration.get("device_name")
     with _write_txn(conn):
         machine_id = _upsert_machine_dict(conn, machine)
-        cur = conn.execute(
+        return _insert_id(
+            conn,
             "INSERT INTO calibrations (machine_id, device, created_at, copy_gbps, matmul, "
             "details) VALUES (?, ?, ?, ?, ?, ?)",
             (
@@ -605,7 +723,6 @@ def save_calibration(conn: sqlite3.Connection, machine: dict[str, Any],
                 _json(calibration.get("matmul_tflops") or {}), _json(details),
             ),
         )  # fmt: skip
-        return int(cur.lastrowid or 0)
 
 
 def latest_calibration(conn: sqlite3.Connection, machine_fingerprint: str,
@@ -661,7 +778,7 @@ def save_findings(conn: sqlite3.Connection, run_id: str, findings: Iterable[dict
 def _replace_findings(conn: sqlite3.Connection, run_id: str, findings: list[dict[str, Any]],
                       analyzed_at: float) -> int:
     if _scalar(conn, "SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
-        raise StoreError(f"run {run_id} is not in history DB {_db_label(conn)}: "
+        raise StoreError(f"run {run_id} is not in history DB {db_label_of(conn)}: "
                          "ingest it before storing its analysis")
     conn.execute("DELETE FROM findings WHERE run_id = ?", (run_id,))
     conn.executemany(
@@ -712,8 +829,10 @@ def run_ids(
     if machine_fingerprint is not None:
         sql += " WHERE m.fingerprint = ?"
         params.append(machine_fingerprint)
-    sql += " ORDER BY r.started_at DESC, r.run_id DESC LIMIT ?"
-    params.append(-1 if limit is None else limit)
+    sql += " ORDER BY r.started_at DESC, r.run_id DESC"
+    if limit is not None:  # SQLite's "no limit" (-1) is an error on PostgreSQL
+        sql += " LIMIT ?"
+        params.append(limit)
     return [row[0] for row in conn.execute(sql, params).fetchall()]
 
 
@@ -726,7 +845,7 @@ def resolve_run_id(conn: sqlite3.Connection, text: str) -> str:
     MIN_RUN_PREFIX characters). StoreError, one line, otherwise."""
     if get_run(conn, text) is not None:
         return text
-    label = _db_label(conn)
+    label = db_label_of(conn)
     if len(text) < MIN_RUN_PREFIX:
         raise StoreError(f"run id {text!r} is not in {label} and a prefix needs at least "
                          f"{MIN_RUN_PREFIX} characters: give more of the run id")
@@ -757,7 +876,7 @@ def previous_comparable_run(conn: sqlite3.Connection, run_id: str, *,
     selections, or a partial rerun, then compares with its own kind, not with its neighbour."""
     run = get_run(conn, run_id)
     if run is None:
-        raise StoreError(f"run {run_id} is not in history DB {_db_label(conn)}")
+        raise StoreError(f"run {run_id} is not in history DB {db_label_of(conn)}")
     order = run_ids(conn, str((run.machine or {}).get("fingerprint")))
     earlier = order[order.index(run_id) + 1:]
     mine = _result_keys(conn, run_id)
@@ -827,8 +946,10 @@ def history(
     if machine_fingerprint is not None:
         sql += " AND m.fingerprint = ?"
         params.append(machine_fingerprint)
-    sql += " ORDER BY r.started_at DESC, r.run_id DESC LIMIT ?"
-    params.append(-1 if limit is None else limit)
+    sql += " ORDER BY r.started_at DESC, r.run_id DESC"
+    if limit is not None:  # SQLite's "no limit" (-1) is an error on PostgreSQL
+        sql += " LIMIT ?"
+        params.append(limit)
     return conn.execute(sql, params).fetchall()
 
 
@@ -855,10 +976,11 @@ def add_annotation(
             and _scalar(conn, "SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None
         ):
             raise StoreError(
-                f"run {run_id} is not in history DB {_db_label(conn)}: "
+                f"run {run_id} is not in history DB {db_label_of(conn)}: "
                 "check the run id, or ingest that run first"
             )
-        cur = conn.execute(
+        return _insert_id(
+            conn,
             "INSERT INTO annotations (run_id, case_id, impl, world_size, created_at, author, "
             "kind, text) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
@@ -867,7 +989,6 @@ def add_annotation(
                 author, kind, text,
             ),
         )  # fmt: skip
-        return int(cur.lastrowid or 0)
 
 
 def annotations(
@@ -960,13 +1081,13 @@ def save_analysis(conn: sqlite3.Connection, run_id: str, machine_fingerprint: st
     ``change_point_id`` is ``("new", i)`` gets the id of ``new_points[i]``. The new ids."""
     with _write_txn(conn):
         if _scalar(conn, "SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
-            raise StoreError(f"run {run_id} is not in history DB {_db_label(conn)}: "
+            raise StoreError(f"run {run_id} is not in history DB {db_label_of(conn)}: "
                              "ingest it before storing its analysis")
         machine = _scalar(conn, "SELECT id FROM machines WHERE fingerprint = ?",
                           (machine_fingerprint,))
         if machine is None:
             raise StoreError(f"machine {machine_fingerprint} is not in history DB "
-                             f"{_db_label(conn)}: ingest its runs first")
+                             f"{db_label_of(conn)}: ingest its runs first")
         # re-analysing a run replaces what it found: drop its change points that it did not
         # find again, unless triaged or reported by another run
         kept = sorted({int(cp_id) for cp_id, _ in updates})
@@ -981,10 +1102,8 @@ def save_analysis(conn: sqlite3.Connection, run_id: str, machine_fingerprint: st
                        "found_in_run", "updated_at", *CHANGE_POINT_STATS)
             values = (machine, p["case_id"], p["impl"], int(p["world_size"]), p["timing"],
                       p.get("op"), run_id, now, *(p.get(c) for c in CHANGE_POINT_STATS))
-            cur = conn.execute(
-                f"INSERT INTO change_points ({', '.join(columns)}) "
-                f"VALUES ({', '.join('?' for _ in columns)})", values)
-            ids.append(int(cur.lastrowid or 0))
+            ids.append(_insert_id(conn, f"INSERT INTO change_points ({', '.join(columns)}) "
+                                        f"VALUES ({', '.join('?' for _ in columns)})", values))
         for cp_id, fields in updates:
             fields = {**fields, "updated_at": now}
             conn.execute(f"UPDATE change_points SET {', '.join(f'{k} = ?' for k in fields)} "
@@ -1011,7 +1130,7 @@ def triage_change_point(conn: sqlite3.Connection, cp_id: int, triage: str | None
             newest = [r[0] for r in conn.execute(
                 "SELECT id FROM change_points ORDER BY id DESC LIMIT 3")]
             raise StoreError(
-                f"no change point #{cp_id} in history DB {_db_label(conn)} (newest: "
+                f"no change point #{cp_id} in history DB {db_label_of(conn)} (newest: "
                 f"{', '.join(f'#{i}' for i in newest) or 'none'}): list them with "
                 "`harness triage`")
         conn.execute("UPDATE change_points SET triage = ?, triage_note = ?, triage_by = ?, "

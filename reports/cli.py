@@ -61,7 +61,7 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
 
     start = time.perf_counter()
     conn = open_history(db)
-    label = str(store.resolve_db_path(db))
+    label = store.db_label(store.resolve_db_path(db))
     try:
         try:
             analysed = data.analyze_missing(conn)

@@ -6,3 +6,34 @@ anything imports triton, since triton.language's own ``@jit`` functions (``tl.ma
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL server for the session (tests/helpers/postgres_server.py), started
+    the first time a test asks; skipped with the reason where none can start, except under
+    CI (CI=true), where .ci/run installs one and its absence is a failure."""
+    import postgres_server
+
+    try:
+        server = postgres_server.Server()
+    except postgres_server.Unavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the PostgreSQL tests must run in CI: {exc}")
+        pytest.skip(str(exc))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """The URL of a fresh, empty database on the session's server."""
+    return postgres_server.database()

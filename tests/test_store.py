@@ -92,8 +92,11 @@ def some_results(run_id: str = "run-0001") -> list[CaseResult]:
     ]
 
 
-def dump(conn: sqlite3.Connection) -> list[str]:
-    return list(conn.iterdump())
+def dump(conn: sqlite3.Connection) -> dict[str, list[tuple]]:
+    """Every row of every table, in a fixed order: on SQLite and on PostgreSQL."""
+    names = (*sorted(TABLES), "findings", "change_points")
+    return {t: [tuple(r) for r in conn.execute(f"SELECT * FROM {t} ORDER BY 1").fetchall()]
+            for t in names}
 
 
 def user_version(conn: sqlite3.Connection) -> int:
@@ -109,9 +112,12 @@ def count(conn: sqlite3.Connection, table: str) -> int:
     return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    conn = store.connect(tmp_path / "history.db")
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request, tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    """A fresh history DB: an SQLite file, and a database on a real PostgreSQL server."""
+    target = (tmp_path / "history.db" if request.param == "sqlite"
+              else request.getfixturevalue("postgres_url"))
+    conn = store.connect(target)
     yield conn
     conn.close()
 
@@ -270,13 +276,13 @@ def test_v1_file_migrates_to_v2_keeping_its_rows(tmp_path: Path) -> None:
     assert "calibrations" not in tables(conn)
     store.ingest(conn, make_run(), some_results())
     store.add_annotation(conn, "baseline", run_id="run-0001")
-    before = dump(conn)
+    before = list(conn.iterdump())
     conn.close()
 
     conn = store.connect(path, migrations=store.MIGRATIONS[:2])
     assert user_version(conn) == 2
     assert "calibrations" in tables(conn)
-    after = dump(conn)
+    after = list(conn.iterdump())
     # every v1 row survives; the dump only gains the calibrations table and its index
     assert [line for line in after if "calibrations" not in line] == before
     by_key = sorted(store.results_for_run(conn, "run-0001"), key=lambda r: r.key)
@@ -536,41 +542,57 @@ def test_many_connections_opening_a_new_file_at_once(tmp_path: Path) -> None:
     assert failures == []
 
 
-def _ingest_worker(path: str, worker: int, n_runs: int, start: object) -> None:
+def _ingest_worker(target: str, worker: int, n_runs: int, start: object) -> None:
+    """Ingest ``n_runs`` runs of 40 results; worker 0 and worker -1 ingest the same runs."""
     start.wait(30)  # type: ignore[attr-defined]
-    conn = store.connect(path)  # concurrent first open: WAL switch + migration race too
+    conn = store.connect(target)  # concurrent first open: WAL switch + migration race too
+    mine = max(worker, 0)
     for i in range(n_runs):
-        run_id = f"w{worker}-run{i:03d}"
+        run_id = f"w{mine}-run{i:03d}"
         run = make_run(
             run_id,
-            started_at=1_700_000_000.0 + worker * 1000 + i,
-            machine={"fingerprint": f"fp-runner-{worker}", "hostname": f"runner-{worker}"},
+            started_at=1_700_000_000.0 + mine * 1000 + i,
+            machine={"fingerprint": f"fp-runner-{mine}", "hostname": f"runner-{mine}"},
         )
         results = [make_result(run_id, n) for n in range(1, 41)]
         store.ingest(conn, run, results)
     conn.close()
 
 
-def test_concurrent_ingest_from_processes(tmp_path: Path) -> None:
-    path = str(tmp_path / "history.db")  # does not exist yet: both processes create it
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_concurrent_ingest_from_processes(request, tmp_path: Path, backend: str) -> None:
+    """8 processes ingest different runs at once and 2 more the same runs as one of them,
+    into a DB none has created yet: every run is there once, nothing is lost, the DB is
+    whole."""
+    target = (str(tmp_path / "history.db") if backend == "sqlite"
+              else request.getfixturevalue("postgres_url"))
     ctx = multiprocessing.get_context("spawn")
     start = ctx.Event()
-    n_runs = 15
-    procs = [ctx.Process(target=_ingest_worker, args=(path, w, n_runs, start)) for w in (1, 2)]
+    n_runs, workers = 4, [*range(8), -1, -1]  # -1: worker 0's runs, twice more
+    procs = [ctx.Process(target=_ingest_worker, args=(target, w, n_runs, start))
+             for w in workers]
     for p in procs:
         p.start()
     start.set()
     for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0, 0]
+        p.join(180)
+    assert [p.exitcode for p in procs] == [0] * len(workers)
 
-    conn = store.connect(path)
-    assert user_version(conn) == store.SCHEMA_VERSION
-    assert count(conn, "runs") == 2 * n_runs
-    assert count(conn, "results") == 2 * n_runs * 40
-    assert count(conn, "machines") == 2
-    assert len(store.run_ids(conn, machine_fingerprint="fp-runner-1")) == n_runs
-    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn = store.connect(target)
+    assert store._schema_version(conn) == store.SCHEMA_VERSION
+    assert count(conn, "runs") == 8 * n_runs and count(conn, "machines") == 8
+    assert count(conn, "results") == 8 * n_runs * 40
+    keys = conn.execute("SELECT count(DISTINCT run_id || case_id || impl || world_size) "
+                        "FROM results").fetchone()[0]
+    assert keys == 8 * n_runs * 40
+    for w in range(8):
+        assert len(store.run_ids(conn, machine_fingerprint=f"fp-runner-{w}")) == n_runs
+    assert len(store.results_for_run(conn, "w0-run003")) == 40
+    if backend == "sqlite":
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    else:  # PostgreSQL checks its own pages; its catalog must agree with the data
+        assert conn.execute("SELECT count(*) FROM results r LEFT JOIN runs u "
+                            "ON u.run_id = r.run_id WHERE u.run_id IS NULL").fetchone()[0] == 0
     conn.close()
 
 
