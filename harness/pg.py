@@ -114,6 +114,11 @@ class Connection:
             return self.raw.execute(translate(sql, with_params=False))
         return self.raw.execute(translate(sql), tuple(params))
 
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> Any:
+        cur = self.raw.cursor()
+        cur.executemany(translate(sql), [tuple(r) for r in rows])
+        return cur
+
     @property
     def in_transaction(self) -> bool:
         from psycopg import pq

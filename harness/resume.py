@@ -51,7 +51,7 @@ def locate(runs_root: Path, text: str) -> tuple[Path, RunInfo]:
         raise ResumeError(f"run id {text!r} is ambiguous in {runs_root} ({names}): give more "
                           "of it")
     try:
-        return found[0], RunInfo.read(found[0] / "run.json")
+        return found[0].resolve(), RunInfo.read(found[0] / "run.json")
     except ResultsError as exc:
         raise ResumeError(str(exc)) from exc
 

@@ -1091,10 +1091,12 @@ def save_analysis(conn: sqlite3.Connection, run_id: str, machine_fingerprint: st
         # re-analysing a run replaces what it found: drop its change points that it did not
         # find again, unless triaged or reported by another run
         kept = sorted({int(cp_id) for cp_id, _ in updates})
+        # (no "IN ()" for none kept: SQLite takes an empty list, PostgreSQL does not)
         conn.execute("DELETE FROM change_points WHERE found_in_run = ? AND triage IS NULL "
                      "AND id NOT IN (SELECT change_point_id FROM findings WHERE run_id != ? "
-                     "AND change_point_id IS NOT NULL) "
-                     f"AND id NOT IN ({', '.join('?' for _ in kept)})", (run_id, run_id, *kept))
+                     "AND change_point_id IS NOT NULL)"
+                     + (f" AND id NOT IN ({', '.join('?' for _ in kept)})" if kept else ""),
+                     (run_id, run_id, *kept))
         ids = []
         now = time.time()
         for p in new_points:

@@ -7,7 +7,6 @@ import collections
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import resume
+from harness import resume, store
 from harness.cli import main
 from harness.results import RunInfo
 
@@ -32,8 +31,8 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
     return int(exc.value.code or 0), out.out, out.err
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "HARNESS_DB": str(tmp_path / "h.db"), "HARNESS_TEST_DELAY_S": "0.05",
+def _env(db: str) -> dict[str, str]:
+    return {**os.environ, "HARNESS_DB": db, "HARNESS_TEST_DELAY_S": "0.05",
             "PYTHONPATH": os.pathsep.join([str(HELPERS), os.environ.get("PYTHONPATH", "")])}
 
 
@@ -44,8 +43,12 @@ def _lines(path: Path) -> int:
         return 0
 
 
-def test_a_run_killed_with_sigkill_is_finished_by_resume_once(tmp_path):
-    env = _env(tmp_path)
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_a_run_killed_with_sigkill_is_finished_by_resume_once(request, tmp_path, backend):
+    db = (str(tmp_path / "h.db") if backend == "sqlite"
+          else request.getfixturevalue("postgres_url"))
+    runs = store.runs_root(db) if backend == "postgres" else tmp_path / "runs"
+    env = _env(db)
     planned = json.loads(subprocess.run(
         [sys.executable, "-m", "harness", "list", "--json", *SELECTION[:3], *SELECTION[4:]],
         cwd=tmp_path, env=env, capture_output=True, text=True, check=True).stdout)
@@ -56,7 +59,7 @@ def test_a_run_killed_with_sigkill_is_finished_by_resume_once(tmp_path):
     deadline = time.monotonic() + 300
     results = None
     while time.monotonic() < deadline and proc.poll() is None:
-        found = list((tmp_path / "runs").glob("*/results.jsonl"))
+        found = list((tmp_path / runs).glob("*/results.jsonl"))
         if found and _lines(found[0]) >= at_one + 3:  # world size 2 is under way
             results = found[0]
             break
@@ -75,12 +78,18 @@ def test_a_run_killed_with_sigkill_is_finished_by_resume_once(tmp_path):
     lines = [json.loads(line) for line in results.read_text().splitlines()]
     keys = collections.Counter((d["case_id"], d["impl"], d["world_size"]) for d in lines)
     assert set(keys) == expected and max(keys.values()) == 1  # nothing lost, nothing twice
-    with sqlite3.connect(tmp_path / "h.db") as conn:
-        stored = conn.execute("SELECT case_id, impl, world_size, status FROM results "
-                              "WHERE run_id = ?", (run_id,)).fetchall()
-        runs = conn.execute("SELECT run_id, status FROM runs").fetchall()
+    conn = store.connect(db)
+    try:
+        stored = [tuple(r) for r in conn.execute(
+            "SELECT case_id, impl, world_size, status FROM results WHERE run_id = ?",
+            (run_id,)).fetchall()]
+        in_db = [tuple(r) for r in conn.execute("SELECT run_id, status FROM runs").fetchall()]
+        analysed = conn.execute("SELECT analyzed_at FROM runs").fetchone()[0]
+    finally:
+        conn.close()
     assert {(c, i, w) for c, i, w, _ in stored} == expected and len(stored) == len(expected)
-    assert {s for *_, s in stored} == {"pass"} and runs == [(run_id, "complete")]
+    assert {s for *_, s in stored} == {"pass"} and in_db == [(run_id, "complete")]
+    assert analysed is not None  # its findings were computed, once it was whole
     # and resumed again, a finished run runs nothing and stays as it was
     again = subprocess.run([sys.executable, "-m", "harness", "run", "--resume", run_id],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
