@@ -135,10 +135,25 @@ def wait_environment(world_size: int, cpus: int, single_node: bool) -> dict[str,
     return {}
 
 
+#: the PMI that srun serves the ranks unless told otherwise: the mpich wheel's MPICH (and any
+#: MPICH built with its own "simple" PMI) speaks the PMI-1/PMI-2 wire protocol, which Slurm's
+#: mpi/pmi2 plugin serves (Slurm's mpi_guide: "srun --mpi=pmi2" for MPICH). Under a
+#: cluster's MpiDefault of none each rank came up alone, as its own world of one (seen on
+#: Slurm 22.05 with the mpich 4 wheel: four ranks of "world size 4" each ran every case at 1).
+SRUN_MPI = "--mpi=pmi2"
+
+
+def srun_args(launcher_args: Sequence[str]) -> list[str]:
+    """srun's own options: the user's, with SRUN_MPI first unless they chose an --mpi."""
+    chosen = any(a == "--mpi" or a.startswith("--mpi=") for a in launcher_args)
+    return list(launcher_args) if chosen else [SRUN_MPI, *launcher_args]
+
+
 def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]:
     """The mpiexec (or srun) command line of one job."""
     name = Path(cfg.launcher).name
-    cmd = [cfg.launcher, *cfg.launcher_args]
+    args = srun_args(cfg.launcher_args) if name.startswith("srun") else cfg.launcher_args
+    cmd = [cfg.launcher, *args]
     cmd += ["-n", str(world_size)]
     if cfg.hostfile and name != "srun":
         cmd += ["-hostfile", cfg.hostfile]
@@ -150,7 +165,7 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
         "--harness-results", str(cfg.results_path), "--harness-progress", f"{w}.progress.json",
         "--harness-run-id", cfg.run_id, "--harness-skip", f"{w}.skip",
         "--harness-env-id", cfg.env_id, "--junitxml", f"{w}.junit-{attempt}.xml",
-        "--harness-placement", f"{w}.placement.json",
+        "--harness-placement", f"{w}.placement.json", "--harness-world-size", str(world_size),
     ]
     for sel in cfg.selectors:
         cmd += ["--harness-select", sel]

@@ -67,6 +67,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--harness-placement", default=None,
                 help="JSON file rank 0 writes the ranks' devices and backend (or the reason "
                      "there are none) to")
+    g.addoption("--harness-world-size", type=int, default=None,
+                help="the number of ranks the launcher started: a rank whose MPI world "
+                     "differs stops the job (its ranks did not wire up into one)")
 
 
 def _calibration_for(path: str | None, device: Any) -> dict[str, Any] | None:
@@ -88,7 +91,7 @@ class HarnessSession:
     def __init__(self, config: pytest.Config) -> None:
         from mpi4py import MPI
 
-        from harness.runtime import RuntimeSetupError, World
+        from harness.runtime import RuntimeSetupError, World, world_mismatch
         from harness.watchdog import Watchdog
 
         opt = config.option
@@ -108,6 +111,9 @@ class HarnessSession:
         use_suites(opt.harness_suite, opt.harness_suite_golden_dir
                    and Path(opt.harness_suite_golden_dir))
         try:
+            unwired = world_mismatch(opt.harness_world_size, MPI.COMM_WORLD.Get_size())
+            if unwired:
+                raise RuntimeSetupError(unwired)
             self.registry: Registry = registry()
             self.world = World.from_mpi(opt.harness_device, timeout_s=self._group_timeout())
             # before any implementation is resolved: a Triton kernel is compiled or

@@ -35,6 +35,19 @@ class RuntimeSetupError(RuntimeError):
     """The device or process group cannot be set up as asked (exit code 2 or 4)."""
 
 
+def world_mismatch(started: int | None, seen: int) -> str | None:
+    """Why a rank must not run when its MPI world (``seen`` ranks) is not the job the launcher
+    started (``started`` processes), or None. Ranks that did not wire up each come up as a
+    world of their own: run on, each would record every case at the wrong world size."""
+    if started is None or started == seen:
+        return None
+    return (f"the launcher started {started} processes but this one sees an MPI world of "
+            f"{seen}: the ranks did not wire up into one job. Under srun the MPI library needs "
+            "a PMI it speaks (the mpich wheel: --mpi=pmi2, which harness passes unless "
+            "--launcher-args names an --mpi); with mpiexec, use the mpiexec of the MPI that "
+            "mpi4py was built with")
+
+
 def rank_facts(requested: str, node: str = "", local_rank: int = 0) -> RankFacts:
     """What this process sees: its GPUs (none asked for under --device cpu, so a CPU run never
     touches CUDA), its torch build, an MPS daemon."""
