@@ -6,7 +6,12 @@
 #   ci/nightly-report.sh [RUN_DIR ...]   run directories (holding run.json + results.jsonl);
 #                                        none: every directory under $HARNESS_ARTIFACTS that
 #                                        holds a run.json
-#   HARNESS_DB         required: the history DB (carried between nights)
+#   HARNESS_DB         required: the history DB carried between nights: a file, or a
+#                      postgresql:// URL
+#   HARNESS_HISTORY_RUNS  optional: a folder that keeps every night's run directories (the
+#                      data branch's runs/, ci/history-branch.sh): each ingested run's
+#                      run.json and results.jsonl are copied there, and a DB file that is
+#                      missing is first rebuilt from them
 #   HARNESS_ARTIFACTS  where the runners' artifacts were downloaded (when no RUN_DIR is given)
 #   SITE_DIR           where the site goes, default harness-results/site
 #   HARNESS_FAIL_ON    failure | regression | never, default regression
@@ -36,7 +41,31 @@ if (( ${#dirs[@]} == 0 )); then
         die "no run.json under $HARNESS_ARTIFACTS: did the GPU jobs upload their run directories? (see their logs)" 4
 fi
 
-mkdir -p "$(dirname "$HARNESS_DB")"
+is_url() { [[ "$1" == postgresql://* || "$1" == postgres://* ]]; }
+is_url "$HARNESS_DB" || mkdir -p "$(dirname "$HARNESS_DB")"
+
+kept_runs="${HARNESS_HISTORY_RUNS:-}"
+if [[ -n "$kept_runs" ]] && ! is_url "$HARNESS_DB" && [[ ! -f "$HARNESS_DB" ]]; then
+    kept=()
+    if [[ -d "$kept_runs" ]]; then
+        while IFS= read -r -d '' f; do kept+=("$(dirname "$f")"); done \
+            < <(find "$kept_runs" -name run.json -type f -print0 | sort -z)
+    fi
+    if (( ${#kept[@]} )); then
+        echo "nightly-report.sh: $HARNESS_DB is missing: rebuilding it from the ${#kept[@]} run directories in $kept_runs"
+        harness ingest --db "$HARNESS_DB" "${kept[@]}" ||
+            die "could not rebuild $HARNESS_DB from $kept_runs; see above"
+    fi
+fi
+
+# what ingest needs of a run directory, kept where later nights find it
+keep() {
+    local dest="$kept_runs/$2"
+    mkdir -p "$dest"
+    [[ "$(cd "$1" && pwd -P)" != "$(cd "$dest" && pwd -P)" ]] || return 0  # already kept
+    cp "$1/run.json" "$dest/"
+    if [[ -f "$1/results.jsonl" ]]; then cp "$1/results.jsonl" "$dest/"; fi
+}
 # One ingest per directory, so that one runner's unreadable upload neither hides the other
 # runners' results nor passes unnoticed: it makes the exit code 2 at the end.
 ids=()
@@ -50,6 +79,7 @@ for d in "${dirs[@]}"; do
     fi
     if harness ingest --db "$HARNESS_DB" "$d"; then
         ids+=("$id")
+        if [[ -n "$kept_runs" ]]; then keep "$d" "$id"; fi
     else
         echo "nightly-report.sh: could not ingest $d: skipped" >&2
         bad=1

@@ -117,13 +117,16 @@ _HOST_OPTIONS = ("-f", "-hostfile", "--hostfile", "-machinefile", "-host", "-hos
 
 def one_node(cfg: LaunchConfig, env: Mapping[str, str]) -> bool:
     """Whether every rank of a job runs on this host: mpiexec or mpirun with no host list,
-    outside a SLURM allocation of several nodes (hydra spreads ranks over one)."""
-    if cfg.hostfile or Path(cfg.launcher).name.startswith("srun"):
+    outside a SLURM allocation of several nodes (hydra spreads ranks over one); srun inside an
+    allocation of one node (outside one, srun may place the ranks anywhere)."""
+    nodes = (env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "").strip()
+    if Path(cfg.launcher).name.startswith("srun"):
+        return nodes == "1"
+    if cfg.hostfile:
         return False
     if any(a.split("=")[0] in _HOST_OPTIONS for a in cfg.launcher_args):
         return False
-    nodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
-    return nodes.strip() == "1"
+    return nodes in ("", "1")
 
 
 def wait_environment(world_size: int, cpus: int, single_node: bool) -> dict[str, str]:

@@ -201,22 +201,23 @@ def test_report_job_runs_after_every_gpu_job(workflow):
     assert step["env"]["HARNESS_ARTIFACTS"] == download["with"]["path"]
 
 
-def test_history_db_is_restored_and_saved_between_nights(workflow):
+def test_history_is_kept_on_postgresql_or_on_the_data_branch(workflow):
     report = workflow["jobs"]["report"]
-    (restore,) = steps_using(report, "actions/cache/restore")
-    (save,) = steps_using(report, "actions/cache/save")
-    prefix = restore["with"]["restore-keys"].strip()
-    assert restore["with"]["key"].startswith(prefix) and save["with"]["key"].startswith(prefix)
-    # cache entries are immutable: each night saves under a key of its own
-    assert "github.run_id" in save["with"]["key"]
-    assert save["if"].startswith("always()")
-    assert restore["with"]["path"] == save["with"]["path"]
+    assert "secrets.HARNESS_DB_URL" in report["env"]["HARNESS_DB_URL"]
+    assert report["permissions"]["contents"] == "write"  # to push the data branch
+    assert not steps_using(report, "actions/cache/restore")  # evicted after 7 days unused
+    runs = [s.get("run", "") for s in report["steps"]]
+    checkout = runs.index("ci/history-branch.sh checkout harness-history")
+    save = runs.index("ci/history-branch.sh save harness-history")
     (step,) = [s for s in report["steps"] if "ci/nightly-report.sh" in s.get("run", "")]
-    db = Path(step["env"]["HARNESS_DB"])
-    assert db.parts[0] == restore["with"]["path"], "the DB the report writes is the one cached"
-    names = [s.get("uses", "").split("@")[0] or s.get("run", "") for s in report["steps"]]
-    assert names.index("actions/cache/restore") < names.index(step["run"]) < \
-        names.index("actions/cache/save")
+    assert checkout < report["steps"].index(step) < save
+    for i in (checkout, save):  # not with a PostgreSQL URL: the server keeps the history
+        assert "env.HARNESS_DB_URL == ''" in report["steps"][i]["if"]
+    assert report["steps"][save]["if"].startswith("always()")
+    # the URL when set, else the branch's DB, with tonight's run directories kept beside it
+    assert step["env"]["HARNESS_DB"] == \
+        "${{ env.HARNESS_DB_URL || 'harness-history/history.db' }}"
+    assert "harness-history/runs" in step["env"]["HARNESS_HISTORY_RUNS"]
 
 
 def test_site_is_published_to_pages_even_on_a_failed_night(workflow):
@@ -235,9 +236,9 @@ def test_site_is_published_to_pages_even_on_a_failed_night(workflow):
     steps = report["steps"]
     last = steps[-1]
     assert "exit 1" in last["run"] and last["if"].startswith("always()")
-    order = [s.get("uses", "").split("@")[0] for s in steps]
+    order = [s.get("uses", "").split("@")[0] or s.get("run", "") for s in steps]
     assert order.index("actions/upload-pages-artifact") < len(steps) - 1
-    assert order.index("actions/cache/save") < len(steps) - 1
+    assert order.index("ci/history-branch.sh save harness-history") < len(steps) - 1
 
 
 def test_every_script_a_step_runs_exists(workflow):
@@ -393,6 +394,68 @@ def test_report_without_runs_is_an_infrastructure_error(tmp_path):
     rep = report(tmp_path, HARNESS_ARTIFACTS=str(tmp_path / "artifacts"))
     assert rep.proc.returncode == 4, explain(rep.proc)
     assert "run.json" in rep.proc.stderr
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def _clone(origin: Path, where: Path) -> Path:
+    subprocess.run(["git", "clone", "--quiet", "--depth=1", f"file://{origin}", str(where)],
+                   check=True, capture_output=True)
+    return where
+
+
+@pytest.mark.mpi
+def test_the_data_branch_keeps_every_night_and_rebuilds_a_lost_db(slurm_night, failing_run,
+                                                                   report_available, tmp_path):
+    """Two nights through ci/history-branch.sh and ci/nightly-report.sh against a real git
+    remote, each from a fresh clone as a CI job is; before the second, the DB is deleted from
+    the branch: it comes back from the run directories the branch kept."""
+    origin = tmp_path / "origin.git"
+    subprocess.run(["git", "init", "--quiet", "--bare", "-b", "main", str(origin)], check=True)
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    _git(seed, "init", "--quiet", "-b", "main")
+    (seed / "README.md").write_text("a repository\n")
+    _git(seed, "add", "README.md")
+    _git(seed, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "first")
+    _git(seed, "push", "--quiet", f"file://{origin}", "main")
+    branch = CI / "history-branch.sh"
+
+    def night(n: int, run_dir: Path, before_report=None) -> subprocess.CompletedProcess:
+        job = _clone(origin, tmp_path / f"job{n}")
+        proc = run_script(branch, job, "checkout", "harness-history")
+        assert proc.returncode == 0, explain(proc)
+        if before_report:
+            before_report(job / "harness-history")
+        rep = run_script(REPORT_SH, job, str(run_dir),
+                         HARNESS_DB="harness-history/history.db",
+                         HARNESS_HISTORY_RUNS="harness-history/runs", SITE_DIR="site")
+        proc = run_script(branch, job, "save", "harness-history")
+        assert proc.returncode == 0, explain(proc)
+        return rep
+
+    first, second = only_run_dir(slurm_night), only_run_dir(failing_run)
+    assert night(1, first).returncode == 0
+    kept = _git(origin, "ls-tree", "-r", "--name-only", "harness-data").split()
+    assert f"runs/{run_id(first)}/run.json" in kept and "history.db" in kept
+
+    def lose_the_db(history: Path) -> None:
+        assert (history / "history.db").is_file()  # the branch brought it back
+        (history / "history.db").unlink()
+
+    rep = night(2, second, before_report=lose_the_db)
+    assert rep.returncode == 1, explain(rep)  # the second night's control fails its check
+    assert "rebuilding it from the 1 run directories" in rep.stdout
+    check = _clone(origin, tmp_path / "check")
+    _git(check, "fetch", "--quiet", "--depth=1", "origin", "harness-data")
+    _git(check, "checkout", "--quiet", "FETCH_HEAD")
+    assert db_runs(check / "history.db") == {run_id(first): len(statuses(first)),
+                                             run_id(second): len(statuses(second))}
+    assert sorted(p.parent.name for p in (check / "runs").glob("*/run.json")) == sorted(
+        [run_id(first), run_id(second)])
 
 
 # -------------------------------------------------------------------- ci/slurm/nightly.sbatch

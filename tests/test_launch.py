@@ -1,5 +1,6 @@
 """The launcher's plain decisions: how ranks wait when they outnumber the CPUs, whether a job
-stays on this host, and the incremental read of the results file it polls."""
+stays on this host, srun's PMI, the ranks' check of their MPI world, and the incremental read
+of the results file it polls."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.launch import HEAVY_YIELD, LaunchConfig, RecordedKeys, one_node, wait_environment
+from harness.launch import (
+    HEAVY_YIELD,
+    LaunchConfig,
+    RecordedKeys,
+    build_command,
+    one_node,
+    srun_args,
+    wait_environment,
+)
 from harness.results import CaseResult, append
 
 
@@ -35,9 +44,32 @@ def test_a_job_stays_on_this_host_unless_told_otherwise(tmp_path):
     assert not one_node(cfg(tmp_path), {"SLURM_JOB_NUM_NODES": "2"})
     assert not one_node(cfg(tmp_path, hostfile="hosts"), {})
     assert not one_node(cfg(tmp_path, launcher="/usr/bin/srun"), {})
+    assert one_node(cfg(tmp_path, launcher="/usr/bin/srun"), {"SLURM_JOB_NUM_NODES": "1"})
+    assert not one_node(cfg(tmp_path, launcher="/usr/bin/srun"), {"SLURM_NNODES": "2"})
     assert not one_node(cfg(tmp_path, launcher_args=["-hosts", "a,b"]), {})
     assert not one_node(cfg(tmp_path, launcher_args=["--hostfile=h"]), {})
     assert one_node(cfg(tmp_path, launcher_args=["-bind-to", "core"]), {})
+
+
+def test_srun_serves_the_ranks_pmi2_unless_told_which_mpi(tmp_path):
+    assert srun_args([]) == ["--mpi=pmi2"]
+    assert srun_args(["--exclusive"]) == ["--mpi=pmi2", "--exclusive"]
+    assert srun_args(["--mpi=pmix"]) == ["--mpi=pmix"]
+    assert srun_args(["--mpi", "none"]) == ["--mpi", "none"]
+    cmd = build_command(cfg(tmp_path, launcher="/usr/bin/srun"), 4, 1)
+    assert cmd[:4] == ["/usr/bin/srun", "--mpi=pmi2", "-n", "4"]
+    cmd = build_command(cfg(tmp_path, launcher_args=["-bind-to", "core"]), 4, 1)
+    assert cmd[:5] == ["/venv/bin/mpiexec", "-bind-to", "core", "-n", "4"]  # mpiexec as given
+    assert cmd[cmd.index("--harness-world-size") + 1] == "4"
+
+
+def test_a_rank_whose_mpi_world_is_not_the_job_started_says_why():
+    from harness.runtime import world_mismatch
+
+    assert world_mismatch(4, 4) is None and world_mismatch(None, 1) is None
+    why = world_mismatch(4, 1)
+    assert "started 4 processes but this one sees an MPI world of 1" in why
+    assert "--mpi=pmi2" in why
 
 
 def _result(case: str, world: int) -> CaseResult:

@@ -1,0 +1,119 @@
+"""A real single-node SLURM cluster for the tests: Debian's ``slurm-wlm`` (slurmctld, slurmd)
+and ``munge``, started in a temporary directory on free ports and shut down afterwards.
+
+The slurm.conf is the smallest that runs jobs: no cgroups (proctrack/linuxproc, task/none),
+no accounting, one node that declares 8 CPUs whatever the host has (``config_overrides``:
+8 ranks on a 2-core machine, oversubscribed as the harness's other tests are). Every SLURM
+command of the tests finds it through ``SLURM_CONF``; munged gets a socket of its own, so a
+system munged, if any, is left alone. slurmd launches jobs as their user, so it needs root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+MUNGE_KEY = Path("/etc/munge/munge.key")
+
+
+class Unavailable(Exception):
+    """No cluster can be started here: the message says why and how to get one."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Cluster:
+    """One running cluster; ``env`` is the environment its commands need."""
+
+    def __init__(self, cpus: int = 8) -> None:
+        missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
+                   if shutil.which(b) is None]
+        if missing:
+            raise Unavailable(f"SLURM is not installed ({', '.join(missing)} missing; Debian: "
+                              "apt-get install slurm-wlm; .ci/run installs it)")
+        if os.geteuid() != 0:
+            raise Unavailable("slurmd starts jobs as their user and must run as root")
+        self.root = Path(tempfile.mkdtemp(prefix="harness-slurm-"))
+        key = self.root / "munge.key"
+        if MUNGE_KEY.is_file():
+            shutil.copyfile(MUNGE_KEY, key)
+        else:  # a key of our own: munge's is 1024 random bytes
+            key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        self.node = socket.gethostname().split(".")[0]
+        self.env = {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf")}
+        sock = self.root / "munge.sock"
+        self._run(["munged", "--force", f"--socket={sock}", f"--key-file={key}",
+                   f"--pid-file={self.root / 'munged.pid'}",
+                   f"--log-file={self.root / 'munged.log'}",
+                   f"--seed-file={self.root / 'munged.seed'}"])
+        (self.root / "state").mkdir()
+        (self.root / "spool").mkdir()
+        r = self.root
+        (r / "slurm.conf").write_text(f"""\
+ClusterName=harness-test
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmUser=root
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+StateSaveLocation={r / 'state'}
+SlurmdSpoolDir={r / 'spool'}
+SlurmctldPidFile={r / 'slurmctld.pid'}
+SlurmdPidFile={r / 'slurmd.pid'}
+SlurmctldLogFile={r / 'slurmctld.log'}
+SlurmdLogFile={r / 'slurmd.log'}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+MpiDefault=none
+ReturnToService=2
+NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} Boards=1 SocketsPerBoard=1 \
+CoresPerSocket={cpus} ThreadsPerCore=1 State=UNKNOWN
+PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+""")
+        self._run(["slurmctld", "-i"])
+        self._run(["slurmd", "-N", self.node])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            out = subprocess.run(["sinfo", "-h", "-o", "%T"], env=self.env,
+                                 capture_output=True, text=True)
+            if out.returncode == 0 and out.stdout.strip() == "idle":
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise Unavailable(f"the test cluster's node never came up idle: see {r}/slurmd.log")
+
+    def _run(self, cmd: list[str]) -> None:
+        out = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=60)
+        if out.returncode != 0:
+            raise Unavailable(f"{cmd[0]} failed: {out.stderr.strip()[-2000:]}")
+
+    def stop(self) -> None:
+        subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True, timeout=60)
+        for name in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
+            pid_file = self.root / name
+            deadline = time.monotonic() + 10
+            while pid_file.exists() and time.monotonic() < deadline:
+                try:
+                    pid = int(pid_file.read_text().split()[0])
+                    os.kill(pid, 15 if name == "munged.pid" else 0)
+                except (ValueError, IndexError, ProcessLookupError):
+                    break
+                time.sleep(0.1)
+        shutil.rmtree(self.root, ignore_errors=True)
