@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU CI job, what .ci/run runs on a fresh machine: Debian's Chromium for the dashboard's
-# real-browser test and Debian's PostgreSQL server for the history DB's PostgreSQL tests
-# (under CI=true those tests fail instead of skipping when theirs is missing), then the
+# real-browser test, its PostgreSQL server for the history DB's PostgreSQL tests and its SLURM
+# (slurm-wlm, with munge) for the cluster test (under CI=true those tests fail instead of
+# skipping when theirs is missing), then the
 # README's test command exactly as written. tests/test_readme.py keeps the command below and
 # the README's in step.
 set -euo pipefail
@@ -10,6 +11,8 @@ missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium fonts-dejavu-core)
 # the tests start their own server from the package's binaries, never the system's service
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+# the SLURM test starts its own munged, slurmctld and slurmd (tests/helpers/slurm_cluster.py)
+command -v slurmctld >/dev/null 2>&1 || missing+=(slurm-wlm)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     # fonts-dejavu-core: without a font the screenshots are boxes; recommends are not needed
