@@ -9,6 +9,7 @@ user that Debian's package creates, and its commands run through ``runuser``.
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import shutil
@@ -71,6 +72,7 @@ class Server:
                    "-t", "60", "-o", options, "start"])
         self.url = f"postgresql://{USER}@127.0.0.1:{self.port}"
         self._count = 0
+        atexit.register(self.stop)  # also when the session ends without its teardown
 
     def _run(self, cmd: list[str]) -> None:
         out = subprocess.run(self.prefix + cmd, capture_output=True, text=True, timeout=120)
@@ -89,6 +91,8 @@ class Server:
         return f"{self.url}/{name}"
 
     def stop(self) -> None:
+        if not self.root.exists():
+            return
         subprocess.run(self.prefix + [self.pg_ctl, "-D", str(self.data), "-m", "immediate",
                                       "stop"], capture_output=True, timeout=60)
         shutil.rmtree(self.root, ignore_errors=True)

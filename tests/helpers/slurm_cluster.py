@@ -10,6 +10,7 @@ system munged, if any, is left alone. slurmd launches jobs as their user, so it 
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -87,6 +88,7 @@ NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} Boards=1 SocketsPerBoard=1 \
 CoresPerSocket={cpus} ThreadsPerCore=1 State=UNKNOWN
 PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """)
+        atexit.register(self.stop)  # also when the session ends without its teardown
         self._run(["slurmctld", "-i"])
         self._run(["slurmd", "-N", self.node])
         deadline = time.monotonic() + 60
@@ -105,6 +107,8 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
             raise Unavailable(f"{cmd[0]} failed: {out.stderr.strip()[-2000:]}")
 
     def stop(self) -> None:
+        if not self.root.exists():
+            return
         subprocess.run(["scontrol", "shutdown"], env=self.env, capture_output=True, timeout=60)
         for name in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
             pid_file = self.root / name
