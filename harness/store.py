@@ -344,16 +344,17 @@ def _translate_pg(label: str, exc: Exception) -> StoreError | None:
     return None
 
 
-def error_of(conn: Any, exc: BaseException) -> StoreError | None:
-    """The one-line StoreError for a failure of ``conn``'s engine a user can cause, or None."""
+def error_of(conn: Any, exc: BaseException, label: str | None = None) -> StoreError | None:
+    """The one-line StoreError for a failure of ``conn``'s engine a user can cause, or None
+    (``label``: where the DB is, when asking ``conn`` could fail too)."""
     if is_postgres(conn):
         import psycopg
 
         if isinstance(exc, psycopg.Error) and not isinstance(exc, psycopg.IntegrityError):
-            return _translate_pg(db_label_of(conn), exc)
+            return _translate_pg(label or db_label_of(conn), exc)
         return None
     if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
-        return _translate(db_label_of(conn), exc)
+        return _translate(label or db_label_of(conn), exc)
     return None
 
 
@@ -441,15 +442,25 @@ def connect(
         raise _translate(label, exc) or StoreError(
             f"history DB {label} cannot be opened ({exc}): pass another --db"
         ) from exc
-    try:
+
+    def setup() -> None:
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         conn.execute("PRAGMA foreign_keys = ON")
         _enable_wal(conn)
         migrate(conn, migrations)
-    except sqlite3.Error as exc:
+
+    return _set_up(conn, setup, label)
+
+
+def _set_up(conn: Any, setup: Callable[[], None], label: str) -> Any:
+    """``conn`` once ``setup`` ran on it; on a failure, closed, and the one-line StoreError of
+    what a user can fix raised (any other error as it is)."""
+    try:
+        setup()
+    except Exception as exc:
         conn.close()
-        err = _translate(label, exc)
+        err = error_of(conn, exc, label)
         if err is None:
             raise
         raise err from exc
@@ -468,18 +479,7 @@ def _connect_postgres(url: str, migrations: list[Migration]) -> Any:
     except Exception as exc:
         raise _translate_pg(label, exc) or StoreError(
             f"history DB {label} cannot be opened ({exc}): pass another --db") from exc
-    try:
-        migrate(conn, migrations)
-    except Exception as exc:
-        conn.close()
-        err = error_of(conn, exc)
-        if err is None:
-            raise
-        raise err from exc
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+    return _set_up(conn, lambda: migrate(conn, migrations), label)
 
 
 #: the advisory lock key that serialises migrations of one PostgreSQL database ("harness")

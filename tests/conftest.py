@@ -22,13 +22,9 @@ def postgres_server():
     the first time a test asks; skipped with the reason where none can start, except under
     CI (CI=true), where .ci/run installs one and its absence is a failure."""
     import postgres_server
+    from services import start_or_skip
 
-    try:
-        server = postgres_server.Server()
-    except postgres_server.Unavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"the PostgreSQL tests must run in CI: {exc}")
-        pytest.skip(str(exc))
+    server = start_or_skip(postgres_server.Server, postgres_server.Unavailable, "PostgreSQL")
     yield server
     server.stop()
 

@@ -214,6 +214,7 @@ def test_history_is_kept_on_postgresql_or_on_the_data_branch(workflow):
     for i in (checkout, save):  # not with a PostgreSQL URL: the server keeps the history
         assert "env.HARNESS_DB_URL == ''" in report["steps"][i]["if"]
     assert report["steps"][save]["if"].startswith("always()")
+    assert "default_branch" in report["steps"][save]["if"]  # experiments stay out of it
     # the URL when set, else the branch's DB, with tonight's run directories kept beside it
     assert step["env"]["HARNESS_DB"] == \
         "${{ env.HARNESS_DB_URL || 'harness-history/history.db' }}"
@@ -394,6 +395,27 @@ def test_report_without_runs_is_an_infrastructure_error(tmp_path):
     rep = report(tmp_path, HARNESS_ARTIFACTS=str(tmp_path / "artifacts"))
     assert rep.proc.returncode == 4, explain(rep.proc)
     assert "run.json" in rep.proc.stderr
+
+
+@pytest.mark.mpi
+def test_report_ingests_into_a_postgresql_history(slurm_night, report_available, postgres_url,
+                                                  tmp_path):
+    """HARNESS_DB as a URL (the workflow's secret HARNESS_DB_URL): no folder is made for it,
+    the night lands in the database and the site renders from it."""
+    run_dir = only_run_dir(slurm_night)
+    proc = run_script(REPORT_SH, tmp_path, str(run_dir), HARNESS_DB=postgres_url,
+                      SITE_DIR=str(tmp_path / "site"))
+    assert proc.returncode == 0, explain(proc)
+    assert (tmp_path / "site" / "index.html").is_file()
+    assert not any(p.name.startswith("postgres") for p in tmp_path.iterdir())
+    from harness import store
+
+    conn = store.connect(postgres_url)
+    try:
+        assert [r[0] for r in conn.execute("SELECT run_id FROM runs").fetchall()] == [
+            run_id(run_dir)]
+    finally:
+        conn.close()
 
 
 def _git(cwd: Path, *args: str) -> str:

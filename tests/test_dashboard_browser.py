@@ -51,10 +51,10 @@ def demo(tmp_path_factory):
     """A quick demo history (6 nights, the default, of real runs of the kernel under
     development: four at the old level and two at the new, so that the change point rests on
     enough runs to be significant even when a loaded machine makes the nights differ; the
-    selection on the last 3 nights, at world size 4 only, which still draws busbw, to spare CI
+    selection on the last 3 nights, at world size 2 only, which still draws busbw, to spare CI
     a minute) and its rendered site."""
     tmp = tmp_path_factory.mktemp("demo")
-    out = harness(tmp, "demo", "--quick", "--world-sizes", "4",
+    out = harness(tmp, "demo", "--quick", "--world-sizes", "2",
                   "--db", str(tmp / "demo.db"), "--out", str(tmp / "site"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return tmp, out

@@ -208,6 +208,7 @@ def test_views_from_real_slicing_ops():
     ((2, 3, 11), (1, 2, 6)),
     ((4, 9), (0, 3)),
     ((7, 2), (1, 0)),
+    ((5, 7), (1, 5)),        # a transpose: gathered column by column when rows fit a chunk
 ])
 def test_chunk_never_changes_the_result(size, stride):
     storage = random_storage(source_span(size, stride, 2) + 1, torch.int16, seed=3)

@@ -22,13 +22,9 @@ SELECTOR = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"
 @pytest.fixture(scope="module")
 def cluster():
     import slurm_cluster
+    from services import start_or_skip
 
-    try:
-        c = slurm_cluster.Cluster()
-    except slurm_cluster.Unavailable as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"the SLURM tests must run in CI: {exc}")
-        pytest.skip(str(exc))
+    c = start_or_skip(slurm_cluster.Cluster, slurm_cluster.Unavailable, "SLURM")
     yield c
     c.stop()
 

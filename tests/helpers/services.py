@@ -1,0 +1,23 @@
+"""The rule for tests that need a service of this machine (a PostgreSQL server, a SLURM
+cluster): skipped with the reason where it cannot start, failed under CI (CI=true), where
+.ci/run installs what it needs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def start_or_skip(start: Callable[[], T], unavailable: type[Exception], what: str) -> T:
+    """``start()``, or the test skipped (failed under CI) with why ``what`` cannot start."""
+    try:
+        return start()
+    except unavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the {what} tests must run in CI: {exc}")
+        pytest.skip(str(exc))
