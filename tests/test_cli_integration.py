@@ -196,14 +196,16 @@ CONTROLLED = ("collectives", "hopper_tasks", "fp8_gemm", "moe", "dtensor", "stri
 
 @pytest.fixture(scope="module")
 def controls_run(tmp_path_factory):
-    """Every negative control of every family in one run at 1, 4 and 8 ranks: one launch per
+    """Every negative control of every family in one run at 1 and 4 ranks: one launch per
     world size, whose tests only read the results (each its own family's; the
-    implementations' results come from the smoke run)."""
+    implementations' results come from the smoke run, at 1, 4 and 8). Not at 8: every bug
+    planted in a control shows at 4 ranks as it does at 8 (these tables once had an 8 column,
+    always equal to the 4 one), and 8 ranks on 2 cores cost this launch half of its 100 s."""
     tmp_path = tmp_path_factory.mktemp("controls")
     controls = sorted({c for f in CONTROLLED for _, c in _registry_controls(f)})
     # and the Triton implementations, which a CPU run plans only when asked for (interpreted)
     args = [a for c in [*controls, "triton", "tile_triton"] for a in ("--impl", c)]
-    out = harness(tmp_path, "run", *CONTROLLED, "--world-sizes", "1,4,8", "--no-bench", *args)
+    out = harness(tmp_path, "run", *CONTROLLED, "--world-sizes", "1,4", "--no-bench", *args)
     return tmp_path, out
 
 
@@ -230,21 +232,20 @@ def _family_rows(db: Path, family: str, columns: str, impls: tuple[str, ...] | N
 # every negative control of the collectives, with where it must fail: "all" cases, the cases
 # a predicate picks, or "some" case; a bug invisible at one rank must pass there
 _COLLECTIVE_CONTROLS = {
-    ("allreduce", "drop_rank"): {1: "none", 4: "all", 8: "all"},
-    ("allreduce", "low_precision"): {1: "some", 4: "some", 8: "some"},
-    ("allgather", "rank_order"): {1: "none", 4: "all", 8: "all"},
-    ("allgather", "no_tail"): {1: "some", 4: "all", 8: "all"},
-    ("allgather", "stale_buffer"): {1: "all", 4: "all", 8: "all"},
-    ("reduce_scatter", "wrong_piece"): {1: "none", 4: "all", 8: "all"},
-    ("reduce_scatter", "low_precision"): {1: "all", 4: "all", 8: "all"},
-    ("reduce_scatter", "no_tail"): {1: "some", 4: "all", 8: "all"},
-    ("all_to_all", "rank_order"): {1: "none", 4: "all", 8: "all"},
-    ("all_to_all", "no_tail"): {1: "all", 4: "all", 8: "all"},
-    ("all_to_all", "splits_transposed"): {1: "none", 4: "splits=uneven", 8: "splits=uneven"},
-    ("broadcast", "root_zero"): {1: "none", 4: "root!=0", 8: "root!=0"},
-    ("broadcast", "no_tail"): {1: "some", 4: "all", 8: "all"},
-    ("broadcast", "root_out_unwritten"): {1: "inplace=false", 4: "inplace=false",
-                                          8: "inplace=false"},
+    ("allreduce", "drop_rank"): {1: "none", 4: "all"},
+    ("allreduce", "low_precision"): {1: "some", 4: "some"},
+    ("allgather", "rank_order"): {1: "none", 4: "all"},
+    ("allgather", "no_tail"): {1: "some", 4: "all"},
+    ("allgather", "stale_buffer"): {1: "all", 4: "all"},
+    ("reduce_scatter", "wrong_piece"): {1: "none", 4: "all"},
+    ("reduce_scatter", "low_precision"): {1: "all", 4: "all"},
+    ("reduce_scatter", "no_tail"): {1: "some", 4: "all"},
+    ("all_to_all", "rank_order"): {1: "none", 4: "all"},
+    ("all_to_all", "no_tail"): {1: "all", 4: "all"},
+    ("all_to_all", "splits_transposed"): {1: "none", 4: "splits=uneven"},
+    ("broadcast", "root_zero"): {1: "none", 4: "root!=0"},
+    ("broadcast", "no_tail"): {1: "some", 4: "all"},
+    ("broadcast", "root_out_unwritten"): {1: "inplace=false", 4: "inplace=false"},
 }
 
 
@@ -282,15 +283,15 @@ def test_collective_controls_fail_where_their_bug_shows_with_exit_1(controls_run
             if rule == "some":
                 assert any(r["status"] == "fail" for r in got), (op, impl, w)
     for op, impl in every - set(_COLLECTIVE_CONTROLS):  # caught somewhere, at least
-        assert any(r["status"] == "fail" for w in (1, 4, 8) for r in by.get((op, impl, w), ())
+        assert any(r["status"] == "fail" for w in (1, 4) for r in by.get((op, impl, w), ())
                    ), (op, impl)
     # the stale buffer is caught by the call on moved memory, and says so (a later case of
     # the same shape already reads the first case's poisoned buffer on its first call)
-    for w in (1, 4, 8):
+    for w in (1, 4):
         stale = by[("allgather", "stale_buffer", w)]
         assert stale[0]["reason"].startswith("with the inputs moved to fresh shifted memory")
-    # the Triton tile reduction, interpreted in every rank, at every world size
-    tile = [r for w in (1, 4, 8) for r in by[("allreduce", "tile_triton", w)]]
+    # the Triton tile reduction, interpreted in every rank, at both world sizes
+    tile = [r for w in (1, 4) for r in by[("allreduce", "tile_triton", w)]]
     statuses = {r["status"] for r in tile}
     assert statuses == ({"skip"} if importlib.util.find_spec("triton") is None else {"pass"}), [
         r for r in tile if r["status"] != "pass"]
@@ -313,10 +314,10 @@ _HOPPER_CONTROLS = {
     ("paged_attention", "visibility_off_by_one"): {1: "all"},
     ("attention_split_kv", "merge_without_rescale"): {1: "all"},
     ("attention_split_kv", "min_shift"): {1: "some"},
-    ("tp_mlp", "residual_every_rank"): {1: "none", 4: "all", 8: "all"},
-    ("decoder_layer", "rope_before_norm"): {1: "attn", 4: "attn", 8: "attn"},
-    ("decoder_layer", "residual_every_rank"): {1: "none", 4: "attn_out", 8: "attn_out"},
-    ("decoder_layer", "down_bf16_accumulation"): {1: "out", 4: "out", 8: "out"},
+    ("tp_mlp", "residual_every_rank"): {1: "none", 4: "all"},
+    ("decoder_layer", "rope_before_norm"): {1: "attn", 4: "attn"},
+    ("decoder_layer", "residual_every_rank"): {1: "none", 4: "attn_out"},
+    ("decoder_layer", "down_bf16_accumulation"): {1: "out", 4: "out"},
 }
 
 
@@ -458,9 +459,10 @@ def test_moe_implementations_pass_and_every_control_fails(controls_run, smoke_ru
             assert {r["case_id"]: r["status"] for r in got} == {
                 r["case_id"]: "fail" if (marker in r["case_id"]) != negated else "pass"
                 for r in got}, got
-    # the expert-parallel layer really ran at 4 and 8 ranks, and the dropped token fails there
+    # the expert-parallel layer really ran at 4 and 8 ranks (smoke), and the dropped token
+    # fails at 4 (controls)
     assert {r["world_size"] for r in by[("layer_ep", "torch")]} == {1, 4, 8}
-    assert {r["world_size"] for r in by[("layer_ep", "dropped_token")]} == {1, 4, 8}
+    assert {r["world_size"] for r in by[("layer_ep", "dropped_token")]} == {1, 4}
     # a padding row left unwritten shows as the poison the buffer was filled with
     assert all("nan vs 0.0" in r["reason"] for r in by[("permute", "padding_not_zeroed")])
 
