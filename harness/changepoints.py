@@ -49,6 +49,9 @@ class ChangePoint:
     p_value: float
     n_before: int  # runs the figures rest on, each side
     n_after: int
+    #: the first run of the new level that is not an excursion (``excursions``): slow runs
+    #: where a step happened are counted to its level but are not what it rests on
+    settled: int | None = None
 
     @property
     def direction(self) -> str:
@@ -131,31 +134,46 @@ def sample_floor(runs: Sequence[Sequence[float] | float]) -> float:
     return float(np.median(errors)) if errors else 0.0
 
 
-#: a run this many sigmas off both its neighbours, the same way, and off the median of the
-#: _LOCAL runs around it, is a spike (see ``despike``)
+#: a run this many sigmas off both its neighbours, the same way, and off the local level of
+#: the _LOCAL runs around it, is a spike (see ``despike``)
 SPIKE_SIGMAS = 4.0
 _LOCAL = 7
+#: the local level is the lower quartile of those runs, not their median: on a loaded machine
+#: a third of the runs can be slow, and between such runs the median is itself a slow one,
+#: which makes the ordinary runs there look like spikes down
+_LOCAL_QUANTILE = 0.25
 #: the longest excursion ``despike`` sets aside: on a shared machine slow runs come two or
 #: three in a row as often as alone (benchmarks/data: a quarter to a third of the runs)
 EXCURSION_RUNS = 3
 
 
 def despike(values: np.ndarray, sigma: float) -> np.ndarray:
-    """``values`` with every excursion replaced by the mean of its two neighbours, for the
-    segmentation only. An excursion is 1 to EXCURSION_RUNS runs each more than SPIKE_SIGMAS
+    """``values`` with every excursion set aside (``excursions``): for the segmentation."""
+    return excursions(values, sigma)[0]
+
+
+def excursions(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """(``values`` with every excursion replaced by the mean of its two neighbours, a mask of
+    the runs replaced). An excursion is 1 to EXCURSION_RUNS runs each more than SPIKE_SIGMAS
     sigmas above (or each below) both neighbours, which are of one level, and off the median
     of the _LOCAL runs around it: a loaded machine makes runs 50% slower, alone or a few in a
     row, and least squares would pay two change points to fit each, which then hide a real
     step beside them (the new level is judged against the excursion, not the level before
     it). A step is never touched (the run after it is at the new level too, not back), nor
-    is the newest run (it has no neighbour after it: ``newest_outlier`` judges it)."""
+    is the newest run (it has no neighbour after it: ``newest_outlier`` judges it).
+
+    Slow runs right where a step happened, above both levels, are excursions too, replaced by
+    the higher level (see below). ``find`` then leaves every excursion out of a change
+    point's medians and p-value."""
+    aside = np.zeros(values.size, dtype=bool)
     if values.size < 3 or sigma <= 0:
-        return values
+        return values, aside
     x = values.copy()
     reach = SPIKE_SIGMAS * sigma
     half = _LOCAL // 2
     padded = np.pad(values, half, mode="edge")
-    local = np.median(np.lib.stride_tricks.sliding_window_view(padded, _LOCAL), axis=1)
+    local = np.quantile(np.lib.stride_tricks.sliding_window_view(padded, _LOCAL),
+                        _LOCAL_QUANTILE, axis=1)
     windows = np.lib.stride_tricks.sliding_window_view
     for k in range(1, EXCURSION_RUNS + 1):
         if values.size < k + 2:
@@ -168,15 +186,35 @@ def despike(values: np.ndarray, sigma: float) -> np.ndarray:
         up = np.all(runs - np.maximum(left, right)[:, None] > reach, axis=1)
         down = np.all(np.minimum(left, right)[:, None] - runs > reach, axis=1)
         # and off the local level: an ordinary run between two spikes is off both of its
-        # neighbours as well, but not off the median of the runs around it
+        # neighbours as well, but not off the level of the runs around it
         off = np.all(np.abs(runs - near) > reach, axis=1)
         for i in np.flatnonzero(level & (up | down) & off) + 1:
             x[i:i + k] = (values[i - 1] + values[i + k]) / 2.0
+            aside[i:i + k] = True
+        # slow runs right where a step happened (above both levels): taken to be at the higher
+        # level, so a step up is placed at the first of them (the earliest run it can have
+        # come from). Were they left as they are, they would make a stretch of their own and
+        # the step beside it would be judged against them: a +10% step after two runs 80%
+        # slow read as a 40% improvement. Slow only: a loaded machine slows a run, never
+        # speeds it up (benchmarks/data: the "quiet" series' runs are bimodal, never faster)
+        # and further above the higher level than the two levels are apart: the first run of
+        # a new level a little above the second is that level's own noise
+        far = np.all(runs - np.maximum(left, right)[:, None] > np.abs(left - right)[:, None],
+                     axis=1)
+        for i in np.flatnonzero(~level & up & off & far) + 1:
+            x[i:i + k] = max(values[i - 1], values[i + k])
+            aside[i:i + k] = True
     # the two ends have one neighbour: whether they are spikes is not known, but each is held
     # within SPIKE_SIGMAS of it, so that one wild run cannot move where a boundary falls
     x[0] = min(max(x[0], x[1] - reach), x[1] + reach)
     x[-1] = min(max(x[-1], x[-2] - reach), x[-2] + reach)
-    return x
+    return x, aside
+
+
+def level_sigma(values: np.ndarray, floor: float = 0.0) -> float:
+    """The level model's noise: ``noise_sigma`` estimated again without the excursions it
+    lets ``despike`` find (they inflate the differences' spread too)."""
+    return noise_sigma(despike(values, noise_sigma(values, floor)), floor)
 
 
 #: the penalty of a change point in ``segment``, in units of sigma^2 * log(n) (BIC's is 2)
@@ -323,23 +361,31 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     shown, raw, floor = _prepared(runs, log)
     keep = np.flatnonzero(np.isfinite(raw))  # runs without a value drop out, positions kept
     values, shown = raw[keep], shown[keep]
+    use = np.ones(values.size, dtype=bool)  # the runs a change point's figures rest on
     if model == "trend":
         sigma = trend_sigma(values, floor)
         bounds = segment(values, sigma, model="trend")
     else:
-        sigma = noise_sigma(values, floor)
-        # spikes inflate the differences' spread too: estimate again without them
-        sigma = noise_sigma(despike(values, sigma), floor)
-        bounds = segment(despike(values, sigma), sigma)
+        sigma = level_sigma(values, floor)
+        cleaned, aside = excursions(values, sigma)
+        bounds = segment(cleaned, sigma)
+        use = ~aside
     while True:
-        judged = [_judge(values, shown, bounds, j, sigma, model) for j in range(len(bounds))]
+        judged = [_judge(values, shown, bounds, j, sigma, model, use)
+                  for j in range(len(bounds))]
         failing = [(badness, j) for j, (_, badness) in enumerate(judged)
                    if badness > alpha or (min_change_pct > 0 and not
                                           abs(judged[j][0].change_pct) >= min_change_pct)]
         if not failing:
             break
         del bounds[max(failing)[1]]
-    return [dataclasses.replace(cp, index=int(keep[cp.index])) for cp, _ in judged]
+    out = []
+    for cp, _ in judged:
+        clean = np.flatnonzero(use[cp.index:])
+        settled = cp.index + int(clean[0]) if clean.size else cp.index
+        out.append(dataclasses.replace(cp, index=int(keep[cp.index]),
+                                       settled=int(keep[settled])))
+    return out
 
 
 def _change_pct(before: float, after: float) -> float:
@@ -374,20 +420,28 @@ def trend_p(values: np.ndarray, at: int, sigma: float) -> float:
 
 
 def _judge(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int,
-           sigma: float, model: str = "level") -> tuple[ChangePoint, float]:
+           sigma: float, model: str = "level",
+           use: np.ndarray | None = None) -> tuple[ChangePoint, float]:
     """Boundary ``j`` as a ChangePoint, and how badly it fails: its p-value, or 2.0 when one
-    side has fewer than MIN_SIZE runs nearer its own median (level model only)."""
+    side has fewer than MIN_SIZE runs nearer its own median (level model only). ``use``: the
+    runs the figures may rest on (not the excursions); a side left with none fails (2.0)."""
     edges = [0, *bounds, values.size]
     b = bounds[j]
+    if use is None:
+        use = np.ones(values.size, dtype=bool)
     lo, hi = max(edges[j], b - WINDOW), min(edges[j + 2], b + WINDOW)
-    left, right = values[lo:b], values[b:hi]
+    left, right = values[lo:b][use[lo:b]], values[b:hi][use[b:hi]]
+    if left.size == 0 or right.size == 0:
+        return ChangePoint(index=b, before=math.nan, after=math.nan, change_pct=math.nan,
+                           p_value=1.0, n_before=int(left.size),
+                           n_after=int(right.size)), 2.0
     before, after = float(np.median(left)), float(np.median(right))
     if model == "trend":
         p = trend_p(values[edges[j]:edges[j + 2]], b - edges[j], sigma)
     else:
         p = p_value(left, right, sigma)
     # the medians in the values' own units (in log, an even count's would be a geometric mean)
-    level = (float(np.median(shown[lo:b])), float(np.median(shown[b:hi])))
+    level = (float(np.median(shown[lo:b][use[lo:b]])), float(np.median(shown[b:hi][use[b:hi]])))
     cp = ChangePoint(index=b, before=level[0], after=level[1], change_pct=_change_pct(*level),
                      p_value=p, n_before=int(left.size), n_after=int(right.size))
     if model == "trend":
@@ -435,7 +489,7 @@ def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: f
         return None
     level, value = float(np.median(shown[:-1][start:][-WINDOW:])), float(shown[-1])
     change = _change_pct(level, value)
-    sigma = noise_sigma(despike(values, noise_sigma(values, floor)), floor)
+    sigma = level_sigma(values, floor)
     p = p_value(level_runs, values[-1:], sigma)
     if p > alpha or (min_change_pct > 0 and not abs(change) >= min_change_pct):
         return None

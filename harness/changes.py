@@ -2,8 +2,8 @@
 
 Each analysis of a run looks at its series' recent history (``changepoints.find``) and matches
 what it finds with the change points stored for the series: one found again (the same
-direction, within MATCH_RUNS runs of where it was first found, which it keeps) is the same
-change, its figures refreshed;
+direction, within MATCH_RUNS runs of where it was first found, which it keeps, and not found
+back when only slow runs showed it) is the same change, its figures refreshed;
 one found for the first time is new, and only a new one becomes a finding of the run (so a
 step is reported once, by the run that confirmed it, and not again every night after). A stored
 one the analysis no longer finds, though its runs are in view, is "withdrawn"; found again, it
@@ -81,18 +81,33 @@ def reconcile(stored: Sequence[dict[str, Any]], found: Sequence[ChangePoint],
 
 def _nearest(candidates: Sequence[dict[str, Any]], cp: ChangePoint, position: dict[str, int],
              taken: set[int]) -> dict[str, Any] | None:
-    """The stored change point ``cp`` is: the same direction and the nearest within
-    MATCH_RUNS runs of where it was first found (within one run for a withdrawn one: it is
-    coming back, not a new step nearby)."""
+    """The stored change point ``cp`` is: the same direction, not a report of the excursion
+    before ``cp``'s level (``_reported_an_excursion``), and the nearest within MATCH_RUNS runs
+    of where it was first found (within one run for a withdrawn one: it is coming back, not a
+    new step nearby)."""
     best, best_distance = None, MATCH_RUNS + 1
     for s in candidates:
         pos = position.get(s["run_id"])
         if s["id"] in taken or pos is None or s["direction"] != cp.direction:
             continue
+        if _reported_an_excursion(s, cp, position):
+            continue
         reach = MATCH_RUNS if s["state"] == "open" else 1
         if abs(pos - cp.index) <= reach and abs(pos - cp.index) < best_distance:
             best, best_distance = s, abs(pos - cp.index)
     return best
+
+
+def _reported_an_excursion(stored: dict[str, Any], cp: ChangePoint,
+                           position: dict[str, int]) -> bool:
+    """Whether ``stored`` was found before the first run of ``cp``'s level that is not an
+    excursion (``ChangePoint.settled``): it then rested on slow runs alone, and ``cp`` is a
+    different change, not it refreshed. Two slow runs reported as a +80% step, then a +10%
+    step found at the same place once the runs after them came: were it matched, the step
+    would never be reported. A step whose first runs were slow, reported once its level
+    showed, is still the same one."""
+    found = position.get(stored.get("found_in_run"))
+    return cp.settled is not None and found is not None and found < cp.settled
 
 
 def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint) -> list[dict[str, Any]]:

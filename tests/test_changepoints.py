@@ -140,11 +140,39 @@ def test_a_spike_right_before_a_step_does_not_move_the_step():
     # (the spike, the step) but it is no spike: they are not of one level
     nights = [5463.0, 5318.0, 9294.0, 5333.0, 2133365.0, 2094186.5]
     [point] = cp.find(nights, log=True)
-    assert point.index == 4 and point.n_before == 4 and point.n_after == 2
+    # its figures rest on the runs of the two levels: the spike is left out
+    assert point.index == 4 and point.n_before == 3 and point.n_after == 2
+    assert point.before == 5333.0
     # the spike between two runs of one level is still taken out
     x = np.log(np.array(nights))
     despiked = cp.despike(x, 0.05)
     assert despiked[2] == (x[1] + x[3]) / 2 and np.array_equal(despiked[3:], x[3:])
+
+
+def test_slow_runs_where_a_step_happened_are_left_out_of_its_figures():
+    base = list(100 + noise(31, 20))
+    # two runs 90% and 75% slow, then a +10% step: not a stretch of their own (the step would
+    # be judged against them, a 40% improvement), but counted to the higher level
+    runs = base + [190.0, 175.0] + list(110 + noise(32, 4))
+    [point] = cp.find(runs, log=True)
+    assert point.direction == "up" and point.change_pct == pytest.approx(10, abs=2)
+    # placed at the first slow run (the earliest run the step can have come from), its
+    # figures resting on the runs after them
+    assert (point.index, point.settled, point.n_before, point.n_after) == (20, 22, 20, 4)
+    # the same slow runs between two runs of one level: set aside, no change point at all
+    assert cp.find(base + [190.0, 175.0] + list(100 + noise(32, 4)), log=True) == []
+
+
+def test_ordinary_runs_among_many_slow_ones_are_no_spikes_down():
+    # a loaded stretch of a recorded series (benchmarks/data, run medians over the series'
+    # median): two ordinary runs between slow ones, where the median of the runs around them
+    # is a slow one. They are at the level of the runs before, not spikes below it
+    values = np.log(np.array([0.98, 0.98, 0.98, 0.98, 1.00, 0.99, 1.62, 1.02, 1.64, 1.88,
+                              1.01, 1.02, 1.65, 1.43, 0.98, 1.83, 1.00, 1.02, 1.79, 1.86,
+                              1.85, 1.01, 0.99, 1.00]))
+    cleaned = cp.despike(values, 0.012)
+    assert np.array_equal(cleaned[16:18], values[16:18])
+    assert np.all(np.abs(cleaned[18:21] - math.log(1.01)) < 0.03)  # the slow ones set aside
 
 
 # ------------------------------------------------------------------ the trend model

@@ -459,6 +459,23 @@ def test_a_held_step_is_reported_once_and_a_return_marks_it_fixed(tmp_path):
         conn.close()
 
 
+def test_a_step_right_after_two_slow_runs_is_reported_as_itself(tmp_path):
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        # two runs 80% slow (a loaded machine), reported at once; then the level they were
+        # hiding: +10%. It is a regression of its own, not the slow runs' one refreshed (it
+        # would never be reported) nor an improvement from them (what it once read as)
+        seen = nightly(conn, [1.0] * 10 + [1.8, 1.75] + [1.1] * 4)
+        assert seen[11] == ["regression"] and seen[13] == ["regression"]
+        assert all(k in ([], ["suspicious"]) for i, k in enumerate(seen) if i not in (11, 13))
+        slow, step = store.change_points(conn)
+        assert (slow["found_in_run"], slow["state"]) == ("r11", "withdrawn")
+        assert (step["run_id"], step["found_in_run"], step["state"]) == ("r10", "r13", "open")
+        assert 8 < step["change_pct"] < 12
+    finally:
+        conn.close()
+
+
 def test_a_change_found_below_the_threshold_is_reported_once_when_it_grows(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
