@@ -596,11 +596,13 @@ _FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
 def faults_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("faults")
     impls = [a for impl in _FAULT_IMPLS for a in ("--impl", impl)]
-    out = harness(tmp_path, "run", *_FAULT_SELECTORS, "--world-sizes", "4", "--no-bench",
+    # two ranks: the hung (or dead) one and one left waiting on it, each relaunch half the
+    # cost of four ranks on two cores
+    out = harness(tmp_path, "run", *_FAULT_SELECTORS, "--world-sizes", "2", "--no-bench",
                   "--timeout", "5", "--grace", "20", *impls, timeout=400)
     results = rows(tmp_path / "h.db", "SELECT case_id, impl, status, reason FROM results "
                                       "ORDER BY started_at")
-    planned = planned_items(tmp_path, *_FAULT_SELECTORS, "--world-sizes", "4", *impls)
+    planned = planned_items(tmp_path, *_FAULT_SELECTORS, "--world-sizes", "2", *impls)
     return out, results, planned
 
 
