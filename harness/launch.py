@@ -163,7 +163,8 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
     w = cfg.run_dir / f"w{world_size}"
     cmd += [
         sys.executable, "-m", "pytest", "--pyargs", "suites", "-p", "harness.pytest_plugin",
-        "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
+        "-p", "no:cacheprovider", "-p", "no:unraisableexception",
+        "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
         "--harness-tier", cfg.tier, "--harness-device", cfg.device,
         "--harness-results", str(cfg.results_path), "--harness-progress", f"{w}.progress.json",
         "--harness-run-id", cfg.run_id, "--harness-skip", f"{w}.skip",
