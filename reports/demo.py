@@ -37,7 +37,7 @@ SELECTION = (
 #: the quick demo (the browser test): fewer cases, the same shapes of charts, on the last
 #: QUICK_SELECTION_NIGHTS nights only (the kernel under development runs every night: its
 #: change point needs three nights at the old level and two at the new)
-QUICK_SELECTION_NIGHTS = 3
+QUICK_SELECTION_NIGHTS = 2
 QUICK_SELECTION = (
     "allreduce[dtype=f32,inplace=false,mode=exact,*op=sum]",
     "allreduce[dtype=bf16,inplace=true,mode=exact,n=65539,op=sum]",
@@ -83,7 +83,7 @@ def _summary(out: subprocess.CompletedProcess[str]) -> str:
                    "and at least three before them set the level it leaves.")
 @click.option("--world-sizes", default="1,4", show_default=True)
 @click.option("--quick", is_flag=True,
-              help="Fewer cases, and on the last 3 nights only (about a minute on 2 "
+              help="Fewer cases, and on the last 2 nights only (about a minute on 2 "
                    "cores): what the browser test runs.")
 @click.pass_context
 def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: str,

@@ -51,7 +51,7 @@ def demo(tmp_path_factory):
     """A quick demo history (6 nights, the default, of real runs of the kernel under
     development: four at the old level and two at the new, so that the change point rests on
     enough runs to be significant even when a loaded machine makes the nights differ; the
-    selection on the last 3 nights, at world size 2 only, which still draws busbw, to spare CI
+    selection on the last 2 nights, at world size 2 only, which still draws busbw, to spare CI
     a minute) and its rendered site."""
     tmp = tmp_path_factory.mktemp("demo")
     out = harness(tmp, "demo", "--quick", "--world-sizes", "2",
@@ -131,8 +131,8 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
     tmp, out = demo
     db = tmp / "demo.db"
     runs = sql(db, "SELECT run_id, argv FROM runs ORDER BY started_at")
-    # 6 nights of the kernel under development, the selection on the last 3 (--quick)
-    assert len(runs) == 9
+    # 6 nights of the kernel under development, the selection on the last 2 (--quick)
+    assert len(runs) == 8
     kernel = "suites._demo:copy_under_development"
     rows = sql(db, "SELECT r.run_id, r.case_id, r.status, r.median_ns FROM results r "
                    "JOIN runs USING (run_id) WHERE r.impl = ? ORDER BY runs.started_at", kernel)
