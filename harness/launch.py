@@ -98,9 +98,15 @@ def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
     every rank at MPI_Init (MPICH 4.0's yaksa makes a context on every visible GPU, which an
     exclusive compute mode refuses); the harness never hands MPI device memory (its ``mpi``
     implementations stage through the host), so it turns that off. An implementation that
-    passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set by its user."""
+    passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set by its user.
+
+    And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the ranks' pytest loads the harness's plugin
+    (``-p``) and no other installed one. A plugin that reorders items (pytest-randomly
+    shuffles with a seed of its own in every process) would have the ranks run their cases in
+    different orders and meet in the wrong collectives: wrong results, or a hang."""
     env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
-           "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd())}
+           "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd()),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
     return env
 

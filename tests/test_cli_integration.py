@@ -688,6 +688,30 @@ def test_entry_point_implementations_are_discovered(tmp_path):
     assert impls == [{"impl": "vendor_ar"}]
 
 
+def test_a_pytest_plugin_the_user_has_installed_does_not_reach_the_ranks(tmp_path):
+    # a plugin that reorders the items (as pytest-randomly does, with a seed of its own in
+    # every process): loaded in the ranks, they would run their cases in different orders and
+    # meet in the wrong collectives. The ranks load only the harness's plugin
+    site = tmp_path / "site"
+    dist = site / "reorder_items-1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: reorder-items\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\nreorder_items = reorder_items\n")
+    (site / "reorder_items.py").write_text(
+        "import os, random\n"
+        "import pytest\n"
+        "@pytest.hookimpl(trylast=True)\n"
+        "def pytest_collection_modifyitems(items):\n"
+        "    random.Random(os.getpid()).shuffle(items)\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(HELPERS)])}
+    out = harness(tmp_path, "run", "allreduce[dtype=f32,inplace=false,mode=exact,*]",
+                  "--world-sizes", "2", "--no-bench", "--impl", "torch", "--timeout", "10",
+                  "--grace", "5", env=env, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    statuses = {r["status"] for r in rows(tmp_path / "h.db", "SELECT status FROM results")}
+    assert statuses == {"pass"}
+
+
 def test_env_reports_without_initialising_cuda(tmp_path):
     out = harness(tmp_path, "env", "--json", timeout=120)
     assert out.returncode == 0, out.stderr
