@@ -154,8 +154,12 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
         (step[5]["run_id"], "regression", step[4]["case_id"])}, medians
     points = sql(db, "SELECT run_id, found_in_run, direction, state, triage FROM change_points "
                      "WHERE impl = ?", kernel)
-    assert points == [{"run_id": step[4]["run_id"], "found_in_run": step[5]["run_id"],
-                       "direction": "up", "state": "open", "triage": None}]
+    # the planted one is the only slower change point. A copy of microseconds on a loaded
+    # 2-core machine may also get a faster one: two nights 60% slow in a row at the start (a
+    # CI run had 8613, 8612, 5313, 5273 ns) are a level of their own, left as an improvement
+    assert [p for p in points if p["direction"] == "up"] == [
+        {"run_id": step[4]["run_id"], "found_in_run": step[5]["run_id"], "direction": "up",
+         "state": "open", "triage": None}], (points, medians)
     assert (contiguous[5]["run_id"], "new_failure", contiguous[5]["case_id"]) in findings
     assert "site: " in out.stdout and (tmp / "site" / "index.html").is_file()
 
@@ -329,7 +333,8 @@ def test_report_judges_the_runs_it_is_told_for_ci_and_triage_silences(demo, tmp_
     assert "1 untriaged regression(s)" in newest.stdout
     # the reader triages it: no longer counted, and the dashboard shows the mark
     listed = harness(tmp_path, "triage", "--db", str(db), "--json")
-    [point] = json.loads(listed.stdout)
+    # the planted slowdown (a loaded machine's slow first nights may add an improvement)
+    [point] = [p for p in json.loads(listed.stdout) if p["direction"] == "up"]
     marked = harness(tmp_path, "triage", str(point["id"]), "acknowledged", "--note",
                      "planted by the demo", "--db", str(db))
     assert marked.returncode == 0, marked.stdout + marked.stderr
