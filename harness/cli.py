@@ -167,10 +167,15 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     SELECTORS are families (collectives), ops (allreduce) or globs over case ids
     ('allreduce[*dtype=bf16*]'); none selects everything in the tier.
     """
+    from harness import resume
+
     if resume_id is None:
-        _run(ctx, resumed=None, **params)
+        # what --resume will run it with: the KEPT options, as JSON holds them
+        kept = {name: list(params[name]) if isinstance(params[name], tuple) else params[name]
+                for name in resume.KEPT}
+        _run(ctx, resumed=None, kept=kept, **params)
         return
-    from harness import envinfo, resume, store
+    from harness import envinfo, store
     from harness.spec import use_suites
 
     given = sorted(name for name in resume.KEPT
@@ -198,16 +203,18 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     use_suites(options.pop("suite_sources", []), options.pop("suite_golden_dir", None))
     for name in resume.KEPT:
         params[name] = tuple(options[name]) if isinstance(options[name], list) else options[name]
-    _run(ctx, resumed=(run_dir, info), **params)
+    _run(ctx, resumed=(run_dir, info), kept=options, **params)
 
 
-def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, selectors: tuple[str, ...],
+def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, kept: dict[str, Any],
+         selectors: tuple[str, ...],
          tier: str, world_sizes: str, impls: tuple[str, ...], device: str, bench: bool | None,
          db: str | None, out_dir: str | None, timeout: float | None, fail_on: str,
          launcher: str | None, launcher_args: str, hostfile: str | None, grace: float,
          golden_dir: str | None, use_golden: bool, timing_mode: str, l2_flush: bool,
          report_dir: str | None) -> None:
-    """``run``'s body: a new run, or the ``resumed`` one's (run directory, RunInfo)."""
+    """``run``'s body: a new run, or the ``resumed`` one's (run directory, RunInfo);
+    ``kept``: the options a new run records for ``--resume`` (``resume.KEPT``)."""
     import shlex
 
     from harness import envinfo, store
@@ -246,16 +253,12 @@ def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, selectors: tuple[
         run_dir = (store.runs_root(db_path, out_dir) / run_id).resolve()
         run_dir.mkdir(parents=True, exist_ok=True)
         env = envinfo.environment(mpiexec)
-        kept = {"selectors": list(selectors), "tier": tier, "world_sizes": world_sizes,
-                "impls": list(impls), "device": device, "bench": bench,
-                "golden_dir": golden_dir, "use_golden": use_golden,
-                "timing_mode": timing_mode, "l2_flush": l2_flush,
-                "suite_sources": list(extra_suites()[0]),
-                "suite_golden_dir": _str_or_none(extra_suites()[1])}
+        options = {**kept, "suite_sources": list(extra_suites()[0]),
+                   "suite_golden_dir": _str_or_none(extra_suites()[1])}
         info = RunInfo(run_id=run_id, started_at=time.time(), tier=tier, world_sizes=sizes,
                        machine=envinfo.machine(), env=env, selectors=list(selectors),
                        impls=list(impls), argv=sys.argv[1:], git_commit=env.get("git_commit"),
-                       options=kept)
+                       options=options)
     else:
         run_dir, info = resumed
         run_id, env = info.run_id, info.env
