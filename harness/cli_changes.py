@@ -237,8 +237,7 @@ def detect(ctx: click.Context, target: str, min_change: float, log: bool | None,
                        None)
             if bad is not None:
                 raise HarnessExit(f"{pg.label(target)}: series {name!r} order {bad[0]} has "
-                                  f"the value "
-                                  f"{bad[1]:g}, which has no log: pass --linear",
+                                  f"the value {bad[1]:g}, which has no log: pass --linear",
                                   EXIT_USAGE)
     found = []
     for name, runs in series.items():

@@ -33,8 +33,6 @@ def _resolve(conn: sqlite3.Connection, text: str) -> str:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
 
 
-
-
 def _fingerprint(conn: sqlite3.Connection, run_id: str) -> str:
     from harness import store
 

@@ -820,6 +820,15 @@ def unanalyzed_runs(conn: sqlite3.Connection) -> list[str]:
 # --------------------------------------------------------------------------- queries
 
 
+def _limit(params: list[Any], limit: int | None) -> str:
+    """`` LIMIT ?`` with ``limit`` appended to ``params``, or nothing for no limit (SQLite's
+    "no limit", -1, is an error on PostgreSQL)."""
+    if limit is None:
+        return ""
+    params.append(limit)
+    return " LIMIT ?"
+
+
 def run_ids(
     conn: sqlite3.Connection, machine_fingerprint: str | None = None, limit: int | None = None
 ) -> list[str]:
@@ -829,10 +838,7 @@ def run_ids(
     if machine_fingerprint is not None:
         sql += " WHERE m.fingerprint = ?"
         params.append(machine_fingerprint)
-    sql += " ORDER BY r.started_at DESC, r.run_id DESC"
-    if limit is not None:  # SQLite's "no limit" (-1) is an error on PostgreSQL
-        sql += " LIMIT ?"
-        params.append(limit)
+    sql += " ORDER BY r.started_at DESC, r.run_id DESC" + _limit(params, limit)
     return [row[0] for row in conn.execute(sql, params).fetchall()]
 
 
@@ -946,10 +952,7 @@ def history(
     if machine_fingerprint is not None:
         sql += " AND m.fingerprint = ?"
         params.append(machine_fingerprint)
-    sql += " ORDER BY r.started_at DESC, r.run_id DESC"
-    if limit is not None:  # SQLite's "no limit" (-1) is an error on PostgreSQL
-        sql += " LIMIT ?"
-        params.append(limit)
+    sql += " ORDER BY r.started_at DESC, r.run_id DESC" + _limit(params, limit)
     return conn.execute(sql, params).fetchall()
 
 
