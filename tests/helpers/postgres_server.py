@@ -13,10 +13,11 @@ import atexit
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from services import free_port
 
 USER = "harness"
 
@@ -32,12 +33,6 @@ def _binary(name: str) -> str:
         raise Unavailable(f"PostgreSQL's {name} is not installed (Debian: apt-get install "
                           "postgresql; .ci/run installs it)")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -62,7 +57,7 @@ class Server:
                 raise Unavailable(f"running as root and no postgres user ({exc})") from exc
             self.prefix = ["runuser", "-u", "postgres", "--"]
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self._run([initdb, "-D", str(self.data), "-A", "trust", "-U", USER, "-E", "UTF8",
                    "--no-sync"])
         options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "

@@ -19,17 +19,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from services import free_port
+
 MUNGE_KEY = Path("/etc/munge/munge.key")
 
 
 class Unavailable(Exception):
     """No cluster can be started here: the message says why and how to get one."""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Cluster:
@@ -64,8 +60,8 @@ class Cluster:
 ClusterName=harness-test
 SlurmctldHost={self.node}(127.0.0.1)
 SlurmUser=root
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 AuthType=auth/munge
 AuthInfo=socket={sock}
 CredType=cred/munge
