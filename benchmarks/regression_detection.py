@@ -74,6 +74,7 @@ WARMUP = 6  # nights judged from this run on (every detector has some history)
 PROMPT = 2  # an injected step counts as found when alarmed within this many nights after t
 AFTER = 5  # alarms per step: every alarm from night t to t + AFTER
 QUIET = 0.03  # run-to-run noise below which a series counts as quiet in the breakdown
+UNSLOWED = 0.05  # a run within this of its series' lower quartile: one the machine left alone
 
 Samples = Sequence[float]
 Detector = Callable[[list[Samples], Samples], bool]  # (history newest first, current) -> alarm
@@ -539,8 +540,19 @@ def evaluate(series: list[dict], detectors: dict[str, Nightly], warmup: int,
                               "impl": s["impl"], "evaluations": len(points),
                               "nights": n - warmup, "false_alarms": len(clean),
                               "false_alarm_points": clean, "detections": found,
-                              "alarms": alarms, "alarms_beyond_false": beyond})
+                              "alarms": alarms, "alarms_beyond_false": beyond,
+                              "unslowed": unslowed_in_windows(runs, warmup, prompt)})
     return out
+
+
+def unslowed_in_windows(runs: list[Samples], warmup: int, prompt: int = PROMPT) -> list[int]:
+    """Per injection point t (as ``evaluate``'s), how many of the runs t..t+prompt, the nights
+    a step must be found in, the machine left alone: run median within UNSLOWED of the
+    series' lower quartile of run medians. With a step injected, only such runs show the new
+    level as it is; the others show it times a slowdown of unknown size."""
+    medians = np.array([np.median(r) for r in runs])
+    alone = medians <= np.quantile(medians, 0.25) * (1 + UNSLOWED)
+    return [int(alone[t:t + prompt + 1].sum()) for t in range(warmup, len(runs) - prompt)]
 
 
 def summarize(rows: list[dict], slowdowns: Sequence[float] = SLOWDOWNS) -> dict:
@@ -560,6 +572,11 @@ def summarize(rows: list[dict], slowdowns: Sequence[float] = SLOWDOWNS) -> dict:
                        if ev else None) for s in slowdowns},
         "false_alarms": fa,
         "false_alarm_rate": fa / nights if nights else None,
+        # the steps whose nights hold at least two (one) runs the machine left alone
+        "steps_with_two_unslowed_runs": (sum(sum(k >= 2 for k in r["unslowed"]) for r in rows)
+                                         / ev if ev else None),
+        "steps_with_one_unslowed_run": (sum(sum(k >= 1 for k in r["unslowed"]) for r in rows)
+                                        / ev if ev else None),
         "series_with_false_alarm": sum(1 for r in rows if r["false_alarms"]),
     }
 
@@ -652,6 +669,8 @@ def main() -> int:
             for n in list(detectors)[1:3]),
         "alarms_per_step": mine["alarms_per_step"]["0.1"],
         "once_goal_met": mine["alarms_per_step"]["0.1"] <= GOAL_ALARMS_PER_STEP,
+        "steps_with_two_unslowed_runs": mine["steps_with_two_unslowed_runs"],
+        "steps_with_one_unslowed_run": mine["steps_with_one_unslowed_run"],
     }
     if args.json:
         print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "per_run_load"},
@@ -672,6 +691,11 @@ def main() -> int:
           f"step): recall {'met' if goal['recall_goal_met'] else 'NOT met'}, false alarms "
           f"{'fewer' if goal['fewer_false_alarms_than_both'] else 'NOT fewer'}, alarms per step "
           f"{goal['alarms_per_step']:.2f} ({'met' if goal['once_goal_met'] else 'NOT met'}).")
+    print(f"Of the steps injected there, {_pct(goal['steps_with_two_unslowed_runs'])} have two "
+          f"runs the machine left alone (median within {UNSLOWED:.0%} of the series' lower "
+          f"quartile) in the {PROMPT + 1} nights they must be found in, "
+          f"{_pct(goal['steps_with_one_unslowed_run'])} at least one; the rest of their runs "
+          "read as the new level plus a slowdown of unknown size.")
     if args.per_series:
         print("\n" + per_series_markdown(result))
     return 0

@@ -211,6 +211,26 @@ def excursions(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray
     return x, aside
 
 
+#: a new level resting on the newest HOLD_RUNS runs alone waits for one more run when each of
+#: them is as high above the level before it as this series' own slow excursions are (at
+#: least the _BAND_QUANTILE of their heights, with _BAND_MIN of them found): on a machine
+#: that slows runs, two slow runs in a row are as common as one (benchmarks/data), and they
+#: were all 17 false alarms on the quiet recording. A series without such excursions
+#: (a steady GPU runner) is never held; one that has them learns of a large step a night later
+HOLD_RUNS = MIN_SIZE
+_BAND_QUANTILE, _BAND_MIN = 0.25, 3
+
+
+def excursion_band(values: np.ndarray, cleaned: np.ndarray, aside: np.ndarray) -> float:
+    """How high this series' slow excursions rise above the level they left (the
+    _BAND_QUANTILE of their heights), or inf when fewer than _BAND_MIN were set aside."""
+    heights = (values - cleaned)[aside]
+    heights = heights[heights > 0]
+    if heights.size < _BAND_MIN:
+        return math.inf
+    return float(np.quantile(heights, _BAND_QUANTILE))
+
+
 def level_sigma(values: np.ndarray, floor: float = 0.0) -> float:
     """The level model's noise: ``noise_sigma`` estimated again without the excursions it
     lets ``despike`` find (they inflate the differences' spread too)."""
@@ -349,8 +369,10 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     segments (the nearest WINDOW runs of each): a p-value of at most ``alpha``, medians that
     moved by at least ``min_change_pct`` percent (practical significance; 0 keeps any), and at
     least MIN_SIZE runs on each side nearer their own side's median than the other's (so one odd
-    run beside a boundary cannot carry it). The weakest boundary that fails is dropped, its two
-    segments merge, and the rest are judged again, until all hold.
+    run beside a boundary cannot carry it). Under the level model, a boundary whose new level
+    is the newest HOLD_RUNS runs alone, each as high as the series' own slow excursions
+    (``excursion_band``), fails too, until a further run comes. The weakest boundary that
+    fails is dropped, its two segments merge, and the rest are judged again, until all hold.
 
     ``log``: analyse the logs of the values (``log_runs``; for timings), report the medians
     in the values' own units. ``model``: one of MODELS; under "trend" a boundary's p-value is
@@ -362,6 +384,7 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     keep = np.flatnonzero(np.isfinite(raw))  # runs without a value drop out, positions kept
     values, shown = raw[keep], shown[keep]
     use = np.ones(values.size, dtype=bool)  # the runs a change point's figures rest on
+    band = math.inf
     if model == "trend":
         sigma = trend_sigma(values, floor)
         bounds = segment(values, sigma, model="trend")
@@ -370,9 +393,14 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
         cleaned, aside = excursions(values, sigma)
         bounds = segment(cleaned, sigma)
         use = ~aside
+        band = excursion_band(values, cleaned, aside)
     while True:
         judged = [_judge(values, shown, bounds, j, sigma, model, use)
                   for j in range(len(bounds))]
+        if model == "level" and bounds and values.size - bounds[-1] <= HOLD_RUNS:
+            left = values[:bounds[-1]][use[:bounds[-1]]][-WINDOW:]
+            if left.size and np.all(values[bounds[-1]:] - np.median(left) >= band):
+                judged[-1] = (judged[-1][0], 2.0)  # as high as an excursion: held
         failing = [(badness, j) for j, (_, badness) in enumerate(judged)
                    if badness > alpha or (min_change_pct > 0 and not
                                           abs(judged[j][0].change_pct) >= min_change_pct)]

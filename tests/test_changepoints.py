@@ -175,6 +175,26 @@ def test_ordinary_runs_among_many_slow_ones_are_no_spikes_down():
     assert np.all(np.abs(cleaned[18:21] - math.log(1.01)) < 0.03)  # the slow ones set aside
 
 
+def test_two_newest_runs_as_high_as_the_series_past_excursions_wait_for_a_third():
+    # a series whose machine slows runs by 50-80% now and then, one or two at a time
+    base = list(100 + noise(33, 30))
+    for at, slow in ((4, 160.0), (9, 175.0), (14, 150.0), (15, 170.0), (22, 180.0)):
+        base[at] = slow
+    # two slow runs at the end: like its excursions, so no change point yet, but the newest
+    # run is still suspicious
+    assert cp.find(base + [165.0, 172.0], log=True) == []
+    assert cp.newest_outlier(base + [165.0, 172.0], log=True) is not None
+    # a third run at that level: a change point, dated at the first of them
+    [point] = cp.find(base + [165.0, 172.0, 168.0], log=True)
+    assert (point.index, point.direction) == (30, "up")
+    # a +10% step is far below its excursions: found from its two first runs
+    [point] = cp.find(base + [110.0, 111.0], log=True)
+    assert (point.index, point.direction) == (30, "up")
+    # a series that never had an excursion: two runs 65% slower are a change point at once
+    [point] = cp.find(list(100 + noise(33, 30)) + [165.0, 172.0], log=True)
+    assert point.index == 30
+
+
 # ------------------------------------------------------------------ the trend model
 
 def brute_force_trend_segment(values: np.ndarray, pen: float) -> list[int]:
