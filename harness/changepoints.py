@@ -212,23 +212,27 @@ def excursions(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray
 
 
 #: a new level resting on the newest HOLD_RUNS runs alone waits for one more run when each of
-#: them is as high above the level before it as this series' own slow excursions are (at
-#: least the _BAND_QUANTILE of their heights, with _BAND_MIN of them found): on a machine
-#: that slows runs, two slow runs in a row are as common as one (benchmarks/data), and they
-#: were all 17 false alarms on the quiet recording. A series without such excursions
-#: (a steady GPU runner) is never held; one that has them learns of a large step a night later
+#: them is as high above the level before it as this series' own slow excursions are (from
+#: the _BAND_QUANTILE of their heights to _BAND_REACH times the highest, in the units
+#: analysed: logs for timings; _BAND_MIN of them found): on a machine that slows runs, two
+#: slow runs in a row are as common as one (benchmarks/data), and they were all 17 false
+#: alarms on the quiet recording. A series without such excursions (a steady GPU runner) is
+#: never held; one that has them learns of a step in that band a night later
 HOLD_RUNS = MIN_SIZE
-_BAND_QUANTILE, _BAND_MIN = 0.25, 3
+_BAND_QUANTILE, _BAND_MIN, _BAND_REACH = 0.25, 3, 2.0
 
 
-def excursion_band(values: np.ndarray, cleaned: np.ndarray, aside: np.ndarray) -> float:
-    """How high this series' slow excursions rise above the level they left (the
-    _BAND_QUANTILE of their heights), or inf when fewer than _BAND_MIN were set aside."""
+def excursion_band(values: np.ndarray, cleaned: np.ndarray,
+                   aside: np.ndarray) -> tuple[float, float]:
+    """How high this series' slow excursions rise above the level they left: from the
+    _BAND_QUANTILE of their heights to _BAND_REACH times the highest (two slow runs in a row
+    can be slower than one; a step far beyond every excursion is none), or an empty band
+    when fewer than _BAND_MIN were set aside."""
     heights = (values - cleaned)[aside]
     heights = heights[heights > 0]
     if heights.size < _BAND_MIN:
-        return math.inf
-    return float(np.quantile(heights, _BAND_QUANTILE))
+        return math.inf, -math.inf
+    return float(np.quantile(heights, _BAND_QUANTILE)), _BAND_REACH * float(np.max(heights))
 
 
 def level_sigma(values: np.ndarray, floor: float = 0.0) -> float:
@@ -384,7 +388,7 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     keep = np.flatnonzero(np.isfinite(raw))  # runs without a value drop out, positions kept
     values, shown = raw[keep], shown[keep]
     use = np.ones(values.size, dtype=bool)  # the runs a change point's figures rest on
-    band = math.inf
+    band = (math.inf, -math.inf)
     if model == "trend":
         sigma = trend_sigma(values, floor)
         bounds = segment(values, sigma, model="trend")
@@ -399,7 +403,8 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
                   for j in range(len(bounds))]
         if model == "level" and bounds and values.size - bounds[-1] <= HOLD_RUNS:
             left = values[:bounds[-1]][use[:bounds[-1]]][-WINDOW:]
-            if left.size and np.all(values[bounds[-1]:] - np.median(left) >= band):
+            rise = values[bounds[-1]:] - np.median(left)
+            if left.size and np.all((rise >= band[0]) & (rise <= band[1])):
                 judged[-1] = (judged[-1][0], 2.0)  # as high as an excursion: held
         failing = [(badness, j) for j, (_, badness) in enumerate(judged)
                    if badness > alpha or (min_change_pct > 0 and not

@@ -187,9 +187,11 @@ def test_two_newest_runs_as_high_as_the_series_past_excursions_wait_for_a_third(
     # a third run at that level: a change point, dated at the first of them
     [point] = cp.find(base + [165.0, 172.0, 168.0], log=True)
     assert (point.index, point.direction) == (30, "up")
-    # a +10% step is far below its excursions: found from its two first runs
-    [point] = cp.find(base + [110.0, 111.0], log=True)
-    assert (point.index, point.direction) == (30, "up")
+    # a +10% step is far below its excursions, a 4x one far above them (past twice the
+    # highest, in log): each found from its two first runs
+    for step in (110.0, 400.0):
+        [point] = cp.find(base + [step, step + 1.0], log=True)
+        assert (point.index, point.direction) == (30, "up")
     # a series that never had an excursion: two runs 65% slower are a change point at once
     [point] = cp.find(list(100 + noise(33, 30)) + [165.0, 172.0], log=True)
     assert point.index == 30
