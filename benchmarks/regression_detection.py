@@ -24,7 +24,9 @@ one found smaller grows past it. For each series and each run ``t`` from WARMUP 
 * alarms per step: every alarm from night ``t`` to ``t + AFTER`` (a rule that re-flags a held
   step every night scores high: a nightly that fails for a week for one regression); and of
   them those not on a night that alarms on the unmodified runs too (a false alarm the step
-  did not cause, counted among the false alarms already).
+  did not cause, counted among the false alarms already);
+* recall not on a false alarm's night: found by an alarm on a night that does not alarm on
+  the unmodified runs (a rule that alarms on many nights is "found" by chance otherwise).
 
 Only regressions count as alarms (ours also reports "suspicious" single runs, which do not
 fail a run). The tables are split by world size and, at world size 1, by the series'
@@ -521,25 +523,30 @@ def evaluate(series: list[dict], detectors: dict[str, Nightly], warmup: int,
             # the clean replay from the first night; its states seed each injected replay
             clean, states = replay(night, runs, 1, n, keep_states=True)
             clean = [t for t in clean if t >= warmup]
-            found, alarms, beyond = {}, {}, {}
+            found, found_beyond, alarms, beyond = {}, {}, {}, {}
             also_clean = set(clean)
             for slow in slowdowns:
                 f = 1 + slow
-                hit = caused = extra = 0
+                hit = hit_beyond = caused = extra = 0
                 for t in points:
                     stepped = runs[:t] + [[x * f for x in r] for r in runs[t:]]
                     stop = min(n, t + after + 1)
                     got, _ = replay(night, stepped, t, stop, state=states[t - 2])
                     hit += any(t <= a < t + prompt + 1 for a in got)
+                    # found on a night that does not alarm on the unmodified runs anyway
+                    hit_beyond += any(t <= a < t + prompt + 1 and a not in also_clean
+                                      for a in got)
                     caused += len(got)
                     # the alarms the step brought: not the nights the recording alarms anyway
                     extra += sum(a not in also_clean for a in got)
                 found[f"{slow:g}"], alarms[f"{slow:g}"] = hit, caused
+                found_beyond[f"{slow:g}"] = hit_beyond
                 beyond[f"{slow:g}"] = extra
             out[name].append({"world_size": s["world_size"], "case_id": s["case_id"],
                               "impl": s["impl"], "evaluations": len(points),
                               "nights": n - warmup, "false_alarms": len(clean),
                               "false_alarm_points": clean, "detections": found,
+                              "detections_beyond_false": found_beyond,
                               "alarms": alarms, "alarms_beyond_false": beyond,
                               "unslowed": unslowed_in_windows(runs, warmup, prompt)})
     return out
@@ -565,6 +572,9 @@ def summarize(rows: list[dict], slowdowns: Sequence[float] = SLOWDOWNS) -> dict:
         "nights": nights,
         "recall": {f"{s:g}": (sum(r["detections"][f"{s:g}"] for r in rows) / ev if ev else None)
                    for s in slowdowns},
+        "recall_beyond_false": {
+            f"{s:g}": (sum(r["detections_beyond_false"][f"{s:g}"] for r in rows) / ev
+                       if ev else None) for s in slowdowns},
         "alarms_per_step": {f"{s:g}": (sum(r["alarms"][f"{s:g}"] for r in rows) / ev
                                        if ev else None) for s in slowdowns},
         "alarms_per_step_beyond_false": {
@@ -596,12 +606,14 @@ def markdown(summary: dict[str, dict], title: str) -> str:
     steps = [s for s in SLOWDOWNS if s]
     lines = [f"**{title}**", "",
              "| detector | " + " | ".join(f"recall +{100 * s:g}%" for s in steps)
-             + " | alarms per +10% step | of them not on a false alarm's night "
+             + " | recall +10% not on a false alarm's night "
+             "| alarms per +10% step | of them not on a false alarm's night "
              "| false alarms (per night) | series with one |",
-             "|---" * (len(steps) + 5) + "|"]
+             "|---" * (len(steps) + 6) + "|"]
     for name, sm in summary.items():
         rec = " | ".join(_pct(sm["recall"][f"{s:g}"]) for s in steps)
-        lines.append(f"| {name} | {rec} | {sm['alarms_per_step']['0.1']:.2f} | "
+        lines.append(f"| {name} | {rec} | {_pct(sm['recall_beyond_false']['0.1'])} | "
+                     f"{sm['alarms_per_step']['0.1']:.2f} | "
                      f"{sm['alarms_per_step_beyond_false']['0.1']:.2f} | "
                      f"{sm['false_alarms']}/{sm['nights']} ({_pct(sm['false_alarm_rate'])}) | "
                      f"{sm['series_with_false_alarm']}/{sm['series']} |")
