@@ -35,6 +35,7 @@ run-to-run noise (robust spread of its run medians).
     python benchmarks/regression_detection.py                 # markdown tables
     python benchmarks/regression_detection.py --json          # everything as JSON
     python benchmarks/regression_detection.py --per-series    # plus one row per series
+    python benchmarks/regression_detection.py --prompt 4      # a step may be found 4 nights late
     python benchmarks/regression_detection.py --record        # re-record the noise first
 """
 
@@ -648,7 +649,13 @@ def main() -> int:
     parser.add_argument("--per-series", action="store_true", help="one row per series too")
     parser.add_argument("--warmup", type=int, default=WARMUP,
                         help="runs before the first night that is judged")
+    parser.add_argument("--prompt", type=int, default=PROMPT,
+                        help="nights after a step's own in which an alarm still finds it "
+                             f"(default {PROMPT}; at most {AFTER})")
     args = parser.parse_args()
+    if not 0 <= args.prompt <= AFTER:
+        parser.error(f"--prompt {args.prompt}: give 0 to {AFTER} (alarms per step are counted "
+                     f"over {AFTER} nights after the step)")
     if args.record:
         record(args.runs, args.work, args.data, args.note)
     meta, series = load(args.data)
@@ -658,7 +665,7 @@ def main() -> int:
         "asv continuous --factor 1.1": per_run_rule(asv_continuous),
         "harness 0.x rule (classify_series, 5%)": per_run_rule(v1_rule(0.05)),
     }
-    result = evaluate(series, detectors, args.warmup)
+    result = evaluate(series, detectors, args.warmup, prompt=args.prompt)
     for rows in result.values():
         for row, s in zip(rows, series, strict=True):
             row["run_to_run_noise"] = run_to_run_noise(s["runs"])
@@ -686,16 +693,17 @@ def main() -> int:
     }
     if args.json:
         print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "per_run_load"},
-                          "warmup": args.warmup, "slowdowns": list(SLOWDOWNS),
+                          "warmup": args.warmup, "prompt": args.prompt,
+                          "slowdowns": list(SLOWDOWNS),
                           "summary": summary, "goal": goal, "per_series": result}, indent=1))
         return 0
     runs = [len(s["runs"]) for s in series]
     print(f"Noise: {len(series)} series, {min(runs)}-{max(runs)} runs each, recorded "
           f"{meta['date']} on {meta['machine']}; nights judged from run {args.warmup}; a step "
-          f"is injected at every run t from {args.warmup} on that leaves {PROMPT} nights after "
-          f"it, and persists. Found: an alarm within {PROMPT} nights of t; alarms per step: all "
-          f"alarms from night t to t+{AFTER}. Run-to-run noise: 1.4826 * MAD of a series' run "
-          "medians over its median.\n")
+          f"is injected at every run t from {args.warmup} on that leaves {args.prompt} nights "
+          f"after it, and persists. Found: an alarm within {args.prompt} nights of t; alarms per "
+          f"step: all alarms from night t to t+{AFTER}. Run-to-run noise: 1.4826 * MAD of a "
+          "series' run medians over its median.\n")
     for title, sm in summary.items():
         print(markdown(sm, f"{title} ({sm[main_name]['series']} series)") + "\n")
     print(f"Goal on the quiet series (recall >= {GOAL_RECALL:.0%} at +{GOAL_SLOWDOWN:.0%}, fewer "
@@ -705,7 +713,7 @@ def main() -> int:
           f"{goal['alarms_per_step']:.2f} ({'met' if goal['once_goal_met'] else 'NOT met'}).")
     print(f"Of the steps injected there, {_pct(goal['steps_with_two_unslowed_runs'])} have two "
           f"runs the machine left alone (median within {UNSLOWED:.0%} of the series' lower "
-          f"quartile) in the {PROMPT + 1} nights they must be found in, "
+          f"quartile) in the {args.prompt + 1} nights they must be found in, "
           f"{_pct(goal['steps_with_one_unslowed_run'])} at least one; the rest of their runs "
           "read as the new level plus a slowdown of unknown size.")
     if args.per_series:
