@@ -103,10 +103,12 @@ _CENTRED_FROM = 10
 _QUANTILE, _QUANTILE_OF_HALF_NORMAL = 0.25, 0.3186
 
 
-def noise_sigma(values: np.ndarray, floor: float = 0.0) -> float:
+def noise_sigma(values: np.ndarray, floor: float = 0.0, *, spikes: bool = True) -> float:
     """Run-to-run noise: a robust standard deviation from the differences of neighbouring runs
     (a level change moves one difference, not the estimate; a trend barely does), at least
-    ``floor`` (``sample_floor``: runs cannot vary less than their own medians do)."""
+    ``floor`` (``sample_floor``: runs cannot vary less than their own medians do).
+    ``spikes=False``: for runs already rid of their excursions, the median of the differences,
+    which varies less from series to series than their lower quartile."""
     if values.size < 2:
         return floor
     d = np.diff(values)
@@ -114,8 +116,10 @@ def noise_sigma(values: np.ndarray, floor: float = 0.0) -> float:
     # the lower quartile of |d|: a spike moves two differences, and on a loaded machine a
     # quarter of the runs can be spikes, which a median (MAD) does not survive; for normal
     # noise, |d| is half-normal with scale sigma * sqrt(2), whose lower quartile is 0.3186 of it
-    q = float(np.quantile(np.abs(d - centre), _QUANTILE))
-    return max(q / (_QUANTILE_OF_HALF_NORMAL * math.sqrt(2.0)), floor)
+    # (its median 0.6745)
+    quantile, of_half_normal = (_QUANTILE, _QUANTILE_OF_HALF_NORMAL) if spikes else (0.5, 0.6745)
+    q = float(np.quantile(np.abs(d - centre), quantile))
+    return max(q / (of_half_normal * math.sqrt(2.0)), floor)
 
 
 def sample_floor(runs: Sequence[Sequence[float] | float]) -> float:
@@ -235,10 +239,37 @@ def excursion_band(values: np.ndarray, cleaned: np.ndarray,
     return float(np.quantile(heights, _BAND_QUANTILE)), _BAND_REACH * float(np.max(heights))
 
 
+#: ``noise_sigma`` has broken down when it is this many times ``lower_spread`` (with at least
+#: _BREAKDOWN_RUNS runs; in normal noise a ratio above 10 comes once in 10,000 series of 12 runs
+#: and rarer with more)
+_BREAKDOWN_RATIO, _BREAKDOWN_RUNS = 10.0, 12
+#: normal quantiles 0.40 and 0.05 are 1.392 sigmas apart
+_LOW_QUANTILES, _LOW_SPAN = (0.05, 0.40), 1.392
+
+
+def lower_spread(values: np.ndarray) -> float:
+    """The spread of the lower 40% of the runs, in sigmas of normal noise: runs a machine left
+    alone, when up to half of them were slowed (a machine slows runs, never speeds them up)."""
+    lo, hi = np.quantile(values, _LOW_QUANTILES)
+    return float(hi - lo) / _LOW_SPAN
+
+
 def level_sigma(values: np.ndarray, floor: float = 0.0) -> float:
     """The level model's noise: ``noise_sigma`` estimated again without the excursions it
-    lets ``despike`` find (they inflate the differences' spread too)."""
-    return noise_sigma(despike(values, noise_sigma(values, floor)), floor)
+    lets ``despike`` find (they inflate the differences' spread too). Where slow runs are so
+    many that fewer than a quarter of the neighbouring differences are between two ordinary
+    runs, ``noise_sigma`` is a slow run's difference and ``despike`` finds nothing with it:
+    there the excursions are found with ``lower_spread``, and the noise is that of the runs
+    left."""
+    start = noise_sigma(values, floor)
+    low = lower_spread(values) if values.size >= _BREAKDOWN_RUNS else math.inf
+    # (low is 0 where the lower runs tie, a coarse timer's: nothing to start from there)
+    if 0 < low and start > _BREAKDOWN_RATIO * low:
+        # the runs left, in their order: with this many set aside, the despiked series holds
+        # runs of identical stand-ins, whose differences are 0
+        aside = excursions(values, max(low, floor))[1]
+        return noise_sigma(values[~aside], floor, spikes=False)
+    return noise_sigma(despike(values, start), floor)
 
 
 #: the penalty of a change point in ``segment``, in units of sigma^2 * log(n) (BIC's is 2)

@@ -175,6 +175,44 @@ def test_ordinary_runs_among_many_slow_ones_are_no_spikes_down():
     assert np.all(np.abs(cleaned[18:21] - math.log(1.01)) < 0.03)  # the slow ones set aside
 
 
+#: how much slower than the rest each of the first 16 runs of a recorded series was
+#: (benchmarks/data, moe.router experts=64: 7 of 16 slowed, by 25% to 84%, two and three in a
+#: row); 1.0 for the runs the machine left alone
+_SLOWED = [1.84, 1.0, 1.59, 1.0, 1.0, 1.0, 1.63, 1.0, 1.32, 1.0, 1.0, 1.34, 1.55, 1.25, 1.0,
+           1.78]
+
+
+@pytest.mark.parametrize("seed", range(40, 46))
+def test_a_step_after_a_short_history_with_many_slow_runs_is_seen(seed):
+    # ordinary runs 0.4% apart; so many slow ones between them that fewer than a quarter of
+    # the neighbouring differences are between two ordinary runs: the differences' lower
+    # quartile is a slow run's, 50 to 150 times the ordinary runs' noise
+    history = list((100 + noise(seed, 16, 0.4)) * np.array(_SLOWED))
+    values = np.log(history)
+    assert cp.noise_sigma(values) > 0.1
+    sigma = cp.level_sigma(values)
+    assert 0.001 < sigma < 0.012  # the ordinary runs' noise (0.004), not a slow run's
+    # with the slow run's it saw no +10% step at all; now it finds it (dated at the slow run
+    # before it, the earliest run it can have come from), and nothing without one
+    [point] = cp.find(history + list(110 + noise(seed + 1, 2, 0.4)), log=True)
+    assert (point.index, point.direction) == (15, "up")
+    assert point.change_pct == pytest.approx(10, abs=1.5)
+    assert cp.find(history + list(100 + noise(seed + 1, 2, 0.4)), log=True) == []
+
+
+def test_the_noise_estimate_is_left_alone_in_normal_noise():
+    # the estimate is taken from the lower runs only where the usual one is 10 times what
+    # their spread says: in normal noise, fewer than 1 in 1,000 series
+    rng = np.random.default_rng(47)
+    switched = 0
+    for n in (12, 16, 24, 40):
+        for _ in range(500):
+            values = rng.normal(0.0, 1.0, n)
+            switched += cp.level_sigma(values) != cp.noise_sigma(
+                cp.despike(values, cp.noise_sigma(values)))
+    assert switched <= 2
+
+
 def test_two_newest_runs_as_high_as_the_series_past_excursions_wait_for_a_third():
     # a series whose machine slows runs by 50-80% now and then, one or two at a time
     base = list(100 + noise(33, 30))
