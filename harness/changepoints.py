@@ -101,6 +101,7 @@ def run_values(runs: Sequence[Sequence[float] | float]) -> np.ndarray:
 #: differences one of them is the median itself, and the MAD of the rest is often near 0
 _CENTRED_FROM = 10
 _QUANTILE, _QUANTILE_OF_HALF_NORMAL = 0.25, 0.3186
+_MEDIAN_OF_HALF_NORMAL = 1.0 / _MAD_TO_SIGMA  # 0.6745
 
 
 def noise_sigma(values: np.ndarray, floor: float = 0.0, *, spikes: bool = True) -> float:
@@ -117,7 +118,8 @@ def noise_sigma(values: np.ndarray, floor: float = 0.0, *, spikes: bool = True) 
     # quarter of the runs can be spikes, which a median (MAD) does not survive; for normal
     # noise, |d| is half-normal with scale sigma * sqrt(2), whose lower quartile is 0.3186 of it
     # (its median 0.6745)
-    quantile, of_half_normal = (_QUANTILE, _QUANTILE_OF_HALF_NORMAL) if spikes else (0.5, 0.6745)
+    quantile, of_half_normal = ((_QUANTILE, _QUANTILE_OF_HALF_NORMAL) if spikes
+                                else (0.5, _MEDIAN_OF_HALF_NORMAL))
     q = float(np.quantile(np.abs(d - centre), quantile))
     return max(q / (of_half_normal * math.sqrt(2.0)), floor)
 
