@@ -16,6 +16,9 @@ from collections.abc import Sequence
 import torch
 
 CHUNK = 1 << 22
+#: the integer dtype of each element width: a copy moves bits, and torch.take has no kernel
+#: for some dtypes (float8), so elements are gathered as integers of their width
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def source_span(size: Sequence[int], stride: Sequence[int], offset: int) -> int:
@@ -50,6 +53,9 @@ def strided_copy(storage: torch.Tensor, size: Sequence[int], stride: Sequence[in
         return storage[offset].clone()
     # The outer coordinates are worked out once per row of the innermost dim, and each row's
     # elements are that row's start plus j * stride[-1]; a row longer than a chunk is split.
+    bits = _BITS.get(storage.element_size())  # none for 16-byte complex, which take has
+    source_bits = storage if bits is None else storage.view(bits)
+    out_bits = out if bits is None else out.view(bits)
     *outer_size, inner = size
     *outer_stride, inner_step = stride
     rows = numel // inner
@@ -59,6 +65,9 @@ def strided_copy(storage: torch.Tensor, size: Sequence[int], stride: Sequence[in
     # own elements (a transpose): gather column by column, reading storage in order, and
     # transpose in the chunk. The same elements; 2x faster on a 2**31-element view
     by_column = piece == inner and bool(outer_stride) and outer_stride[-1] < inner_step
+    # one index buffer for every chunk: a fresh 32 MB index per chunk cost more in page
+    # faults than the gather itself (torch.take: input read as 1-D, result shaped as the index)
+    index = torch.empty(min(rows, rows_per_chunk) * piece, dtype=torch.int64)
     for row0 in range(0, rows, rows_per_chunk):
         row = torch.arange(row0, min(rows, row0 + rows_per_chunk), dtype=torch.int64)
         start = torch.full_like(row, offset)
@@ -66,16 +75,18 @@ def strided_copy(storage: torch.Tensor, size: Sequence[int], stride: Sequence[in
         for extent, step in zip(reversed(outer_size), reversed(outer_stride), strict=True):
             start += (rest % extent) * step
             rest = rest // extent
-        whole = out[row0 * inner : (row0 + row.numel()) * inner]
+        whole = out_bits[row0 * inner : (row0 + row.numel()) * inner]
         for j0 in range(0, inner, piece):  # a row's element offsets, a piece at a time
             along = torch.arange(j0, min(inner, j0 + piece), dtype=torch.int64) * inner_step
             if by_column:
-                source = along[:, None] + start[None, :]                 # [inner, rows]
-                whole.view(-1, inner).copy_(storage[source.reshape(-1)].view(inner, -1).t())
+                source = torch.add(along[:, None], start[None, :],             # [inner, rows]
+                                   out=index[: along.numel() * row.numel()].view(-1, row.numel()))
+                whole.view(-1, inner).copy_(torch.take(source_bits, source).t())
                 continue
-            source = start[:, None] + along[None, :]                     # [rows, piece]
+            source = torch.add(start[:, None], along[None, :],                 # [rows, piece]
+                               out=index[: row.numel() * along.numel()].view(row.numel(), -1))
             if piece == inner:  # whole rows: one contiguous run of the output
-                whole[:] = storage[source.reshape(-1)]
+                whole[:] = torch.take(source_bits, source).view(-1)
             else:  # one row, split
-                whole[j0 : j0 + source.shape[1]] = storage[source[0]]
+                whole[j0 : j0 + source.shape[1]] = torch.take(source_bits, source[0])
     return out.view(size)
