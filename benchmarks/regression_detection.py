@@ -446,39 +446,64 @@ def v1_rule(threshold: float = 0.05) -> Detector:
     return detect
 
 
-def ours(threshold: float = 0.05, history_runs: int | None = None) -> Nightly:
+def ours(threshold: float = 0.05, history_runs: int | None = None, *,
+         keep_run: Callable[[int], bool] | None = None,
+         may_report: Callable[[int], bool] | None = None,
+         first_sight: Callable[[int], bool] | None = None) -> Nightly:
     """The nightly analysis: ``judge_series`` on the last ``history_runs`` runs, with the
-    change points earlier nights stored (``state``: a copy per replay)."""
+    change points earlier nights stored (``state``: a copy per replay).
+
+    The hooks are for variants that know more than the series (the other series of the same
+    run: benchmarks/cross_series_on_recorded_noise.py); ``harness run`` has none of them.
+    ``keep_run(i)``: earlier run ``i`` stays in the history (the newest always does);
+    ``may_report(t)``: night ``t`` may report a slower change (one it may not stays stored,
+    unreported, and is reported by the first night that may, as one found small and grown);
+    ``first_sight(t)``: night ``t`` reports a slower outlier at once, without waiting for a
+    second run at its level."""
     from harness import changes, regress
 
     window = history_runs or regress.HISTORY_RUNS
 
     def night(runs: list[Samples], t: int, state: dict | None) -> tuple[bool, dict | None]:
         stored = [dict(s) for s in (state or {}).get("stored", [])]
-        lo = max(0, t + 1 - window)
-        ids = [str(i) for i in range(lo, t + 1)]
-        verdict = changes.judge_series(runs[lo:t + 1], ids, stored, float(t),
+        kept = [i for i in range(t) if keep_run is None or keep_run(i)]
+        kept = (kept + [t])[-window:]
+        ids = [str(i) for i in kept]
+        verdict = changes.judge_series([runs[i] for i in kept], ids, stored, float(t),
                                        min_change_pct=regress.MIN_CHANGE_PCT,
                                        threshold_pct=100 * threshold,
                                        log=regress.TIMINGS_IN_LOG)
         rec = verdict.reconciled
         by_id = {s["id"]: s for s in stored}
+        slower_ok = may_report is None or may_report(t)
         alarm = False
         for cp_id, cp in rec.matched.items():
             by_id[cp_id].update(before=cp.before, after=cp.after, state="open")
-            if cp_id in verdict.grown:  # reported now, as `harness run` does
+            # reported now, as `harness run` does
+            if cp_id in verdict.grown and (slower_ok or cp.direction != "up"):
                 by_id[cp_id]["reported_at"] = float(t)
                 alarm |= cp.direction == "up"
         for cp_id in rec.withdrawn:
             by_id[cp_id]["state"] = "withdrawn"
         for cp in rec.new:
-            reported = abs(cp.change_pct) >= 100 * threshold
+            reported = (abs(cp.change_pct) >= 100 * threshold
+                        and (slower_ok or cp.direction != "up"))
             stored.append({"id": len(stored) + 1, "run_id": ids[cp.index],
                            "direction": cp.direction, "found_in_run": str(t),
                            "found_started_at": float(t), "state": "open",
                            "before": cp.before, "after": cp.after, "triage": None,
                            "reported_at": float(t) if reported else None})
             alarm |= cp.direction == "up" and reported
+        seen = verdict.outlier
+        if (first_sight is not None and not alarm and seen is not None
+                and seen.direction == "up" and first_sight(t)):
+            # stored at the newest run, so that the change point the next run confirms there
+            # is this one found again, not a second report
+            stored.append({"id": len(stored) + 1, "run_id": str(t), "direction": "up",
+                           "found_in_run": str(t), "found_started_at": float(t),
+                           "state": "open", "before": seen.level, "after": seen.value,
+                           "triage": None, "reported_at": float(t)})
+            alarm = True
         return alarm, {"stored": stored}
 
     return night
