@@ -7,7 +7,8 @@ back when only slow runs showed it) is the same change, its figures refreshed;
 one found for the first time is new, and only a new one becomes a finding of the run (so a
 step is reported once, by the run that confirmed it, and not again every night after). A stored
 one the analysis no longer finds, though its runs are in view, is "withdrawn"; found again, it
-is "open" once more.
+is "open" once more. Found again at the same run as a different change (its level settled
+after slow runs), it takes over the stored one's acknowledged or expected mark.
 
 A slower change point that the series later leaves again for its old level (a new faster
 change point ending at most RETURN_SHARE of the step above the old level) is marked "fixed" by
@@ -28,6 +29,8 @@ MATCH_RUNS = 3
 RETURN_SHARE = 0.25
 #: triage marks that the harness may replace with "fixed" when the series returns
 _STILL_OPEN = (None, "acknowledged")
+#: triage marks a change found again at the same run takes over (``carried_triage``)
+CARRIED_TRIAGE = ("acknowledged", "expected")
 
 
 @dataclass
@@ -110,6 +113,22 @@ def _reported_an_excursion(stored: dict[str, Any], cp: ChangePoint,
     return cp.settled is not None and found is not None and found < cp.settled
 
 
+def carried_triage(stored: Sequence[dict[str, Any]], run_id: str, direction: str,
+                   matched: Sequence[int] = ()) -> dict[str, Any] | None:
+    """The triage a new change point at ``run_id`` takes over from a stored one at the same
+    run and direction that this analysis did not find again (``matched``: the ids it did):
+    one reported while only slow runs showed it, and marked acknowledged or expected, is the
+    same change to its user; the level found after the slow runs is not reported again. One
+    marked invalid (noise, said its user) hands nothing on: the level found after it is news."""
+    for s in stored:
+        if (s["run_id"] == run_id and s["direction"] == direction and s["id"] not in matched
+                and s.get("triage") in CARRIED_TRIAGE):
+            note = f"carried from change point {s['id']} at the same run ({s['triage']}"
+            note += f": {s['triage_note']})" if s.get("triage_note") else ")"
+            return {"triage": s["triage"], "triage_note": note, "triage_by": "harness"}
+    return None
+
+
 def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint) -> list[dict[str, Any]]:
     """The stored slower change points that a new faster one (``recovery``) takes the series
     back from: still open or only acknowledged, and ``recovery.after`` at most RETURN_SHARE of
@@ -135,7 +154,8 @@ class SeriesVerdict:
     #: the newest run alone off the current level (None when it confirmed a new level)
     outlier: Outlier | None
     #: stored ids of matched change points that reach the threshold now and were never
-    #: reported by an earlier run (found small, they grew: reported once, now)
+    #: reported by an earlier run (found small, they grew: reported once, now), unless marked
+    #: acknowledged or expected
     grown: list[int] = field(default_factory=list)
 
 
@@ -155,8 +175,11 @@ def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str]
     outlier = None if confirmed else newest_outlier(runs, min_change_pct=threshold_pct,
                                                           log=log)
     by_id = {s["id"]: s for s in stored}
+    # (one its user marked acknowledged or expected before it was reported, or that took
+    # over such a mark, is known to them: not reported when it grows either)
     grown = [cp_id for cp_id, cp in rec.matched.items()
              if abs(cp.change_pct) >= threshold_pct
+             and by_id[cp_id].get("triage") not in CARRIED_TRIAGE
              and not (by_id[cp_id].get("reported_at") is not None
                       and by_id[cp_id]["reported_at"] < analysed_started_at)]
     return SeriesVerdict(found, rec, outlier, grown)

@@ -516,15 +516,20 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
     own = {i: cp_id for cp_id, i in rec.refound.items()}
     for i, cp in enumerate(rec.new):
         columns = _point_columns(conn, cp, series)
+        # triaged already, as the slow runs that first showed it: not reported again
+        carried = changes.carried_triage(stored, columns["run_id"], cp.direction,
+                                         list(rec.matched))
         if i in own:
             ref: Any = own[i]
             out.updates.append((own[i], columns))
         else:
             out.new_points.append({"case_id": cur.case_id, "impl": cur.impl,
                                    "world_size": cur.world_size, "timing": timing_label(cur),
-                                   "op": cur.op, **columns})
+                                   "op": cur.op, **columns,
+                                   **({**carried, "triaged_at": time.time()} if carried
+                                      else {})})
             ref = ("new", len(out.new_points) - 1)
-        if abs(cp.change_pct) >= 100.0 * threshold:
+        if abs(cp.change_pct) >= 100.0 * threshold and carried is None:
             out.findings.append(_change_finding(cur, series[cp.index], cp, ref,
                                                 columns["git_commit"]))
         for old in changes.returned([s for s in stored if s["state"] == "open"], cp):

@@ -1031,6 +1031,7 @@ TRIAGE_STATES = ("acknowledged", "expected", "invalid", "fixed")
 #: the columns a change point's analysis writes (the rest is its identity and its triage)
 CHANGE_POINT_STATS = ("run_id", "git_commit", "direction", "before", "after", "change_pct",
                       "p_value", "n_before", "n_after", "state")
+_TRIAGE_COLUMNS = ("triage", "triage_note", "triage_by", "triaged_at")
 # reported_at: when the first run whose findings report it started (NULL: never reported, as
 # a change smaller than its op's threshold is not, until it grows)
 _CP_SELECT = ("SELECT cp.*, m.fingerprint AS machine_fingerprint, r.started_at AS run_started_at, "
@@ -1103,10 +1104,13 @@ def save_analysis(conn: sqlite3.Connection, run_id: str, machine_fingerprint: st
         ids = []
         now = time.time()
         for p in new_points:
+            # a triage a new change point takes over (changes.carried_triage), if any
+            marks = tuple(c for c in _TRIAGE_COLUMNS if p.get(c) is not None)
             columns = ("machine_id", "case_id", "impl", "world_size", "timing", "op",
-                       "found_in_run", "updated_at", *CHANGE_POINT_STATS)
+                       "found_in_run", "updated_at", *CHANGE_POINT_STATS, *marks)
             values = (machine, p["case_id"], p["impl"], int(p["world_size"]), p["timing"],
-                      p.get("op"), run_id, now, *(p.get(c) for c in CHANGE_POINT_STATS))
+                      p.get("op"), run_id, now, *(p.get(c) for c in (*CHANGE_POINT_STATS,
+                                                                     *marks)))
             ids.append(_insert_id(conn, f"INSERT INTO change_points ({', '.join(columns)}) "
                                         f"VALUES ({', '.join('?' for _ in columns)})", values))
         for cp_id, fields in updates:

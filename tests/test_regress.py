@@ -476,6 +476,38 @@ def test_a_step_right_after_two_slow_runs_is_reported_as_itself(tmp_path):
         conn.close()
 
 
+@pytest.mark.parametrize("mark, carried, backend", [
+    ("expected", True, "sqlite"), ("acknowledged", True, "sqlite"), ("invalid", False, "sqlite"),
+    ("expected", True, "postgres")])  # the mark is written with the new change point's row
+def test_a_triaged_slow_report_hands_its_mark_to_the_step_found_at_its_run(
+        request, tmp_path, mark, carried, backend):
+    conn = store.connect(tmp_path / "h.db" if backend == "sqlite"
+                         else request.getfixturevalue("postgres_url"))
+    try:
+        # the slow runs' report is triaged; the level they were hiding (+10%) is then found at
+        # the same run: marked expected or acknowledged, it is that change to its user and is
+        # not reported again; marked invalid (noise), the step is news
+        nightly(conn, [1.0] * 10 + [1.8, 1.75])
+        (slow,) = store.change_points(conn)
+        store.triage_change_point(conn, slow["id"], mark, note="new tiling")
+        seen = nightly(conn, [1.1] * 4, start=12)
+        assert seen[1] == ([] if carried else ["regression"]), seen
+        assert all(k in ([], ["suspicious"]) for k in seen[2:])
+        # analysed again, the run says the same
+        assert ("regression" in kinds(regress.analyze_and_store(conn, "r13"))) != carried
+        step = store.get_change_point(conn, slow["id"] + 1)
+        assert (step["run_id"], step["found_in_run"], step["state"]) == ("r10", "r13", "open")
+        if carried:
+            assert (step["triage"], step["triage_by"]) == (mark, "harness")
+            assert f"change point {slow['id']}" in step["triage_note"]
+            assert "new tiling" in step["triage_note"]
+            assert step["id"] not in {p["id"] for p in store.change_points(conn, untriaged=True)}
+        else:
+            assert step["triage"] is None
+    finally:
+        conn.close()
+
+
 def test_a_change_found_below_the_threshold_is_reported_once_when_it_grows(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
@@ -488,6 +520,21 @@ def test_a_change_found_below_the_threshold_is_reported_once_when_it_grows(tmp_p
         assert (point["run_id"], point["found_in_run"]) == ("r12", "r13")
         (f,) = store.stored_findings(conn, "r15")
         assert f["kind"] == "regression" and f["change_point_id"] == point["id"]
+    finally:
+        conn.close()
+
+
+def test_a_change_marked_expected_before_it_reached_the_threshold_is_not_reported(tmp_path):
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        # as the test above, but its user marks the +4.5% change point expected before it
+        # grows: they know of it, and the +6% it settles at is not reported (unmarked, it is)
+        nightly(conn, [1.0] * 12 + [1.045] * 2)
+        (point,) = store.change_points(conn)
+        store.triage_change_point(conn, point["id"], "expected", note="bigger tiles")
+        seen = nightly(conn, [1.06] * 4, start=14)
+        assert seen == [[], [], [], []], seen
+        assert store.get_change_point(conn, point["id"])["change_pct"] > 5
     finally:
         conn.close()
 
