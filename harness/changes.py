@@ -31,6 +31,8 @@ RETURN_SHARE = 0.25
 _STILL_OPEN = (None, "acknowledged")
 #: triage marks a change found again at the same run takes over (``carried_triage``)
 CARRIED_TRIAGE = ("acknowledged", "expected")
+#: who a carried mark is by
+CARRIED_BY = "harness"
 
 
 @dataclass
@@ -125,8 +127,16 @@ def carried_triage(stored: Sequence[dict[str, Any]], run_id: str, direction: str
                 and s.get("triage") in CARRIED_TRIAGE):
             note = f"carried from change point {s['id']} at the same run ({s['triage']}"
             note += f": {s['triage_note']})" if s.get("triage_note") else ")"
-            return {"triage": s["triage"], "triage_note": note, "triage_by": "harness"}
+            return {"triage": s["triage"], "triage_note": note, "triage_by": CARRIED_BY}
     return None
+
+
+def _carried(stored: dict[str, Any]) -> bool:
+    """Whether ``stored`` holds a mark it took over (``carried_triage``): it stands for a report
+    its user has seen and marked, so it is not reported when it grows. A user's own mark on a
+    change never reported does not count: that change, grown, is reported once (a mark given
+    to +4% must not silence +20%)."""
+    return stored.get("triage_by") == CARRIED_BY and stored.get("triage") in CARRIED_TRIAGE
 
 
 def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint) -> list[dict[str, Any]]:
@@ -154,8 +164,8 @@ class SeriesVerdict:
     #: the newest run alone off the current level (None when it confirmed a new level)
     outlier: Outlier | None
     #: stored ids of matched change points that reach the threshold now and were never
-    #: reported by an earlier run (found small, they grew: reported once, now), unless marked
-    #: acknowledged or expected
+    #: reported by an earlier run (found small, they grew: reported once, now), nor took over
+    #: a mark (``carried_triage``)
     grown: list[int] = field(default_factory=list)
 
 
@@ -175,11 +185,9 @@ def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str]
     outlier = None if confirmed else newest_outlier(runs, min_change_pct=threshold_pct,
                                                           log=log)
     by_id = {s["id"]: s for s in stored}
-    # (one its user marked acknowledged or expected before it was reported, or that took
-    # over such a mark, is known to them: not reported when it grows either)
     grown = [cp_id for cp_id, cp in rec.matched.items()
              if abs(cp.change_pct) >= threshold_pct
-             and by_id[cp_id].get("triage") not in CARRIED_TRIAGE
+             and not _carried(by_id[cp_id])
              and not (by_id[cp_id].get("reported_at") is not None
                       and by_id[cp_id]["reported_at"] < analysed_started_at)]
     return SeriesVerdict(found, rec, outlier, grown)
