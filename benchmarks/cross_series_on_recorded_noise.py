@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +55,9 @@ def slowed(series: list[dict]) -> np.ndarray:
 
 
 def variants(machine_slow: np.ndarray) -> dict[str, rd.Nightly]:
-    busy: Callable[[int], bool] = lambda t: bool(machine_slow[t] > BUSY)  # noqa: E731
+    def busy(t: int) -> bool:
+        return bool(machine_slow[t] > BUSY)
+
     return {
         "ours (as harness run)": rd.ours(0.05),
         f"history without machine-slow runs (> {BUSY:.0%})":

@@ -488,25 +488,29 @@ def ours(threshold: float = 0.05, history_runs: int | None = None, *,
         for cp in rec.new:
             reported = (abs(cp.change_pct) >= 100 * threshold
                         and (slower_ok or cp.direction != "up"))
-            stored.append({"id": len(stored) + 1, "run_id": ids[cp.index],
-                           "direction": cp.direction, "found_in_run": str(t),
-                           "found_started_at": float(t), "state": "open",
-                           "before": cp.before, "after": cp.after, "triage": None,
-                           "reported_at": float(t) if reported else None})
+            stored.append(_stored_point(len(stored) + 1, ids[cp.index], cp.direction, t,
+                                        cp.before, cp.after, reported))
             alarm |= cp.direction == "up" and reported
         seen = verdict.outlier
         if (first_sight is not None and not alarm and seen is not None
                 and seen.direction == "up" and first_sight(t)):
             # stored at the newest run, so that the change point the next run confirms there
             # is this one found again, not a second report
-            stored.append({"id": len(stored) + 1, "run_id": str(t), "direction": "up",
-                           "found_in_run": str(t), "found_started_at": float(t),
-                           "state": "open", "before": seen.level, "after": seen.value,
-                           "triage": None, "reported_at": float(t)})
+            stored.append(_stored_point(len(stored) + 1, str(t), "up", t, seen.level,
+                                        seen.value, True))
             alarm = True
         return alarm, {"stored": stored}
 
     return night
+
+
+def _stored_point(cp_id: int, run_id: str, direction: str, t: int, before: float,
+                  after: float, reported: bool) -> dict:
+    """A change point as the history DB holds it (``store.series_change_points``), found on
+    night ``t`` and reported then if ``reported``."""
+    return {"id": cp_id, "run_id": run_id, "direction": direction, "found_in_run": str(t),
+            "found_started_at": float(t), "state": "open", "before": before, "after": after,
+            "triage": None, "reported_at": float(t) if reported else None}
 
 
 def replay(night: Nightly, runs: list[Samples], start: int, stop: int,

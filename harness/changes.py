@@ -17,7 +17,7 @@ the harness itself.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +116,7 @@ def _reported_an_excursion(stored: dict[str, Any], cp: ChangePoint,
 
 
 def carried_triage(stored: Sequence[dict[str, Any]], run_id: str, direction: str,
-                   matched: Sequence[int] = ()) -> dict[str, Any] | None:
+                   matched: Collection[int] = ()) -> dict[str, Any] | None:
     """The triage a new change point at ``run_id`` takes over from a stored one at the same
     run and direction that this analysis did not find again (``matched``: the ids it did):
     one reported while only slow runs showed it, and marked acknowledged or expected, is the

@@ -517,8 +517,7 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
     for i, cp in enumerate(rec.new):
         columns = _point_columns(conn, cp, series)
         # triaged already, as the slow runs that first showed it: not reported again
-        carried = changes.carried_triage(stored, columns["run_id"], cp.direction,
-                                         list(rec.matched))
+        carried = changes.carried_triage(stored, columns["run_id"], cp.direction, rec.matched)
         if i in own:
             ref: Any = own[i]
             out.updates.append((own[i], columns))
