@@ -303,6 +303,44 @@ def test_pure_noise_rarely_has_a_trend_change_point():
     assert with_one <= 20
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_small_steps_beside_a_large_one_are_found_under_trend(seed):
+    # a performance history: white noise and steps, one of 15 sigma and two of 3. The noise
+    # one line leaves is mostly the large step; the noise the fitted steps leave is white,
+    # and with it the small steps hold too
+    t = np.arange(400)
+    level = 100 + np.where(t >= 100, 15, 0) + np.where(t >= 200, 3, 0) - np.where(t >= 300, 3, 0)
+    found = cp.find(list(level + noise(seed, 400)), model="trend")
+    assert [c.direction for c in found] == ["up", "up", "down"]
+    assert all(abs(c.index - at) <= 2 for c, at in zip(found, (100, 200, 300), strict=True))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_single_wild_runs_are_no_trend_change_and_do_not_hide_a_step(seed):
+    values = 100 + noise(40 + seed, 300)
+    values[200:] += 5.0  # the one change
+    values[[30, 90, 150, 250]] += [60.0, -40.0, 80.0, 50.0]  # one run each, both ways
+    (found,) = cp.find(list(values), model="trend")
+    assert abs(found.index - 200) <= 1 and found.direction == "up"
+    # the medians rest on the ordinary runs
+    assert found.before == pytest.approx(100, abs=0.5)
+    assert found.after == pytest.approx(105, abs=0.5)
+
+
+def test_the_trend_model_reads_its_noise_from_its_fit_only_where_that_leaves_white_noise():
+    steps = 100 + np.where(np.arange(300) >= 150, 10.0, 0.0) + noise(50, 300)
+    sigma = cp.trend_sigma(steps)
+    second, _ = cp.refit(steps, sigma, cp.segment(steps, sigma, model="trend"))
+    assert second == pytest.approx(1.0, rel=0.15) and sigma > 2.5  # the noise, not the step
+    for seed in range(3):  # a random walk: its residuals stay correlated, one line's noise
+        walk = 100 + np.cumsum(noise(60 + seed, 300))
+        sigma = cp.trend_sigma(walk)
+        bounds = cp.segment(walk, sigma, model="trend")
+        assert cp.refit(walk, sigma, bounds) == (sigma, bounds)
+    assert cp.lag1_autocorrelation(noise(7, 1000)) == pytest.approx(0, abs=0.1)
+    assert cp.lag1_autocorrelation(np.cumsum(noise(7, 1000))) > 0.9
+
+
 def test_a_series_too_short_for_two_lines_has_no_trend_change_point():
     assert cp.find([1.0, 1.0, 1.0, 50.0, 50.0], model="trend") == []
     with pytest.raises(ValueError, match="unknown model 'steps': one of level, trend"):
