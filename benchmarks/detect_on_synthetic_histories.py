@@ -19,8 +19,9 @@ least 40 runs apart and 30 from either end; run-to-run noise 1% (normal) plus:
 Detectors: ``harness`` (``harness detect`` on a CSV at its defaults: the trend model, linear),
 ``harness-level`` (``--model level --log``: the nightly's analysis) and ``perfherder``
 (Mozilla's rule, as in benchmarks/tcpd_changepoints.py). The draw is seeded (``--seed``); the
-generator was written with the trend model's spike and refit rules, on another seed (7): the
-figures are a check of robustness, TCPD the independent one.
+generator was written with the trend model's spike, refit and burst rules (the first two tried
+on seed 7, the last on the default): the figures are a check of robustness, TCPD the
+independent one.
 
     python benchmarks/detect_on_synthetic_histories.py             # the table (~20 s)
     python benchmarks/detect_on_synthetic_histories.py --seed 3

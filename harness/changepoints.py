@@ -486,8 +486,9 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     ``log``: analyse the logs of the values (``log_runs``; for timings), report the medians
     in the values' own units. ``model``: one of MODELS; under "trend" single wild runs are set
     aside (``spikes``), the noise is read again from the fit where that leaves white noise
-    (``refit``), a boundary's p-value is that of the fit it adds (``trend_p``), and the
-    nearer-median check does not apply (a turn of a line need not move the median)."""
+    (``refit``), a boundary's p-value is that of the fit it adds (``trend_p``), the
+    nearer-median check does not apply (a turn of a line need not move the median), and the
+    boundaries left around a short burst that comes back are dropped (``short_excursions``)."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
     shown, raw, floor = _prepared(runs, log)
@@ -509,6 +510,72 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
         use = ~aside
         band = excursion_band(values, cleaned, aside)
     while True:
+        judged = _pruned(values, shown, bounds, sigma, model, use, alpha, min_change_pct, band)
+        if model != "trend":
+            break
+        values, bounds, gone = short_excursions(values, bounds, alpha)
+        if not gone.any():
+            break
+        use &= ~gone
+    out = []
+    for cp, _ in judged:
+        clean = np.flatnonzero(use[cp.index:])
+        settled = cp.index + int(clean[0]) if clean.size else cp.index
+        out.append(dataclasses.replace(cp, index=int(keep[cp.index]),
+                                       settled=int(keep[settled])))
+    return out
+
+
+#: the longest stretch between two trend change points that ``short_excursions`` may find to
+#: be an excursion: a burst of up to EXCURSION_RUNS odd runs and one ordinary run either side
+SHORT_STRETCH = EXCURSION_RUNS + 2
+
+
+def short_excursions(values: np.ndarray, bounds: list[int],
+                     alpha: float = ALPHA) -> tuple[np.ndarray, list[int], np.ndarray]:
+    """The trend model's excursions, found after the fit: (``values`` with each replaced by
+    the line of the runs around it, the boundaries left, a mask of the runs replaced). An
+    excursion is a stretch of at most SHORT_STRETCH runs between two change points whose two
+    sides are one line: two lines explain them no better than one at ``alpha`` (``trend_p``'s
+    test, with the noise those two lines leave). Least squares cuts around a slow burst of two
+    or three runs as it did around one wild run (``spikes``, which takes single runs only:
+    the noise is read without them); the line through both sides says whether anything
+    changed."""
+    from scipy.stats import chi2
+
+    values, gone = values.copy(), np.zeros(values.size, dtype=bool)
+    edges = [0, *bounds, values.size]
+    keep = list(bounds)
+    j = 0
+    while j < len(bounds) - 1:
+        lo, a, b, hi = edges[j], edges[j + 1], edges[j + 2], edges[j + 3]
+        if b - a > SHORT_STRETCH or a - lo < TREND_MIN_SIZE or hi - b < TREND_MIN_SIZE:
+            j += 1
+            continue
+        t = np.concatenate((np.arange(lo, a), np.arange(b, hi))).astype(np.float64)
+        both = np.concatenate((values[lo:a], values[b:hi]))
+        line = np.polyfit(t, both, 1)
+        apart = piecewise_residuals(both, [a - lo])
+        noise = float(np.mean(apart * apart))
+        one = both - np.polyval(line, t)
+        gain = float(one @ one - apart @ apart)
+        if noise > 0 and chi2.sf(max(gain, 0.0) / noise, 2) > alpha:
+            values[a:b] = np.polyval(line, np.arange(a, b, dtype=np.float64))
+            gone[a:b] = True
+            keep.remove(a)
+            keep.remove(b)
+            j += 2
+            continue
+        j += 1
+    return values, keep, gone
+
+
+def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: float,
+            model: str, use: np.ndarray, alpha: float, min_change_pct: float,
+            band: tuple[float, float]) -> list[tuple[ChangePoint, float]]:
+    """``find``'s checks: every boundary judged (``_judge``), the weakest failing one dropped
+    (``bounds`` is edited), until all hold."""
+    while True:
         judged = [_judge(values, shown, bounds, j, sigma, model, use)
                   for j in range(len(bounds))]
         if model == "level" and bounds and values.size - bounds[-1] <= HOLD_RUNS:
@@ -520,15 +587,8 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
                    if badness > alpha or (min_change_pct > 0 and not
                                           abs(judged[j][0].change_pct) >= min_change_pct)]
         if not failing:
-            break
+            return judged
         del bounds[max(failing)[1]]
-    out = []
-    for cp, _ in judged:
-        clean = np.flatnonzero(use[cp.index:])
-        settled = cp.index + int(clean[0]) if clean.size else cp.index
-        out.append(dataclasses.replace(cp, index=int(keep[cp.index]),
-                                       settled=int(keep[settled])))
-    return out
 
 
 def _change_pct(before: float, after: float) -> float:

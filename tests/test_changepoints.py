@@ -327,6 +327,20 @@ def test_single_wild_runs_are_no_trend_change_and_do_not_hide_a_step(seed):
     assert found.after == pytest.approx(105, abs=0.5)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_slow_bursts_of_a_few_runs_are_no_trend_change_but_a_staircase_is(seed):
+    values = 100 + noise(70 + seed, 300)
+    values[200:] += 5.0
+    for at, k in ((40, 2), (90, 3), (140, 2), (250, 3)):  # bursts that come back
+        values[at:at + k] += 30.0
+    (found,) = cp.find(list(values), model="trend")
+    assert abs(found.index - 200) <= 1 and found.after == pytest.approx(105, abs=0.5)
+    # the control: two steps 4 runs apart do not come back, and both stay
+    stairs = 100 + noise(80 + seed, 300) + np.where(np.arange(300) >= 150, 10.0, 0.0)
+    stairs[154:] += 10.0
+    assert [c.index for c in cp.find(list(stairs), model="trend")] == [150, 154]
+
+
 def test_the_trend_model_reads_its_noise_from_its_fit_only_where_that_leaves_white_noise():
     steps = 100 + np.where(np.arange(300) >= 150, 10.0, 0.0) + noise(50, 300)
     sigma = cp.trend_sigma(steps)
