@@ -5,8 +5,9 @@ CSV, chosen on TCPD: benchmarks/tcpd_changepoints.py). This replays the recorded
 benchmarks/regression_detection.py offline: each whole 40-run series (world size 1, run-to-run
 noise under 3%: the "quiet" series) gets a step of +s from run t on (t = 5, 8, ..., n - 6), and
 ``changepoints.find`` with each model sees the whole series at once, as ``harness detect``
-does. A step is found when a change point lies within 2 runs of t; every other change point
-counts as "other". The unmodified series' change points are listed too.
+does on a history DB (each run by the 10th percentile of its samples, in log). A step is
+found when a change point lies within 2 runs of t; every other change point counts as
+"other". The unmodified series' change points are listed too.
 
     python benchmarks/models_on_recorded_noise.py            # the quiet recording
     python benchmarks/models_on_recorded_noise.py --data benchmarks/data/regression_noise.json
@@ -26,7 +27,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import regression_detection  # noqa: E402  (this folder's loader and data)
 
-from harness import changepoints  # noqa: E402
+from harness import changepoints, regress  # noqa: E402
 
 STEPS = (0.05, 0.10, 0.20)
 MARGIN = 2
@@ -50,7 +51,8 @@ def main() -> int:
           + " |\n|---|---|" + "---|" * len(STEPS))
     for model in changepoints.MODELS:
         def points(runs: list[list[float]], model: str = model) -> list[int]:
-            return [cp.index for cp in changepoints.find(runs, log=True, model=model)]
+            return [cp.index for cp in changepoints.find(
+                runs, log=True, model=model, quantile=regress.TIMING_QUANTILE)]
 
         clean = sum(len(points(s["runs"])) for s in quiet)
         cells = []

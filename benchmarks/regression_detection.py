@@ -472,7 +472,8 @@ def ours(threshold: float = 0.05, history_runs: int | None = None, *,
         verdict = changes.judge_series([runs[i] for i in kept], ids, stored, float(t),
                                        min_change_pct=regress.MIN_CHANGE_PCT,
                                        threshold_pct=100 * threshold,
-                                       log=regress.TIMINGS_IN_LOG)
+                                       log=regress.TIMINGS_IN_LOG,
+                                       quantile=regress.TIMING_QUANTILE)
         rec = verdict.reconciled
         by_id = {s["id"]: s for s in stored}
         slower_ok = may_report is None or may_report(t)

@@ -26,6 +26,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -85,9 +86,9 @@ def mwu_p(current: np.ndarray, baseline: np.ndarray, slower: bool) -> float:
     return p if math.isfinite(p) else 1.0
 
 
-def run_values(runs: Sequence[Sequence[float] | float]) -> np.ndarray:
-    """One value per run: a number as it is, a run's samples by their median (non-finite
-    samples dropped; a run with none is nan)."""
+def run_values(runs: Sequence[Sequence[float] | float], quantile: float = 0.5) -> np.ndarray:
+    """One value per run: a number as it is, a run's samples by their median (``quantile``:
+    another quantile of them; non-finite samples dropped; a run with none is nan)."""
     out = np.empty(len(runs))
     for i, run in enumerate(runs):
         if isinstance(run, (int, float)):
@@ -95,7 +96,7 @@ def run_values(runs: Sequence[Sequence[float] | float]) -> np.ndarray:
             continue
         a = np.asarray(run, dtype=np.float64).reshape(-1)
         a = a[np.isfinite(a)]
-        out[i] = float(np.median(a)) if a.size else math.nan
+        out[i] = float(np.quantile(a, quantile)) if a.size else math.nan
     return out
 
 
@@ -126,10 +127,13 @@ def noise_sigma(values: np.ndarray, floor: float = 0.0, *, spikes: bool = True) 
     return max(q / (of_half_normal * math.sqrt(2.0)), floor)
 
 
-def sample_floor(runs: Sequence[Sequence[float] | float]) -> float:
-    """The typical standard error of a run's median from its own samples (0 without samples):
-    1.2533 * sigma / sqrt(n), sigma robust (1.4826 * MAD: one preempted sample must not make a
-    run look imprecise)."""
+def sample_floor(runs: Sequence[Sequence[float] | float], quantile: float = 0.5) -> float:
+    """The typical standard error of a run's median (or other ``quantile``) from its own samples
+    (0 without samples): sqrt(q (1 - q)) / phi(Phi^-1(q)) * sigma / sqrt(n), 1.2533 for the
+    median, sigma robust (1.4826 * MAD: one preempted sample must not make a run look
+    imprecise)."""
+    normal = NormalDist()
+    factor = math.sqrt(quantile * (1 - quantile)) / normal.pdf(normal.inv_cdf(quantile))
     errors = []
     for run in runs:
         if isinstance(run, (int, float)):
@@ -138,7 +142,7 @@ def sample_floor(runs: Sequence[Sequence[float] | float]) -> float:
         a = a[np.isfinite(a)]
         if a.size >= 2:
             spread = _MAD_TO_SIGMA * float(np.median(np.abs(a - np.median(a))))
-            errors.append(1.2533 * spread / math.sqrt(a.size))
+            errors.append(factor * spread / math.sqrt(a.size))
     return float(np.median(errors)) if errors else 0.0
 
 
@@ -471,7 +475,8 @@ def log_runs(runs: Sequence[Sequence[float] | float]) -> list[np.ndarray | float
 
 
 def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
-         alpha: float = ALPHA, log: bool = False, model: str = "level") -> list[ChangePoint]:
+         alpha: float = ALPHA, log: bool = False, model: str = "level",
+         quantile: float = 0.5) -> list[ChangePoint]:
     """The change points of a series of runs (oldest first), both directions.
 
     ``segment`` proposes boundaries; each must then hold up against its two neighbouring
@@ -484,14 +489,16 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     fails is dropped, its two segments merge, and the rest are judged again, until all hold.
 
     ``log``: analyse the logs of the values (``log_runs``; for timings), report the medians
-    in the values' own units. ``model``: one of MODELS; under "trend" single wild runs are set
+    in the values' own units. ``quantile``: a run with samples is analysed by this quantile of
+    them (for timings, a low one: ``regress.TIMING_QUANTILE``), its median is what is reported.
+    ``model``: one of MODELS; under "trend" single wild runs are set
     aside (``spikes``), the noise is read again from the fit where that leaves white noise
     (``refit``), a boundary's p-value is that of the fit it adds (``trend_p``), the
     nearer-median check does not apply (a turn of a line need not move the median), and the
     boundaries left around a short burst that comes back are dropped (``short_excursions``)."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
-    shown, raw, floor = _prepared(runs, log)
+    shown, raw, floor = _prepared(runs, log, quantile)
     keep = np.flatnonzero(np.isfinite(raw))  # runs without a value drop out, positions kept
     values, shown = raw[keep], shown[keep]
     use = np.ones(values.size, dtype=bool)  # the runs a change point's figures rest on
@@ -595,15 +602,18 @@ def _change_pct(before: float, after: float) -> float:
     return 100.0 * (after - before) / abs(before) if before != 0 else math.nan
 
 
-def _prepared(runs: Sequence[Sequence[float] | float],
-              log: bool) -> tuple[np.ndarray, np.ndarray, float]:
-    """(each run's value in its own units, the values analysed, ``sample_floor`` of them)."""
+def _prepared(runs: Sequence[Sequence[float] | float], log: bool,
+              quantile: float = 0.5) -> tuple[np.ndarray, np.ndarray, float]:
+    """(each run's median in its own units, the values analysed: each run's ``quantile``, in
+    log if ``log``, ``sample_floor`` of them). A run with no positive value has no log: nan."""
     shown = run_values(runs)
+    analysed = shown if quantile == 0.5 else run_values(runs, quantile)
     if not log:
-        return shown, shown, sample_floor(runs)
+        return shown, analysed, sample_floor(runs, quantile)
     with np.errstate(divide="ignore", invalid="ignore"):
-        values = np.where(shown > 0, np.log(np.where(shown > 0, shown, 1.0)), math.nan)
-    return shown, values, sample_floor(log_runs(runs))
+        values = np.where(analysed > 0, np.log(np.where(analysed > 0, analysed, 1.0)), math.nan)
+        values[~(shown > 0)] = math.nan
+    return shown, values, sample_floor(log_runs(runs), quantile)
 
 
 def trend_p(values: np.ndarray, at: int, sigma: float) -> float:
@@ -672,14 +682,15 @@ class Outlier:
 
 
 def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
-                   alpha: float = ALPHA, log: bool = False) -> Outlier | None:
+                   alpha: float = ALPHA, log: bool = False,
+                   quantile: float = 0.5) -> Outlier | None:
     """Whether the newest run left the level of the runs since the last change point before it:
     the same p-value as ``find`` (one run against the level, the series' run-to-run sigma) and
     the same ``min_change_pct``; where both sides have raw samples, a one-sided Mann-Whitney U
     test of the newest run's samples against the level's 5 newest runs must agree too (a run
-    whose median moved but whose samples overlap the level's is noise). ``log`` as in
-    ``find``."""
-    shown, raw, floor = _prepared(runs, log)
+    whose median moved but whose samples overlap the level's is noise). ``log`` and
+    ``quantile`` as in ``find``."""
+    shown, raw, floor = _prepared(runs, log, quantile)
     keep = np.flatnonzero(np.isfinite(raw))
     if keep.size < MIN_SIZE + 1 or keep[-1] != len(runs) - 1:
         return None

@@ -172,18 +172,19 @@ class SeriesVerdict:
 def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str],
                  stored: Sequence[dict[str, Any]], analysed_started_at: float, *,
                  min_change_pct: float, threshold_pct: float,
-                 log: bool = False) -> SeriesVerdict:
+                 log: bool = False, quantile: float = 0.5) -> SeriesVerdict:
     """The analysis of a series at its newest run (``runs`` and ``run_ids`` oldest first, the
     analysed run last): its change points (``find``, at least ``min_change_pct``), matched with
     the ``stored`` ones, and whether the newest run alone left the level by ``threshold_pct``
-    or more (``log``: in the logs of the values, as for timings). The one rule ``harness run``
-    applies and benchmarks/regression_detection.py replays."""
-    found = find(runs, min_change_pct=min_change_pct, log=log)
+    or more (``log``: in the logs of the values, as for timings; ``quantile``: each run with
+    samples analysed by this quantile of them). The one rule ``harness run`` applies and
+    benchmarks/regression_detection.py replays."""
+    found = find(runs, min_change_pct=min_change_pct, log=log, quantile=quantile)
     rec = reconcile(stored, found, run_ids, run_ids[-1], analysed_started_at)
     # a change point at the previous run was confirmed by the newest: it is no outlier
     confirmed = any(cp.index == len(runs) - 2 for cp in found)
     outlier = None if confirmed else newest_outlier(runs, min_change_pct=threshold_pct,
-                                                          log=log)
+                                                          log=log, quantile=quantile)
     by_id = {s["id"]: s for s in stored}
     grown = [cp_id for cp_id, cp in rec.matched.items()
              if abs(cp.change_pct) >= threshold_pct

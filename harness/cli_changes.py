@@ -241,8 +241,12 @@ def detect(ctx: click.Context, target: str, min_change: float, log: bool | None,
                                   EXIT_USAGE)
     found = []
     for name, runs in series.items():
+        # a history DB's runs by a low quantile of their samples, as `harness run` judges
+        # them; a CSV's samples by their median (they need not be timings)
+        quantile = regress.TIMING_QUANTILE if from_db else 0.5
         for cp in changepoints.find([values for _, values, _ in runs],
-                                    min_change_pct=min_change, log=log, model=model):
+                                    min_change_pct=min_change, log=log, model=model,
+                                    quantile=quantile):
             order, _, commit = runs[cp.index]
             d = {"series": name, "index": cp.index}
             if from_db:

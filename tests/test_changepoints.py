@@ -92,6 +92,37 @@ def test_samples_of_a_run_give_its_value_and_a_floor_on_the_noise():
     assert cp.run_values([[1.0, 2.0, 9.0], 4.0, [], [math.nan, 3.0]])[:2].tolist() == [2.0, 4.0]
 
 
+def test_a_low_quantile_of_each_run_is_analysed_and_its_floor_follows():
+    # the 10th percentile of 3 samples interpolates the two smallest
+    assert cp.run_values([[1.0, 2.0, 9.0], 4.0], 0.1).tolist() == [1.2, 4.0]
+    # that quantile of n normal samples has a standard error sqrt(.09) / phi(1.2816) = 1.709
+    # sigma / sqrt(n): 1.709 * 5 / 5 here, against 1.2533 * 5 / 5 for the median
+    rng = np.random.default_rng(7)
+    runs = [list(rng.normal(100.0, 5.0, 25)) for _ in range(20)]
+    assert cp.sample_floor(runs, 0.1) == pytest.approx(1.709, rel=0.35)
+    assert cp.sample_floor(runs, 0.1) / cp.sample_floor(runs) == pytest.approx(1.709 / 1.2533,
+                                                                              rel=1e-3)
+
+
+def test_contention_that_slows_most_samples_of_a_few_runs_is_no_change_at_a_low_quantile():
+    # runs 20-23: 60% of their samples 30% slower (a busy machine); from run 30 every sample
+    # 10% slower (the kernel). Their medians make a stretch of its own; their 10th percentiles
+    # do not, and the step is found either way, its figures the medians
+    rng = np.random.default_rng(5)
+    runs = []
+    for r in range(36):
+        samples = 100 + rng.normal(0, 1, 20)
+        if 20 <= r < 24:
+            samples[rng.random(20) < 0.6] *= 1.3
+        runs.append(list(samples * (1.1 if r >= 30 else 1.0)))
+    by_median = cp.find(runs, log=True)
+    assert [(c.index, c.direction) for c in by_median] == [(20, "up"), (24, "down"), (30, "up")]
+    (step,) = cp.find(runs, log=True, quantile=0.1)
+    assert (step.index, step.direction) == (30, "up")
+    assert step.after == pytest.approx(float(np.median(cp.run_values(runs)[30:])))
+    assert step.change_pct == pytest.approx(10, abs=1)
+
+
 def test_log_scale_sees_a_step_of_a_kernel_that_became_far_slower_and_noisier():
     rng = np.random.default_rng(8)
     fast = rng.normal(5_000, 100, 3)  # a few microseconds, 2% noise

@@ -459,6 +459,30 @@ def test_a_held_step_is_reported_once_and_a_return_marks_it_fixed(tmp_path):
         conn.close()
 
 
+@pytest.mark.parametrize("quantile, reported", [(0.10, False), (0.5, True)])
+def test_runs_a_busy_machine_slowed_most_samples_of_are_no_regression(tmp_path, monkeypatch,
+                                                                      quantile, reported):
+    # four runs with 60% of their samples 30% slower, then the old level: by each run's 10th
+    # percentile (what `harness run` judges) nothing changed; by the medians (the control)
+    # it was a 4-run level, reported as a regression
+    monkeypatch.setattr(regress, "TIMING_QUANTILE", quantile)
+    rng = np.random.default_rng(11)
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        seen = []
+        for i in range(18):
+            samples = np.array(draw(700 + i))
+            if 10 <= i < 14:
+                samples[rng.random(samples.size) < 0.6] *= 1.3
+            put(conn, f"r{i:02d}", T0 + i * 86400, [result(f"r{i:02d}", samples=list(samples))])
+            seen += kinds(regress.analyze_and_store(conn, f"r{i:02d}"))
+        assert ("regression" in seen) is reported, seen
+        if not reported:
+            assert seen == []
+    finally:
+        conn.close()
+
+
 def test_a_step_right_after_two_slow_runs_is_reported_as_itself(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
