@@ -345,8 +345,8 @@ def spikes(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     around it. Least squares would pay two change points to fit one such run and judge the
     stretches beside it against it; and a wild run inflates the noise a whole line leaves
     (``trend_sigma``), which hides the small steps. Both directions alike (any series, not
-    only timings) and one run at a time: two or three outlying runs in a row, a slow
-    stretch, are the level model's ``excursions``. The two ends are left as they are."""
+    only timings) and one run at a time: two or three in a row are found after the fit
+    (``short_excursions``). The two ends are left as they are."""
     aside = np.zeros(values.size, dtype=bool)
     if values.size < 3 or sigma <= 0:
         return values, aside
@@ -504,8 +504,9 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     use = np.ones(values.size, dtype=bool)  # the runs a change point's figures rest on
     band = (math.inf, -math.inf)
     if model == "trend":
-        # spikes are found with the median neighbour difference: a quarter of the runs is
-        # not slow here, as on a loaded machine, and the lower quartile would find seasons
+        # spikes against the median neighbour difference, not the lower quartile the level
+        # model takes (made for a machine that slows a third of the runs): on a seasonal
+        # series the lower quartile is small and a season's peaks read as spikes
         values, aside = spikes(values, noise_sigma(values, floor, spikes=False))
         use = ~aside
         sigma = trend_sigma(values, floor)
