@@ -86,9 +86,19 @@ def mwu_p(current: np.ndarray, baseline: np.ndarray, slower: bool) -> float:
     return p if math.isfinite(p) else 1.0
 
 
+#: a quantile other than the median needs this many samples in a run; with fewer (a smoke
+#: tier's 5) it is nearly the fastest sample alone, and the run is read by its median
+QUANTILE_SAMPLES = 10
+
+
+def _quantile_of(size: int, quantile: float) -> float:
+    return quantile if size >= QUANTILE_SAMPLES else 0.5
+
+
 def run_values(runs: Sequence[Sequence[float] | float], quantile: float = 0.5) -> np.ndarray:
     """One value per run: a number as it is, a run's samples by their median (``quantile``:
-    another quantile of them; non-finite samples dropped; a run with none is nan)."""
+    another quantile of them, where the run has QUANTILE_SAMPLES or more; non-finite samples
+    dropped; a run with none is nan)."""
     out = np.empty(len(runs))
     for i, run in enumerate(runs):
         if isinstance(run, (int, float)):
@@ -96,7 +106,7 @@ def run_values(runs: Sequence[Sequence[float] | float], quantile: float = 0.5) -
             continue
         a = np.asarray(run, dtype=np.float64).reshape(-1)
         a = a[np.isfinite(a)]
-        out[i] = float(np.quantile(a, quantile)) if a.size else math.nan
+        out[i] = float(np.quantile(a, _quantile_of(a.size, quantile))) if a.size else math.nan
     return out
 
 
@@ -133,7 +143,6 @@ def sample_floor(runs: Sequence[Sequence[float] | float], quantile: float = 0.5)
     median, sigma robust (1.4826 * MAD: one preempted sample must not make a run look
     imprecise)."""
     normal = NormalDist()
-    factor = math.sqrt(quantile * (1 - quantile)) / normal.pdf(normal.inv_cdf(quantile))
     errors = []
     for run in runs:
         if isinstance(run, (int, float)):
@@ -142,6 +151,8 @@ def sample_floor(runs: Sequence[Sequence[float] | float], quantile: float = 0.5)
         a = a[np.isfinite(a)]
         if a.size >= 2:
             spread = _MAD_TO_SIGMA * float(np.median(np.abs(a - np.median(a))))
+            q = _quantile_of(a.size, quantile)
+            factor = math.sqrt(q * (1 - q)) / normal.pdf(normal.inv_cdf(q))
             errors.append(factor * spread / math.sqrt(a.size))
     return float(np.median(errors)) if errors else 0.0
 

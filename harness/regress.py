@@ -49,7 +49,8 @@ TIMINGS_IN_LOG = True
 #: more injected steps with fewer false alarms than the median (quiet series, recall at +10% /
 #: false alarms: 91.0% / 18 -> 91.3% / 14; under load 92.9% / 4 -> 96.9% / 3; holdout 82.0% /
 #: 9 -> 89.8% / 6), and the 5th to 25th percentiles alike. What a finding shows, and what the
-#: threshold is held against, is still the medians.
+#: threshold is held against, is still the medians; a run with fewer than
+#: ``changepoints.QUANTILE_SAMPLES`` samples is read by its median too.
 TIMING_QUANTILE = 0.10
 DRIFT_FACTOR = 10.0
 DEFAULT_THRESHOLD = 0.05

@@ -93,13 +93,19 @@ def test_samples_of_a_run_give_its_value_and_a_floor_on_the_noise():
 
 
 def test_a_low_quantile_of_each_run_is_analysed_and_its_floor_follows():
-    # the 10th percentile of 3 samples interpolates the two smallest
-    assert cp.run_values([[1.0, 2.0, 9.0], 4.0], 0.1).tolist() == [1.2, 4.0]
+    # the 10th percentile of 1..10 interpolates the two smallest: 1 + 0.9 * (2 - 1); a run of
+    # fewer than QUANTILE_SAMPLES samples is read by its median
+    ten = [float(x) for x in range(10, 0, -1)]
+    assert cp.run_values([ten, [1.0, 2.0, 9.0], 4.0], 0.1).tolist() == pytest.approx(
+        [1.9, 2.0, 4.0])
+    assert cp.QUANTILE_SAMPLES == 10
     # that quantile of n normal samples has a standard error sqrt(.09) / phi(1.2816) = 1.709
     # sigma / sqrt(n): 1.709 * 5 / 5 here, against 1.2533 * 5 / 5 for the median
     rng = np.random.default_rng(7)
     runs = [list(rng.normal(100.0, 5.0, 25)) for _ in range(20)]
     assert cp.sample_floor(runs, 0.1) == pytest.approx(1.709, rel=0.35)
+    few = [run[:5] for run in runs]  # read by their medians: the median's floor
+    assert cp.sample_floor(few, 0.1) == cp.sample_floor(few)
     assert cp.sample_floor(runs, 0.1) / cp.sample_floor(runs) == pytest.approx(1.709 / 1.2533,
                                                                               rel=1e-3)
 
