@@ -80,17 +80,14 @@ def draw(family: str, rng: np.random.Generator) -> tuple[np.ndarray, list[int]]:
     return 100.0 * level * (1 + e), steps
 
 
-def harness_trend(values: np.ndarray) -> list[int]:
-    return [c.index for c in changepoints.find([float(v) for v in values], model="trend")]
-
-
 def harness_level(values: np.ndarray) -> list[int]:
     return [c.index for c in changepoints.find([float(v) for v in values], model="level",
                                                log=True)]
 
 
 DETECTORS: dict[str, Callable[[np.ndarray], list[int]]] = {
-    "harness": harness_trend, "harness-level": harness_level, "perfherder": tcpd.perfherder}
+    "harness": tcpd.harness_find("trend"), "harness-level": harness_level,
+    "perfherder": tcpd.perfherder}
 
 
 def score(steps: list[int], found: list[int]) -> tuple[float, int, int]:

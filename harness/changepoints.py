@@ -143,6 +143,7 @@ def sample_floor(runs: Sequence[Sequence[float] | float], quantile: float = 0.5)
     median, sigma robust (1.4826 * MAD: one preempted sample must not make a run look
     imprecise)."""
     normal = NormalDist()
+    factor = {q: math.sqrt(q * (1 - q)) / normal.pdf(normal.inv_cdf(q)) for q in {quantile, 0.5}}
     errors = []
     for run in runs:
         if isinstance(run, (int, float)):
@@ -151,9 +152,7 @@ def sample_floor(runs: Sequence[Sequence[float] | float], quantile: float = 0.5)
         a = a[np.isfinite(a)]
         if a.size >= 2:
             spread = _MAD_TO_SIGMA * float(np.median(np.abs(a - np.median(a))))
-            q = _quantile_of(a.size, quantile)
-            factor = math.sqrt(q * (1 - q)) / normal.pdf(normal.inv_cdf(q))
-            errors.append(factor * spread / math.sqrt(a.size))
+            errors.append(factor[_quantile_of(a.size, quantile)] * spread / math.sqrt(a.size))
     return float(np.median(errors)) if errors else 0.0
 
 
@@ -168,6 +167,33 @@ _LOCAL_QUANTILE = 0.25
 #: the longest excursion ``despike`` sets aside: on a shared machine slow runs come two or
 #: three in a row as often as alone (benchmarks/data: a quarter to a third of the runs)
 EXCURSION_RUNS = 3
+
+
+def _local_level(values: np.ndarray, quantile: float) -> np.ndarray:
+    """Per run, the ``quantile`` of the _LOCAL runs around it (the ends padded with their own
+    value)."""
+    padded = np.pad(values, _LOCAL // 2, mode="edge")
+    return np.quantile(np.lib.stride_tricks.sliding_window_view(padded, _LOCAL), quantile,
+                       axis=1)
+
+
+def _beside(values: np.ndarray, local: np.ndarray, reach: float, k: int):
+    """Every stretch ``values[i:i + k]`` (i from 1 to the last with a run after it) against its
+    two neighbours: (left neighbours, right neighbours, the stretches, whether the neighbours
+    are of one level, whether the whole stretch is above both by more than ``reach``, below
+    both, off ``local`` by more than ``reach``), one row per stretch."""
+    windows = np.lib.stride_tricks.sliding_window_view
+    left, right = values[:-k - 1], values[k + 1:]
+    runs, near = windows(values[1:-1], k), windows(local[1:-1], k)
+    # between two runs of one level: the run before a step, whose left neighbour is a spike,
+    # is below both neighbours too, but they are not of one level
+    level = np.abs(left - right) <= reach
+    up = np.all(runs - np.maximum(left, right)[:, None] > reach, axis=1)
+    down = np.all(np.minimum(left, right)[:, None] - runs > reach, axis=1)
+    # and off the local level: an ordinary run between two spikes is off both of its
+    # neighbours as well, but not off the level of the runs around it
+    off = np.all(np.abs(runs - near) > reach, axis=1)
+    return left, right, runs, level, up, down, off
 
 
 def despike(values: np.ndarray, sigma: float) -> np.ndarray:
@@ -193,24 +219,11 @@ def excursions(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray
         return values, aside
     x = values.copy()
     reach = SPIKE_SIGMAS * sigma
-    half = _LOCAL // 2
-    padded = np.pad(values, half, mode="edge")
-    local = np.quantile(np.lib.stride_tricks.sliding_window_view(padded, _LOCAL),
-                        _LOCAL_QUANTILE, axis=1)
-    windows = np.lib.stride_tricks.sliding_window_view
+    local = _local_level(values, _LOCAL_QUANTILE)
     for k in range(1, EXCURSION_RUNS + 1):
         if values.size < k + 2:
             break
-        left, right = values[:-k - 1], values[k + 1:]  # the neighbours of values[i:i + k]
-        runs, near = windows(values[1:-1], k), windows(local[1:-1], k)
-        # between two runs of one level: the run before a step, whose left neighbour is a
-        # spike, is below both neighbours too, but they are not of one level
-        level = np.abs(left - right) <= reach
-        up = np.all(runs - np.maximum(left, right)[:, None] > reach, axis=1)
-        down = np.all(np.minimum(left, right)[:, None] - runs > reach, axis=1)
-        # and off the local level: an ordinary run between two spikes is off both of its
-        # neighbours as well, but not off the level of the runs around it
-        off = np.all(np.abs(runs - near) > reach, axis=1)
+        left, right, runs, level, up, down, off = _beside(values, local, reach, k)
         for i in np.flatnonzero(level & (up | down) & off) + 1:
             x[i:i + k] = (values[i - 1] + values[i + k]) / 2.0
             aside[i:i + k] = True
@@ -361,16 +374,12 @@ def spikes(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     aside = np.zeros(values.size, dtype=bool)
     if values.size < 3 or sigma <= 0:
         return values, aside
-    reach = SPIKE_SIGMAS * sigma
-    half = _LOCAL // 2
-    local = np.median(np.lib.stride_tricks.sliding_window_view(
-        np.pad(values, half, mode="edge"), _LOCAL), axis=1)[1:-1]
-    left, mid, right = values[:-2], values[1:-1], values[2:]
-    off = ((np.abs(left - right) <= reach) & (np.abs(mid - local) > reach)
-           & ((mid - np.maximum(left, right) > reach) | (np.minimum(left, right) - mid > reach)))
-    aside[1:-1] = off
+    left, right, _, level, up, down, off = _beside(
+        values, _local_level(values, 0.5), SPIKE_SIGMAS * sigma, 1)
+    hit = level & (up | down) & off
+    aside[1:-1] = hit
     x = values.copy()
-    x[1:-1][off] = (left[off] + right[off]) / 2.0
+    x[1:-1][hit] = (left[hit] + right[hit]) / 2.0
     return x, aside
 
 
@@ -617,14 +626,13 @@ def _change_pct(before: float, after: float) -> float:
 def _prepared(runs: Sequence[Sequence[float] | float], log: bool,
               quantile: float = 0.5) -> tuple[np.ndarray, np.ndarray, float]:
     """(each run's median in its own units, the values analysed: each run's ``quantile``, in
-    log if ``log``, ``sample_floor`` of them). A run with no positive value has no log: nan."""
+    log if ``log`` (nan where it is not positive), ``sample_floor`` of them)."""
     shown = run_values(runs)
     analysed = shown if quantile == 0.5 else run_values(runs, quantile)
     if not log:
         return shown, analysed, sample_floor(runs, quantile)
     with np.errstate(divide="ignore", invalid="ignore"):
         values = np.where(analysed > 0, np.log(np.where(analysed > 0, analysed, 1.0)), math.nan)
-        values[~(shown > 0)] = math.nan
     return shown, values, sample_floor(log_runs(runs), quantile)
 
 

@@ -239,11 +239,11 @@ def detect(ctx: click.Context, target: str, min_change: float, log: bool | None,
                 raise HarnessExit(f"{pg.label(target)}: series {name!r} order {bad[0]} has "
                                   f"the value {bad[1]:g}, which has no log: pass --linear",
                                   EXIT_USAGE)
+    # a history DB's runs by a low quantile of their samples, as `harness run` judges them; a
+    # CSV's samples by their median (they need not be timings)
+    quantile = regress.TIMING_QUANTILE if from_db else 0.5
     found = []
     for name, runs in series.items():
-        # a history DB's runs by a low quantile of their samples, as `harness run` judges
-        # them; a CSV's samples by their median (they need not be timings)
-        quantile = regress.TIMING_QUANTILE if from_db else 0.5
         for cp in changepoints.find([values for _, values, _ in runs],
                                     min_change_pct=min_change, log=log, model=model,
                                     quantile=quantile):
