@@ -18,7 +18,8 @@ one found smaller grows past it. For each series and each run ``t`` from WARMUP 
 
 * false alarm: an alarm on night ``t`` of the unmodified runs;
 * recall at slowdown ``s``: every run from ``t`` on is multiplied by ``1 + s`` (a step that
-  persists, as a real regression does) and the nights from ``t`` on are replayed from the
+  persists, as a real regression does; ``--share F``: a seeded share F of each run's samples
+  is, a regression that slows some launches only) and the nights from ``t`` on are replayed from the
   state of night ``t - 1``; found when a night ``t`` to ``t + PROMPT`` alarms (ours needs the
   new level twice, so its first chance is ``t + 1``);
 * alarms per step: every alarm from night ``t`` to ``t + AFTER`` (a rule that re-flags a held
@@ -36,6 +37,7 @@ run-to-run noise (robust spread of its run medians).
     python benchmarks/regression_detection.py --json          # everything as JSON
     python benchmarks/regression_detection.py --per-series    # plus one row per series
     python benchmarks/regression_detection.py --prompt 4      # a step may be found 4 nights late
+    python benchmarks/regression_detection.py --share 0.6     # a step slows 60% of the samples
     python benchmarks/regression_detection.py --record        # re-record the noise first
 """
 
@@ -540,11 +542,21 @@ def load(path: Path) -> tuple[dict, list[dict]]:
     return data["meta"], series
 
 
+def slowed(run: Samples, factor: float, share: float, seed: int) -> list[float]:
+    """``run`` with ``share`` of its samples (rounded up; all for 1) multiplied by ``factor``,
+    the same samples for the same ``seed``: a regression that slows some launches only (a slow
+    path taken now and then), where 1 slows every launch, as a deterministic kernel's does."""
+    if share >= 1:
+        return [x * factor for x in run]
+    hit = set(np.random.default_rng(seed).permutation(len(run))[:math.ceil(share * len(run))])
+    return [x * factor if i in hit else x for i, x in enumerate(run)]
+
+
 def evaluate(series: list[dict], detectors: dict[str, Nightly], warmup: int,
              slowdowns: Sequence[float] = SLOWDOWNS, prompt: int = PROMPT,
-             after: int = AFTER) -> dict:
+             after: int = AFTER, share: float = 1.0) -> dict:
     """Per detector and series: false alarms on the recording, and per slowdown the injected
-    steps found and the alarms they caused."""
+    steps found and the alarms they caused (``share``: of each run's samples, those slowed)."""
     out: dict = {name: [] for name in detectors}
     for s in series:
         runs = s["runs"]
@@ -560,7 +572,8 @@ def evaluate(series: list[dict], detectors: dict[str, Nightly], warmup: int,
                 f = 1 + slow
                 hit = hit_beyond = caused = extra = 0
                 for t in points:
-                    stepped = runs[:t] + [[x * f for x in r] for r in runs[t:]]
+                    stepped = runs[:t] + [slowed(r, f, share, i)
+                                          for i, r in enumerate(runs[t:], start=t)]
                     stop = min(n, t + after + 1)
                     got, _ = replay(night, stepped, t, stop, state=states[t - 2])
                     hit += any(t <= a < t + prompt + 1 for a in got)
@@ -682,7 +695,12 @@ def main() -> int:
     parser.add_argument("--prompt", type=int, default=PROMPT,
                         help="nights after a step's own in which an alarm still finds it "
                              f"(default {PROMPT}; at most {AFTER})")
+    parser.add_argument("--share", type=float, default=1.0,
+                        help="the share of each run's samples a step slows (default 1: all; "
+                             "0.6: a regression that slows 60%% of the launches)")
     args = parser.parse_args()
+    if not 0 < args.share <= 1:
+        parser.error(f"--share {args.share}: give a share of the samples above 0, at most 1")
     if not 0 <= args.prompt <= AFTER:
         parser.error(f"--prompt {args.prompt}: give 0 to {AFTER} (alarms per step are counted "
                      f"over {AFTER} nights after the step)")
@@ -695,7 +713,7 @@ def main() -> int:
         "asv continuous --factor 1.1": per_run_rule(asv_continuous),
         "harness 0.x rule (classify_series, 5%)": per_run_rule(v1_rule(0.05)),
     }
-    result = evaluate(series, detectors, args.warmup, prompt=args.prompt)
+    result = evaluate(series, detectors, args.warmup, prompt=args.prompt, share=args.share)
     for rows in result.values():
         for row, s in zip(rows, series, strict=True):
             row["run_to_run_noise"] = run_to_run_noise(s["runs"])
@@ -723,7 +741,7 @@ def main() -> int:
     }
     if args.json:
         print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "per_run_load"},
-                          "warmup": args.warmup, "prompt": args.prompt,
+                          "warmup": args.warmup, "prompt": args.prompt, "share": args.share,
                           "slowdowns": list(SLOWDOWNS),
                           "summary": summary, "goal": goal, "per_series": result}, indent=1))
         return 0
@@ -731,7 +749,8 @@ def main() -> int:
     print(f"Noise: {len(series)} series, {min(runs)}-{max(runs)} runs each, recorded "
           f"{meta['date']} on {meta['machine']}; nights judged from run {args.warmup}; a step "
           f"is injected at every run t from {args.warmup} on that leaves {args.prompt} nights "
-          f"after it, and persists. Found: an alarm within {args.prompt} nights of t; alarms per "
+          f"after it, and persists, slowing {_pct(args.share)} of each run's samples. Found: an "
+          f"alarm within {args.prompt} nights of t; alarms per "
           f"step: all alarms from night t to t+{AFTER}. Run-to-run noise: 1.4826 * MAD of a "
           "series' run medians over its median.\n")
     for title, sm in summary.items():
