@@ -55,6 +55,8 @@ class ChangePoint:
     #: the first run of the new level that is not an excursion (``excursions``): slow runs
     #: where a step happened are counted to its level but are not what it rests on
     settled: int | None = None
+    #: found by ``find``'s second reading, the medians: the step slowed part of the samples
+    partial: bool = False
 
     @property
     def direction(self) -> str:
@@ -494,9 +496,67 @@ def log_runs(runs: Sequence[Sequence[float] | float]) -> list[np.ndarray | float
     return out
 
 
+#: a change the runs' medians show and their ``quantile`` does not, found once its new level
+#: held this many runs: ``find``'s second reading, for steps that slow part of the samples
+PARTIAL_HOLD = 3
+#: a change of the medians this many runs or fewer from one of the ``quantile``'s, the same
+#: way, is that one
+PARTIAL_NEAR = 3
+#: and the ``quantile`` moved at most this share of what the medians did (``_moved_apart``)
+PARTIAL_SHARE = 0.5
+
+
 def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
          alpha: float = ALPHA, log: bool = False, model: str = "level",
          quantile: float = 0.5) -> list[ChangePoint]:
+    """The change points of a series of runs (oldest first), both directions (``_find``).
+
+    Read by a low ``quantile`` of their samples, runs say little of a step that slows only
+    part of them (a slow path taken by 60% of the launches leaves the 10th percentile where it
+    was); such a step moves their medians. So the level model reads the runs a second time,
+    by their medians, and adds each change found there but not near one the ``quantile``
+    found (PARTIAL_NEAR runs, the same way), once its new level held PARTIAL_HOLD runs whose
+    medians moved and whose low quantiles did not (``_moved_apart``): a busy machine slows a
+    night or two, seldom three in a row, and slows the fastest samples of a night as well.
+    Such a change point says so (``ChangePoint.partial``). A slow path taken by fewer than
+    half the launches moves neither reading."""
+    points = _find(runs, min_change_pct=min_change_pct, alpha=alpha, log=log, model=model,
+                   quantile=quantile)
+    if quantile == 0.5 or model != "level":
+        return points
+    low, mid = run_values(runs, quantile), run_values(runs)
+    extra = [dataclasses.replace(cp, partial=True)
+             for cp in _find(runs, min_change_pct=min_change_pct, alpha=alpha, log=log)
+             if cp.n_after >= PARTIAL_HOLD
+             and not any(p.direction == cp.direction and abs(p.index - cp.index) <= PARTIAL_NEAR
+                         for p in points)
+             and _moved_apart(low, mid, cp)]
+    return sorted(points + extra, key=lambda cp: cp.index)
+
+
+def _moved_apart(low: np.ndarray, mid: np.ndarray, cp: ChangePoint) -> bool:
+    """Whether ``cp``, a change of the runs' medians (``mid``, one per run), is one of part of
+    their samples: each of the first PARTIAL_HOLD runs of its new level has its median nearer
+    the new level than the old (a busy machine slows a night here and there, not each), and
+    their low quantile (``low``), by its median over them, moved by at most PARTIAL_SHARE of
+    the step from the low quantiles before it (a busy machine moves both in the runs it slows)
+    over the runs ``cp`` rests on, as near as the positions say (its counts leave out
+    excursions)."""
+    finite = np.isfinite(low) & np.isfinite(mid)
+    before = np.flatnonzero(finite[:cp.index])[-cp.n_before:]
+    held = cp.index + np.flatnonzero(finite[cp.index:])[:PARTIAL_HOLD]
+    if not before.size or held.size < PARTIAL_HOLD or not cp.before:
+        return False
+    base = float(np.median(low[before]))
+    nearer = np.abs(mid[held] - cp.after) < np.abs(mid[held] - cp.before)
+    moved = abs(float(np.median(low[held])) - base) / abs(base) if base else math.inf
+    step = abs(cp.after - cp.before) / abs(cp.before)
+    return bool(nearer.all() and moved <= PARTIAL_SHARE * step)
+
+
+def _find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
+          alpha: float = ALPHA, log: bool = False, model: str = "level",
+          quantile: float = 0.5) -> list[ChangePoint]:
     """The change points of a series of runs (oldest first), both directions.
 
     ``segment`` proposes boundaries; each must then hold up against its two neighbouring

@@ -565,6 +565,8 @@ def _change_finding(cur: CaseResult, first: CaseResult, cp: changepoints.ChangeP
         where = "from this run"
     detail = (f"median {_fmt_time(cp.before)} -> {_fmt_time(cp.after)} ({cp.change_pct:+.1f}%, "
               f"p={cp.p_value:.1g}) {where}; {cp.n_before} runs before, {cp.n_after} after")
+    if cp.partial:
+        detail += "; part of the samples moved (the medians, not the fastest tenth)"
     f = _finding(kind, cur, "median_ns", detail, baseline=cp.before, current=cp.after,
                  ratio=cp.after / cp.before if cp.before else None, p_value=cp.p_value,
                  baseline_run=first.run_id)

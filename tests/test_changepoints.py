@@ -123,10 +123,40 @@ def test_contention_that_slows_most_samples_of_a_few_runs_is_no_change_at_a_low_
         runs.append(list(samples * (1.1 if r >= 30 else 1.0)))
     by_median = cp.find(runs, log=True)
     assert [(c.index, c.direction) for c in by_median] == [(20, "up"), (24, "down"), (30, "up")]
-    (step,) = cp.find(runs, log=True, quantile=0.1)
+    (step,) = cp._find(runs, log=True, quantile=0.1)  # the low quantile's reading alone
     assert (step.index, step.direction) == (30, "up")
     assert step.after == pytest.approx(float(np.median(cp.run_values(runs)[30:])))
     assert step.change_pct == pytest.approx(10, abs=1)
+    # with the medians' second reading, two such runs are still nothing; four make a level
+    # (what a slow path taken by 60% of the launches, then fixed, would look like)
+    short = runs[:22] + [list(100 + rng.normal(0, 1, 20)) for _ in range(8)] + runs[30:]
+    assert [(c.index, c.direction) for c in cp.find(short, log=True, quantile=0.1)] == [
+        (30, "up")]
+    assert [(c.index, c.direction) for c in cp.find(runs, log=True, quantile=0.1)] == [
+        (20, "up"), (24, "down"), (30, "up")]
+
+
+def test_a_step_that_slows_part_of_the_samples_is_found_by_the_medians_once_it_held():
+    # from run 15, 60% of every run's samples 15% slower (a slow path most launches take):
+    # the 10th percentile does not move, the median does; found from the third run on
+    rng = np.random.default_rng(9)
+    runs = []
+    for r in range(22):
+        samples = 100 + rng.normal(0, 1, 20)
+        if r >= 15:
+            samples[rng.permutation(20)[:12]] *= 1.15
+        runs.append(list(samples))
+    assert cp._find(runs, log=True, quantile=0.1) == []  # the low quantile's reading alone
+    assert cp.find(runs[:17], log=True, quantile=0.1) == []  # two runs: not yet
+    for n in (18, 22):
+        (step,) = cp.find(runs[:n], log=True, quantile=0.1)
+        assert (step.index, step.direction, step.n_after, step.partial) == (15, "up", n - 15,
+                                                                            True)
+        assert step.change_pct == pytest.approx(15, abs=2)  # the medians' figures
+    # a step of every sample is the low quantile's: found at its second run, as before
+    whole = runs[:15] + [list(np.asarray(r) * 1.15) for r in runs[:2]]
+    assert [(c.index, c.n_after, c.partial) for c in cp.find(whole, log=True, quantile=0.1)
+            ] == [(15, 2, False)]
 
 
 def test_log_scale_sees_a_step_of_a_kernel_that_became_far_slower_and_noisier():
