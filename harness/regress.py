@@ -50,7 +50,8 @@ TIMINGS_IN_LOG = True
 #: false alarms: 91.0% / 18 -> 91.3% / 14; under load 92.9% / 4 -> 96.9% / 3; holdout 82.0% /
 #: 9 -> 89.8% / 6), and the 5th to 25th percentiles alike. What a finding shows, and what the
 #: threshold is held against, is still the medians; a run with fewer than
-#: ``changepoints.QUANTILE_SAMPLES`` samples is read by its median too.
+#: ``changepoints.QUANTILE_SAMPLES`` samples is read by its median too. ``changepoints.find``
+#: reads the runs by their medians a second time, for steps that slow part of the samples.
 TIMING_QUANTILE = 0.10
 DRIFT_FACTOR = 10.0
 DEFAULT_THRESHOLD = 0.05
