@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import NamedTuple
 
 import numpy as np
 
@@ -520,17 +521,19 @@ def find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0
     night or two, seldom three in a row, and slows the fastest samples of a night as well.
     Such a change point says so (``ChangePoint.partial``). A slow path taken by fewer than
     half the launches moves neither reading."""
-    points = _find(runs, min_change_pct=min_change_pct, alpha=alpha, log=log, model=model,
-                   quantile=quantile)
     if quantile == 0.5 or model != "level":
-        return points
-    low, mid = run_values(runs, quantile), run_values(runs)
+        return _find(_readings(runs, log, (quantile,))[0], min_change_pct=min_change_pct,
+                     alpha=alpha, model=model)
+    low, median = _readings(runs, log, (quantile, 0.5))
+    points = _find(low, min_change_pct=min_change_pct, alpha=alpha)
+    if low.floor == median.floor and np.array_equal(low.read, median.read, equal_nan=True):
+        return points  # every run read by its median (too few samples): one reading, not two
     extra = [dataclasses.replace(cp, partial=True)
-             for cp in _find(runs, min_change_pct=min_change_pct, alpha=alpha, log=log)
+             for cp in _find(median, min_change_pct=min_change_pct, alpha=alpha)
              if cp.n_after >= PARTIAL_HOLD
              and not any(p.direction == cp.direction and abs(p.index - cp.index) <= PARTIAL_NEAR
                          for p in points)
-             and _moved_apart(low, mid, cp)]
+             and _moved_apart(low.read, median.read, cp)]
     return sorted(points + extra, key=lambda cp: cp.index)
 
 
@@ -554,10 +557,9 @@ def _moved_apart(low: np.ndarray, mid: np.ndarray, cp: ChangePoint) -> bool:
     return bool(nearer.all() and moved <= PARTIAL_SHARE * step)
 
 
-def _find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
-          alpha: float = ALPHA, log: bool = False, model: str = "level",
-          quantile: float = 0.5) -> list[ChangePoint]:
-    """The change points of a series of runs (oldest first), both directions.
+def _find(reading: _Reading, *, min_change_pct: float = 0.0, alpha: float = ALPHA,
+          model: str = "level") -> list[ChangePoint]:
+    """The change points of one reading of a series' runs (oldest first), both directions.
 
     ``segment`` proposes boundaries; each must then hold up against its two neighbouring
     segments (the nearest WINDOW runs of each): a p-value of at most ``alpha``, medians that
@@ -568,17 +570,17 @@ def _find(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.
     (``excursion_band``), fails too, until a further run comes. The weakest boundary that
     fails is dropped, its two segments merge, and the rest are judged again, until all hold.
 
-    ``log``: analyse the logs of the values (``log_runs``; for timings), report the medians
-    in the values' own units. ``quantile``: a run with samples is analysed by this quantile of
-    them (for timings, a low one: ``regress.TIMING_QUANTILE``), its median is what is reported.
-    ``model``: one of MODELS; under "trend" single wild runs are set
-    aside (``spikes``), the noise is read again from the fit where that leaves white noise
-    (``refit``), a boundary's p-value is that of the fit it adds (``trend_p``), the
-    nearer-median check does not apply (a turn of a line need not move the median), and the
-    boundaries left around a short burst that comes back are dropped (``short_excursions``)."""
+    ``reading`` (``_readings``): the runs are analysed by its ``values`` (for timings the logs
+    of a low quantile of their samples: ``regress.TIMING_QUANTILE``), their medians in their
+    own units (``shown``) are what is reported. ``model``: one of MODELS; under "trend" single
+    wild runs are set aside (``spikes``), the noise is read again from the fit where that
+    leaves white noise (``refit``), a boundary's p-value is that of the fit it adds
+    (``trend_p``), the nearer-median check does not apply (a turn of a line need not move the
+    median), and the boundaries left around a short burst that comes back are dropped
+    (``short_excursions``)."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
-    shown, raw, floor = _prepared(runs, log, quantile)
+    shown, _, raw, floor = reading
     keep = np.flatnonzero(np.isfinite(raw))  # runs without a value drop out, positions kept
     values, shown = raw[keep], shown[keep]
     use = np.ones(values.size, dtype=bool)  # the runs a change point's figures rest on
@@ -683,17 +685,30 @@ def _change_pct(before: float, after: float) -> float:
     return 100.0 * (after - before) / abs(before) if before != 0 else math.nan
 
 
-def _prepared(runs: Sequence[Sequence[float] | float], log: bool,
-              quantile: float = 0.5) -> tuple[np.ndarray, np.ndarray, float]:
-    """(each run's median in its own units, the values analysed: each run's ``quantile``, in
-    log if ``log`` (nan where it is not positive), ``sample_floor`` of them)."""
+class _Reading(NamedTuple):
+    """One reading of a series' runs (``_readings``)."""
+
+    shown: np.ndarray  # each run's median in its own units: what a change point reports
+    read: np.ndarray  # each run's median or other quantile, in its own units
+    values: np.ndarray  # ``read`` as analysed: in log where asked (nan where not positive)
+    floor: float  # ``sample_floor`` of ``values``
+
+
+def _readings(runs: Sequence[Sequence[float] | float], log: bool,
+              quantiles: Sequence[float]) -> list[_Reading]:
+    """A reading of ``runs`` per quantile of their samples, in log if ``log``; the medians and
+    the logs of the samples are computed once for all."""
     shown = run_values(runs)
-    analysed = shown if quantile == 0.5 else run_values(runs, quantile)
-    if not log:
-        return shown, analysed, sample_floor(runs, quantile)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = np.where(analysed > 0, np.log(np.where(analysed > 0, analysed, 1.0)), math.nan)
-    return shown, values, sample_floor(log_runs(runs), quantile)
+    logged = log_runs(runs) if log else runs
+    out = []
+    for quantile in quantiles:
+        read = shown if quantile == 0.5 else run_values(runs, quantile)
+        values = read
+        if log:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                values = np.where(read > 0, np.log(np.where(read > 0, read, 1.0)), math.nan)
+        out.append(_Reading(shown, read, values, sample_floor(logged, quantile)))
+    return out
 
 
 def trend_p(values: np.ndarray, at: int, sigma: float) -> float:
@@ -770,7 +785,7 @@ def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: f
     test of the newest run's samples against the level's 5 newest runs must agree too (a run
     whose median moved but whose samples overlap the level's is noise). ``log`` and
     ``quantile`` as in ``find``."""
-    shown, raw, floor = _prepared(runs, log, quantile)
+    shown, _, raw, floor = _readings(runs, log, (quantile,))[0]
     keep = np.flatnonzero(np.isfinite(raw))
     if keep.size < MIN_SIZE + 1 or keep[-1] != len(runs) - 1:
         return None

@@ -123,7 +123,7 @@ def test_contention_that_slows_most_samples_of_a_few_runs_is_no_change_at_a_low_
         runs.append(list(samples * (1.1 if r >= 30 else 1.0)))
     by_median = cp.find(runs, log=True)
     assert [(c.index, c.direction) for c in by_median] == [(20, "up"), (24, "down"), (30, "up")]
-    (step,) = cp._find(runs, log=True, quantile=0.1)  # the low quantile's reading alone
+    (step,) = cp._find(cp._readings(runs, True, (0.1,))[0])  # the low quantile's reading alone
     assert (step.index, step.direction) == (30, "up")
     assert step.after == pytest.approx(float(np.median(cp.run_values(runs)[30:])))
     assert step.change_pct == pytest.approx(10, abs=1)
@@ -146,7 +146,7 @@ def test_a_step_that_slows_part_of_the_samples_is_found_by_the_medians_once_it_h
         if r >= 15:
             samples[rng.permutation(20)[:12]] *= 1.15
         runs.append(list(samples))
-    assert cp._find(runs, log=True, quantile=0.1) == []  # the low quantile's reading alone
+    assert cp._find(cp._readings(runs, True, (0.1,))[0]) == []  # the low quantile's reading alone
     assert cp.find(runs[:17], log=True, quantile=0.1) == []  # two runs: not yet
     for n in (18, 22):
         (step,) = cp.find(runs[:n], log=True, quantile=0.1)
