@@ -172,11 +172,11 @@ _LOCAL_QUANTILE = 0.25
 EXCURSION_RUNS = 3
 
 
-def _local_level(values: np.ndarray, quantile: float) -> np.ndarray:
-    """Per run, the ``quantile`` of the _LOCAL runs around it (the ends padded with their own
-    value)."""
-    padded = np.pad(values, _LOCAL // 2, mode="edge")
-    return np.quantile(np.lib.stride_tricks.sliding_window_view(padded, _LOCAL), quantile,
+def _local_level(values: np.ndarray, quantile: float, width: int = _LOCAL) -> np.ndarray:
+    """Per run, the ``quantile`` of the ``width`` runs around it (the ends padded with their
+    own value)."""
+    padded = np.pad(values, width // 2, mode="edge")
+    return np.quantile(np.lib.stride_tricks.sliding_window_view(padded, width), quantile,
                        axis=1)
 
 
@@ -365,24 +365,47 @@ def trend_sigma(values: np.ndarray, floor: float = 0.0) -> float:
     return max(float(np.std(residual)), floor)
 
 
+#: a burst of two or more runs must be this many sigmas off to be set aside by ``spikes``
+#: (one run: SPIKE_SIGMAS). In a wandering series a short stretch a few sigmas off is often a
+#: real event, annotated as such: at 4 sigmas TCPD's cover fell from 0.707 to 0.700
+#: (benchmarks/tcpd_changepoints.py), at 6 it stays
+BURST_SIGMAS = 6.0
+
+
 def spikes(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     """The trend model's outliers: (``values`` with every spike replaced by the mean of its two
     neighbours, a mask of them). A spike is one run more than SPIKE_SIGMAS sigmas above (or
     below) both neighbours, which are of one level, and off the median of the _LOCAL runs
-    around it. Least squares would pay two change points to fit one such run and judge the
-    stretches beside it against it; and a wild run inflates the noise a whole line leaves
-    (``trend_sigma``), which hides the small steps. Both directions alike (any series, not
-    only timings) and one run at a time: two or three in a row are found after the fit
-    (``short_excursions``). The two ends are left as they are."""
+    around it; a burst, 2 to EXCURSION_RUNS runs in a row each more than BURST_SIGMAS off
+    them the same way, and off the median of the 4k + 3 runs around it (k of them: so that
+    the few ordinary runs between two bursts are not a dip off a local level the bursts
+    make). Least squares would pay two change points to fit each and judge the stretches
+    beside it against it; and wild runs inflate the noise a whole line leaves
+    (``trend_sigma``), which hides the small steps: a history from a shared machine, slow
+    stretches of 1 to 3 runs from a tenth of its runs, had a third of its steps found
+    (benchmarks/detect_on_synthetic_histories.py, "bursts"). Found in passes over the
+    series cleaned so far, until a pass finds nothing new (at most EXCURSION_RUNS): bursts
+    a run or two apart hide each other from the first. Both directions alike (any series,
+    not only timings). The two ends are left as they are; what remains is found after the
+    fit (``short_excursions``)."""
     aside = np.zeros(values.size, dtype=bool)
     if values.size < 3 or sigma <= 0:
         return values, aside
-    left, right, _, level, up, down, off = _beside(
-        values, _local_level(values, 0.5), SPIKE_SIGMAS * sigma, 1)
-    hit = level & (up | down) & off
-    aside[1:-1] = hit
     x = values.copy()
-    x[1:-1][hit] = (left[hit] + right[hit]) / 2.0
+    for _ in range(EXCURSION_RUNS):
+        before = x.copy()
+        # the longest first: the ordinary runs between two bursts are off both of their
+        # neighbours as well, and are so no longer once the bursts are set aside
+        for k in range(min(EXCURSION_RUNS, values.size - 2), 0, -1):
+            reach = (SPIKE_SIGMAS if k == 1 else BURST_SIGMAS) * sigma
+            seen = x.copy()
+            local = _local_level(seen, 0.5, _LOCAL if k == 1 else 4 * k + 3)
+            _, _, _, level, up, down, off = _beside(seen, local, reach, k)
+            for i in np.flatnonzero(level & (up | down) & off) + 1:
+                x[i:i + k] = (seen[i - 1] + seen[i + k]) / 2.0
+                aside[i:i + k] = True
+        if np.array_equal(before, x):
+            break
     return x, aside
 
 
@@ -572,12 +595,12 @@ def _find(reading: _Reading, *, min_change_pct: float = 0.0, alpha: float = ALPH
 
     ``reading`` (``_readings``): the runs are analysed by its ``values`` (for timings the logs
     of a low quantile of their samples: ``regress.TIMING_QUANTILE``), their medians in their
-    own units (``shown``) are what is reported. ``model``: one of MODELS; under "trend" single
-    wild runs are set aside (``spikes``), the noise is read again from the fit where that
-    leaves white noise (``refit``), a boundary's p-value is that of the fit it adds
-    (``trend_p``), the nearer-median check does not apply (a turn of a line need not move the
-    median), and the boundaries left around a short burst that comes back are dropped
-    (``short_excursions``)."""
+    own units (``shown``) are what is reported. ``model``: one of MODELS; under "trend" wild
+    runs and bursts of up to EXCURSION_RUNS runs are set aside (``spikes``), the noise is
+    read again from the fit where that leaves white noise (``refit``), a boundary's p-value
+    is that of the fit it adds (``trend_p``), the nearer-median check does not apply (a turn
+    of a line need not move the median), and the boundaries left around a short burst that
+    comes back are dropped (``short_excursions``)."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
     shown, _, raw, floor = reading
@@ -627,9 +650,9 @@ def short_excursions(values: np.ndarray, bounds: list[int],
     the line of the runs around it, the boundaries left, a mask of the runs replaced). An
     excursion is a stretch of at most SHORT_STRETCH runs between two change points whose two
     sides are one line: two lines explain them no better than one at ``alpha`` (``trend_p``'s
-    test, with the noise those two lines leave). Least squares cuts around a slow burst of two
-    or three runs as it did around one wild run (``spikes``, which takes single runs only:
-    the noise is read without them); the line through both sides says whether anything
+    test, with the noise those two lines leave). Least squares cuts around a burst ``spikes``
+    could not tell (one beside a step, a cluster of them, one less than BURST_SIGMAS off) as
+    it did around one wild run; the line through both sides says whether anything
     changed."""
     from scipy.stats import chi2
 
