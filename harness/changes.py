@@ -11,12 +11,16 @@ is "open" once more. Found again at the same run as a different change (its leve
 after slow runs), it takes over the stored one's acknowledged or expected mark.
 
 A slower change point that the series later leaves again for its old level (a new faster
-change point ending at most RETURN_SHARE of the step above the old level) is marked "fixed" by
-the harness itself.
+change point ending at most RETURN_SHARE of the step above the old level, and less than the
+regression threshold) is marked "fixed" by the harness itself. One it comes back from only
+partway, still the threshold or more above the old level, stays open (``partly_back``); if its
+user had marked it invalid (noise), what is left is a regression all the same, and the mark
+is lifted.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +35,10 @@ RETURN_SHARE = 0.25
 _STILL_OPEN = (None, "acknowledged")
 #: triage marks a change found again at the same run takes over (``carried_triage``)
 CARRIED_TRIAGE = ("acknowledged", "expected")
-#: who a carried mark is by
+#: who a carried mark is by, and who lifts an invalid mark (``partly_back``)
 CARRIED_BY = "harness"
+#: the note of a mark lifted by a run (``reopened``)
+REOPENED = "reopened by run {run}"
 
 
 @dataclass
@@ -139,10 +145,12 @@ def _carried(stored: dict[str, Any]) -> bool:
     return stored.get("triage_by") == CARRIED_BY and stored.get("triage") in CARRIED_TRIAGE
 
 
-def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint) -> list[dict[str, Any]]:
+def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint,
+             threshold_pct: float) -> list[dict[str, Any]]:
     """The stored slower change points that a new faster one (``recovery``) takes the series
     back from: still open or only acknowledged, and ``recovery.after`` at most RETURN_SHARE of
-    their step above the level before them."""
+    their step above the level before them and less than ``threshold_pct`` percent above it
+    (a +40% step back to +8% is not fixed: +8% is a regression by the harness's own bar)."""
     if recovery.direction != "down":
         return []
     out = []
@@ -150,9 +158,50 @@ def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint) -> list[di
         before, after = s.get("before"), s.get("after")
         if (s["direction"] == "up" and s.get("triage") in _STILL_OPEN
                 and isinstance(before, float) and isinstance(after, float)
-                and recovery.after <= before + RETURN_SHARE * (after - before)):
+                and recovery.after <= before + RETURN_SHARE * (after - before)
+                and _left_pct(before, recovery.after) < threshold_pct):
             out.append(s)
     return out
+
+
+def _left_pct(before: float, now: float) -> float:
+    return 100.0 * (now - before) / abs(before) if before else math.inf
+
+
+def partly_back(stored: Sequence[dict[str, Any]], recovery: ChangePoint,
+                position: dict[str, int], threshold_pct: float
+                ) -> tuple[dict[str, Any], float] | None:
+    """The stored slower change point that a new faster one (``recovery``) takes the series
+    only partway back from, and what is left of it in percent of the level before it: the
+    nearest open one before ``recovery`` (``position``: run id -> index in the analysed
+    runs), which the series was still at least halfway up when it came down, with
+    ``recovery.after`` still ``threshold_pct`` percent or more above the level before it. A
+    slow stretch of four runs reported at +40%, then the series settles at +8%: the +8% is
+    the regression that stays."""
+    if recovery.direction != "down":
+        return None
+    best = None
+    for s in stored:
+        before, after, pos = s.get("before"), s.get("after"), position.get(s["run_id"])
+        if (s["direction"] != "up" or s.get("state") != "open" or s.get("triage") == "fixed"
+                or pos is None
+                or pos >= recovery.index or not isinstance(before, float)
+                or not isinstance(after, float)):
+            continue
+        if (best is None or pos > best[0]) and recovery.before >= before + (after - before) / 2:
+            best = (pos, s)
+    if best is None:
+        return None
+    s = best[1]
+    left = _left_pct(s["before"], recovery.after)
+    return (s, left) if left >= threshold_pct else None
+
+
+def reopened(stored: dict[str, Any], run_id: str) -> bool:
+    """Whether ``stored``'s invalid mark was lifted by run ``run_id`` (``partly_back``): so that
+    the run, analysed again, says again what it said."""
+    return (stored.get("triage") is None and stored.get("triage_by") == CARRIED_BY
+            and (stored.get("triage_note") or "").startswith(REOPENED.format(run=run_id)))
 
 
 @dataclass

@@ -538,14 +538,19 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
                                    **({**carried, "triaged_at": time.time()} if carried
                                       else {})})
             ref = ("new", len(out.new_points) - 1)
+        back = changes.partly_back(stored, cp, position, 100.0 * threshold)
         if abs(cp.change_pct) >= 100.0 * threshold and carried is None:
             out.findings.append(_change_finding(cur, series[cp.index], cp, ref,
-                                                columns["git_commit"]))
-        for old in changes.returned([s for s in stored if s["state"] == "open"], cp):
+                                                columns["git_commit"], back))
+        open_points = [s for s in stored if s["state"] == "open"]
+        for old in changes.returned(open_points, cp, 100.0 * threshold):
             out.updates.append((old["id"], {
                 "triage": "fixed", "triage_by": "harness", "triaged_at": time.time(),
                 "triage_note": f"back to {_fmt_time(cp.after)} from run "
                                f"{_short(series[cp.index].run_id)}"}))
+        if back is not None and (back[0].get("triage") == "invalid"
+                                 or changes.reopened(back[0], cur.run_id)):
+            _reopen(out, cur, series, position, cp, *back)
     outlier = verdict.outlier
     if outlier is not None and outlier.direction == "up":
         out.findings.append(_finding(
@@ -558,8 +563,33 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
             p_value=outlier.p_value, baseline_run=earlier[-1].run_id))
 
 
+def _reopen(out: Analysis, cur: CaseResult, series: list[CaseResult],
+            position: dict[str, int], recovery: changepoints.ChangePoint,
+            slow: dict[str, Any], left: float) -> None:
+    """A change point its user marked invalid (noise) that the series came back from only
+    partway (``changes.partly_back``): the mark is lifted and what is left is a regression."""
+    since = f"run {_short(series[recovery.index].run_id)}"
+    out.updates.append((slow["id"], {
+        "triage": None, "triage_by": changes.CARRIED_BY, "triaged_at": None,
+        "triage_note": changes.REOPENED.format(run=cur.run_id)
+        + f": marked invalid, but back only to {_fmt_time(recovery.after)} from {since}, "
+          f"{left:+.1f}% above the level before it"}))
+    first = series[position[slow["run_id"]]]
+    commit = slow.get("git_commit")
+    where = f"from run {_short(first.run_id)}" + (f" (commit {commit[:10]})" if commit else "")
+    f = _finding("regression", cur, "median_ns",
+                 f"median {_fmt_time(slow['before'])} -> {_fmt_time(recovery.after)} "
+                 f"({left:+.1f}%) {where}: change point {slow['id']}, marked invalid, came "
+                 f"back from {_fmt_time(slow['after'])} only partway ({since}); its mark "
+                 "is lifted", baseline=slow["before"], current=recovery.after,
+                 ratio=recovery.after / slow["before"], baseline_run=first.run_id)
+    f.change_point_id = slow["id"]
+    out.findings.append(f)
+
+
 def _change_finding(cur: CaseResult, first: CaseResult, cp: changepoints.ChangePoint,
-                    ref: Any, commit: str | None) -> Finding:
+                    ref: Any, commit: str | None,
+                    back: tuple[dict[str, Any], float] | None = None) -> Finding:
     kind = "regression" if cp.direction == "up" else "improvement"
     where = f"from run {_short(first.run_id)}" + (f" (commit {commit[:10]})" if commit else "")
     if first.run_id == cur.run_id:
@@ -568,6 +598,10 @@ def _change_finding(cur: CaseResult, first: CaseResult, cp: changepoints.ChangeP
               f"p={cp.p_value:.1g}) {where}; {cp.n_before} runs before, {cp.n_after} after")
     if cp.partial:
         detail += "; part of the samples moved (the medians, not the fastest tenth)"
+    if back is not None:
+        slow, left = back
+        detail += (f"; only partway back from change point {slow['id']}: still {left:+.1f}% "
+                   f"above {_fmt_time(slow['before'])}, its level before")
     f = _finding(kind, cur, "median_ns", detail, baseline=cp.before, current=cp.after,
                  ratio=cp.after / cp.before if cp.before else None, p_value=cp.p_value,
                  baseline_run=first.run_id)

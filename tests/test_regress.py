@@ -653,3 +653,50 @@ def test_a_token_timing_makes_no_timing_finding_however_slow(tmp_path):
     assert regress.compare_runs([base], [cur]) == []
     rows = regress.compare_rows([base], [cur], regress.timing_shifts([base], [cur]))
     assert rows[0]["verdict"] == "not a measurement (ranks contended)"
+
+
+@pytest.mark.parametrize("mark", [None, "acknowledged", "expected", "invalid"])
+def test_a_slow_stretch_that_settles_above_the_old_level_is_not_fixed(tmp_path, mark):
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        # four runs 40% slower (too long to be an excursion): reported; then the series settles
+        # 8% above where it was. That is no return: +8% is a regression by the 5% threshold
+        nightly(conn, [1.0] * 10 + [1.4] * 4)
+        (slow,) = store.change_points(conn)
+        if mark:
+            store.triage_change_point(conn, slow["id"], mark, note="a busy week")
+        seen = nightly(conn, [1.08] * 6, start=14)
+        back = next(i for i, k in enumerate(seen) if "improvement" in k)
+        assert all(k in ([], ["suspicious"]) for i, k in enumerate(seen) if i != back)
+        found = regress.analyze_and_store(conn, f"r{14 + back:02d}")
+        assert kinds(found) == seen[back]  # analysed again, the run says the same
+        (recovery,) = [f for f in found if f.kind == "improvement"]
+        assert f"only partway back from change point {slow['id']}" in recovery.detail
+        point = store.get_change_point(conn, slow["id"])
+        assert point["state"] == "open"
+        if mark != "invalid":  # its user's mark stands, and nothing more is reported
+            assert [f.kind for f in found] == ["improvement"]
+            assert (point["triage"], point["triage_note"]) == (mark, "a busy week" if mark
+                                                               else None)
+            return
+        # marked noise, yet the series did not come back: what is left is a regression, once
+        (regression,) = [f for f in found if f.kind == "regression"]
+        assert regression.change_point_id == slow["id"]
+        assert 5 < 100 * (regression.ratio - 1) < 11 and "marked invalid" in regression.detail
+        assert point["triage"] is None and "marked invalid" in point["triage_note"]
+        assert slow["id"] in {p["id"] for p in store.change_points(conn, untriaged=True)}
+        assert nightly(conn, [1.08] * 2, start=20) == [[], []]
+    finally:
+        conn.close()
+
+
+def test_a_slow_stretch_that_comes_back_below_the_threshold_is_fixed(tmp_path):
+    # the control: back to +2% (a twentieth of the step, under the threshold) is a return
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        nightly(conn, [1.0] * 10 + [1.4] * 4 + [1.02] * 6)
+        (slow, recovery) = store.change_points(conn)
+        assert recovery["direction"] == "down"
+        assert slow["triage"] == "fixed" and slow["triage_by"] == "harness"
+    finally:
+        conn.close()
