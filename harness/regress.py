@@ -587,6 +587,12 @@ def _reopen(out: Analysis, cur: CaseResult, series: list[CaseResult],
     out.findings.append(f)
 
 
+def _share_words(share: float) -> str:
+    """0.1 -> "tenth", 0.25 -> "quarter", another share as a percentage."""
+    words = {0.5: "half", 0.25: "quarter", 0.2: "fifth", 0.1: "tenth", 0.05: "twentieth"}
+    return words.get(round(share, 6), f"{100 * share:g}%")
+
+
 def _change_finding(cur: CaseResult, first: CaseResult, cp: changepoints.ChangePoint,
                     ref: Any, commit: str | None,
                     back: tuple[dict[str, Any], float] | None = None) -> Finding:
@@ -597,7 +603,8 @@ def _change_finding(cur: CaseResult, first: CaseResult, cp: changepoints.ChangeP
     detail = (f"median {_fmt_time(cp.before)} -> {_fmt_time(cp.after)} ({cp.change_pct:+.1f}%, "
               f"p={cp.p_value:.1g}) {where}; {cp.n_before} runs before, {cp.n_after} after")
     if cp.partial:
-        detail += "; part of the samples moved (the medians, not the fastest tenth)"
+        detail += ("; part of the samples moved (the medians, not the fastest "
+                   f"{_share_words(TIMING_QUANTILE)})")
     if back is not None:
         slow, left = back
         detail += (f"; only partway back from change point {slow['id']}: still {left:+.1f}% "

@@ -512,6 +512,9 @@ def test_a_regression_that_slows_part_of_the_samples_is_reported_at_its_third_ru
             assert (point["run_id"], point["found_in_run"]) == ("r10", "r12")
             assert 15 < point["change_pct"] < 25
             assert "part of the samples moved" in details[0], details
+            # the share read is the one the analysis reads (regress.TIMING_QUANTILE)
+            assert f"not the fastest {regress._share_words(regress.TIMING_QUANTILE)}" \
+                in details[0]
     finally:
         conn.close()
 
@@ -700,3 +703,8 @@ def test_a_slow_stretch_that_comes_back_below_the_threshold_is_fixed(tmp_path):
         assert slow["triage"] == "fixed" and slow["triage_by"] == "harness"
     finally:
         conn.close()
+
+
+def test_a_finding_names_the_share_of_samples_it_read_in_words():
+    assert [regress._share_words(q) for q in (0.1, 0.25, 0.05, 0.15)] == [
+        "tenth", "quarter", "twentieth", "15%"]
