@@ -70,6 +70,18 @@ def test_one_odd_run_is_never_a_change_point_and_the_newest_alone_is_an_outlier(
     assert [c.index for c in cp.find(values + [150.0, 151.0])] == [30]
 
 
+@pytest.mark.parametrize("seed", range(11, 21))
+def test_a_new_level_counts_a_run_far_past_the_old_one_though_slower_runs_pull_its_median(seed):
+    # a +10% step whose first and third runs a busy machine slowed further: 1.65, 1.10, 1.45.
+    # The new level's median (of 1.10 and 1.45: the first is an excursion) is nearer 1.45, and
+    # 1.10 is nearer the old median, yet some 10 sigmas past it: the step holds at its third run
+    base = list(np.exp(noise(seed, 20, 0.005)))
+    found = cp.find(base + [1.65, 1.10, 1.45], log=True, min_change_pct=2.0)
+    assert [(c.index, c.direction) for c in found] == [(20, "up")]
+    # the control: between the slow runs one at the old level (0.5% up, its noise): no level
+    assert cp.find(base + [1.65, 1.005, 1.45], log=True, min_change_pct=2.0) == []
+
+
 def test_an_ordinary_run_between_two_spikes_is_not_a_spike():
     values = np.array([1.0, 1.01, 0.99, 1.5, 1.0, 1.5, 1.0, 0.99, 1.01])
     cleaned = cp.despike(values, 0.01)

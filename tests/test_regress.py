@@ -708,3 +708,18 @@ def test_a_slow_stretch_that_comes_back_below_the_threshold_is_fixed(tmp_path):
 def test_a_finding_names_the_share_of_samples_it_read_in_words():
     assert [regress._share_words(q) for q in (0.1, 0.25, 0.05, 0.15)] == [
         "tenth", "quarter", "twentieth", "15%"]
+
+
+def test_a_step_whose_first_and_third_runs_were_slowed_is_reported_at_its_third_run(tmp_path):
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        # +10%, its first and third runs slowed further by a busy machine (+65%, +45%): the
+        # run between them shows the new level as it is, and with the third run past the old
+        # level too, it is a level, not one odd run (a night earlier than waiting for a fourth)
+        seen = nightly(conn, [1.0] * 10 + [1.65, 1.10, 1.45, 1.10, 1.10])
+        assert [i for i, k in enumerate(seen) if "regression" in k] == [12]
+        (step,) = store.change_points(conn)
+        assert (step["run_id"], step["found_in_run"]) == ("r10", "r12")
+        assert 8 < step["change_pct"] < 12  # refreshed as the level's runs came
+    finally:
+        conn.close()
