@@ -194,8 +194,9 @@ def read_db(path: str | Path) -> dict[str, list[tuple[str, list[float], str | No
 
 @click.command("detect")
 @click.argument("target", metavar="PATH")
-@click.option("--min-change", default=0.0, show_default=True, type=click.FloatRange(min=0),
-              help="Report only changes of at least this many percent.")
+@click.option("--min-change", default=None, type=click.FloatRange(min=0),
+              help="Report only changes of at least this many percent.  [default: 2 for a "
+                   "history DB, as `harness run` judges it; 0 for a CSV]")
 @click.option("--log/--linear", "log", default=None,
               help="Analyse the logs of the values (for data that varies by ratio, such as "
                    "timings) or the values.  [default: --log for a history DB, --linear for "
@@ -210,7 +211,7 @@ def read_db(path: str | Path) -> dict[str, list[tuple[str, list[float], str | No
               help="A JSON list of {series, index, run or commit, before, after, change_pct, "
                    "p_value, direction}.")
 @click.pass_context
-def detect(ctx: click.Context, target: str, min_change: float, log: bool | None,
+def detect(ctx: click.Context, target: str, min_change: float | None, log: bool | None,
            model: str | None, as_json: bool) -> None:
     """The change points of every series in PATH, both directions.
 
@@ -231,6 +232,8 @@ def detect(ctx: click.Context, target: str, min_change: float, log: bool | None,
         log = regress.TIMINGS_IN_LOG if from_db else False
     if model is None:
         model = "level" if from_db else "trend"
+    if min_change is None:  # a change `harness run` would not store is none on its history
+        min_change = regress.MIN_CHANGE_PCT if from_db else 0.0
     if log:
         for name, runs in series.items():
             bad = next(((order, v) for order, values, _ in runs for v in values if not v > 0),

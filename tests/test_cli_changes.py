@@ -93,6 +93,23 @@ def test_detect_on_a_history_db_finds_the_step_where_it_started(stepped_db, caps
     assert 25 < found["change_pct"] < 35 and found["p_value"] < 1e-3
 
 
+def test_detect_on_a_history_db_finds_what_harness_run_stores(tmp_path, capsys):
+    # a 1.5% step: significant in runs of 30 samples, under the 2% a change point must move
+    # (regress.MIN_CHANGE_PCT) for `harness run` to keep it; detect on the DB agrees by default
+    path = tmp_path / "h.db"
+    conn = store.connect(path)
+    try:
+        nightly(conn, [1.0] * 12 + [1.015] * 12)
+        assert store.change_points(conn) == []
+    finally:
+        conn.close()
+    code, out, _ = cli(capsys, "detect", str(path), "--json")
+    assert code == 0 and json.loads(out) == []
+    code, out, _ = cli(capsys, "detect", str(path), "--json", "--min-change", "0")
+    (found,) = json.loads(out)
+    assert found["index"] == 12 and 1 < found["change_pct"] < 2
+
+
 def write_csv(path: Path, rows: list[str], header: str = "series,order,value,commit") -> Path:
     path.write_text("\n".join([header, *rows]) + "\n")
     return path
