@@ -20,8 +20,9 @@ Detectors: ``harness`` (``harness detect`` on a CSV at its defaults: the trend m
 ``harness-level`` (``--model level --log``: the nightly's analysis) and ``perfherder``
 (Mozilla's rule, as in benchmarks/tcpd_changepoints.py). The draw is seeded (``--seed``); the
 generator was written with the trend model's spike, refit and burst rules (the first two tried
-on seed 7, the last on the default): the figures are a check of robustness, TCPD the
-independent one.
+on seed 7, the burst rule after the fit on the default, the bursts set aside before the fit on
+seeds 2026, 7 and 3 together): the figures are a check of robustness, TCPD the independent
+one.
 
     python benchmarks/detect_on_synthetic_histories.py             # the table (~20 s)
     python benchmarks/detect_on_synthetic_histories.py --seed 3
