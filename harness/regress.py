@@ -575,8 +575,7 @@ def _reopen(out: Analysis, cur: CaseResult, series: list[CaseResult],
         + f": marked invalid, but back only to {_fmt_time(recovery.after)} from {since}, "
           f"{left:+.1f}% above the level before it"}))
     first = series[position[slow["run_id"]]]
-    commit = slow.get("git_commit")
-    where = f"from run {_short(first.run_id)}" + (f" (commit {commit[:10]})" if commit else "")
+    where = _from_run(first, slow.get("git_commit"))
     f = _finding("regression", cur, "median_ns",
                  f"median {_fmt_time(slow['before'])} -> {_fmt_time(recovery.after)} "
                  f"({left:+.1f}%) {where}: change point {slow['id']}, marked invalid, came "
@@ -585,6 +584,11 @@ def _reopen(out: Analysis, cur: CaseResult, series: list[CaseResult],
                  ratio=recovery.after / slow["before"], baseline_run=first.run_id)
     f.change_point_id = slow["id"]
     out.findings.append(f)
+
+
+def _from_run(first: CaseResult, commit: str | None) -> str:
+    """Where a change started: its first run, and commit where known."""
+    return f"from run {_short(first.run_id)}" + (f" (commit {commit[:10]})" if commit else "")
 
 
 def _share_words(share: float) -> str:
@@ -597,7 +601,7 @@ def _change_finding(cur: CaseResult, first: CaseResult, cp: changepoints.ChangeP
                     ref: Any, commit: str | None,
                     back: tuple[dict[str, Any], float] | None = None) -> Finding:
     kind = "regression" if cp.direction == "up" else "improvement"
-    where = f"from run {_short(first.run_id)}" + (f" (commit {commit[:10]})" if commit else "")
+    where = _from_run(first, commit)
     if first.run_id == cur.run_id:
         where = "from this run"
     detail = (f"median {_fmt_time(cp.before)} -> {_fmt_time(cp.after)} ({cp.change_pct:+.1f}%, "
