@@ -22,9 +22,18 @@ AMAX_FLOOR = 1e-4
 BLOCK = 128
 
 
+def divide(a: torch.Tensor, b: float) -> torch.Tensor:
+    """a / b correctly rounded on every device. torch on CUDA computes a tensor divided by a
+    Python number (or by a CPU scalar) as a * (1 / b), which can be one ulp off
+    (aten/src/ATen/native/cuda/BinaryDivTrueKernel.cu); a divisor on a's own device is
+    divided by."""
+    return a / a.new_tensor(b)
+
+
 def scale_from_amax(amax: torch.Tensor, fmt: str, ue8m0: bool = False) -> torch.Tensor:
-    """amax (clamped to >= 1e-4) / fmax in float32; rounded up to a power of two for UE8M0."""
-    scale = amax.float().clamp_min(AMAX_FLOOR) / FMAX[fmt]
+    """amax (clamped to >= 1e-4) / fmax in float32, correctly rounded; rounded up to a power
+    of two for UE8M0."""
+    scale = divide(amax.float().clamp_min(AMAX_FLOOR), FMAX[fmt])
     if ue8m0:
         # the smallest power of two >= scale, exactly: scale = m * 2**e with m in [0.5, 1);
         # (float32 log2 of a value one ulp above a power of two rounds to an integer)
@@ -72,7 +81,7 @@ def quantize(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "tensor",
     saturate."""
     x32 = x.float()
     if granularity == "tensor":
-        s = (torch.tensor(float(scale)) if scale is not None
+        s = (x32.new_tensor(float(scale)) if scale is not None
              else scale_from_amax(x32.abs().amax(), fmt, ue8m0))
         return cast_saturating(x32 / s, fmt), s
     if scale is not None:

@@ -24,9 +24,10 @@ FAMILY = "fp8_gemm"
 
 
 def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
-    """The smallest power of two >= s (log2 in float64, where a float32 value just above a
-    power of two does not round to an integer)."""
-    return torch.exp2(torch.ceil(torch.log2(s.double()))).float()
+    """The smallest power of two >= s, exactly: s = m * 2**e with m in [0.5, 1) (a log2, in
+    float32 or through a device's math library, need not land on the integer)."""
+    mantissa, exponent = torch.frexp(s)
+    return torch.ldexp(torch.ones_like(s), exponent - (mantissa == 0.5).int())
 
 
 def quantize_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
@@ -59,12 +60,12 @@ def _quantize(x, fmt, granularity, ue8m0, scale, *, group: int = 128, saturate: 
         if scale is not None:
             s = torch.tensor(float(scale), device=x.device)
         else:
-            s = x32.abs().max().clamp_min(ref.AMAX_FLOOR) / fmax
+            s = ref.divide(x32.abs().max().clamp_min(ref.AMAX_FLOOR), fmax)
             s = _pow2_ceil(s) if ue8m0 else s
         return cast(x32 / s), s
     rows = 1 if granularity == "token" else group
     blocks, amax = _grouped(x32, rows, group)
-    s = amax.clamp_min(ref.AMAX_FLOOR) / fmax
+    s = ref.divide(amax.clamp_min(ref.AMAX_FLOOR), fmax)
     if ue8m0:
         s = _pow2_ceil(s)
     q = cast(blocks / s[:, None, :, None]).flatten(2, 3).flatten(0, 1)
@@ -153,7 +154,7 @@ def _tsq(x, tokens_per_expert: Sequence[int], fmt, ue8m0, *, per_row_scale: bool
     amax = blocks.abs().amax(dim=1)                           # (M/128, K)
     if per_row_scale:  # bug: one scale per 128-token block, over every column
         amax = amax.amax(dim=1, keepdim=True).expand_as(amax)
-    s = amax.clamp_min(ref.AMAX_FLOOR) / fmax
+    s = ref.divide(amax.clamp_min(ref.AMAX_FLOOR), fmax)
     if ue8m0:
         s = _pow2_ceil(s)
     q = (blocks / s[:, None, :]).clamp(-fmax, fmax).to(ref.FORMATS[fmt])

@@ -8,8 +8,21 @@ float32 bits; subnormals with the add-and-subtract trick) before the conversion,
 only moves exact values: Triton 3.9's interpreter converts float32 to fp8 by truncation, and
 its round-to-nearest loses the carry when the mantissa overflows (runtime/interpreter.py
 ``_convert_float``), so ``.to(fp8)`` of an unrounded value would make a CPU run disagree with
-the GPU's ``cvt.rn.satfinite``. The control's column mask is off by one: each row's last
-column is left out of its group's amax and never stored.
+the GPU's ``cvt.rn.satfinite``.
+
+Compiled and interpreted kernels must agree bit for bit, so every step is exact on both:
+- divisions are ``tl.math.div_rn``: Triton compiles a float32 ``/`` to ``div.full.f32``, an
+  approximation up to 2 ulp off (third_party/nvidia's ``FDivOpConversion``), while the
+  interpreter divides exactly;
+- the sign is copied as a bit: Triton before 3.9 compiles unary minus as ``0 - x``
+  (``semantic.minus``), which turns -0.0 into +0.0;
+- the UE8M0 scale, the smallest power of two at or above amax / fmax, is read off the
+  float32 bits, not through ``log2`` (a float32 log2 of a value one ulp above a power of
+  two rounds to the integer, and ``lg2.approx`` is an approximation);
+- the grid's constants are powers of two passed as compile-time floats, not ``exp2``.
+These rules were found on an H200, where the first version of this kernel failed its
+per-token cases. The control's column mask is off by one: each row's last column is left
+out of its group's amax and never stored.
 """
 
 from __future__ import annotations
@@ -28,27 +41,46 @@ FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 GRID = {"e4m3": (3, -6), "e5m2": (2, -14)}
 
 
+def grid_constants(fmt: str) -> dict[str, float | int]:
+    """The kernel's compile-time grid: mantissa bits, the smallest normal, and the power of
+    two whose float32 ulp is the subnormal step (2**(min_exp - mant + 23))."""
+    mant, min_exp = GRID[fmt]
+    return {"MANT": mant, "SMALLEST_NORMAL": 2.0 ** min_exp,
+            "SUBNORMAL_MAGIC": 2.0 ** (min_exp - mant + 23)}
+
+
 @triton.jit
-def _round_to_fp8(y, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
+def _round_to_fp8(y, MANT: tl.constexpr, SMALLEST_NORMAL: tl.constexpr,
+                  SUBNORMAL_MAGIC: tl.constexpr):
     """float32 ``y`` (finite, within the format's range) -> the nearest value with MANT
-    mantissa bits and subnormals below 2**MIN_EXP, ties to even, as float32."""
-    a = tl.abs(y)
-    bits = a.to(tl.uint32, bitcast=True)
+    mantissa bits and subnormals below SMALLEST_NORMAL, ties to even, as float32, with y's
+    sign (-0.0 stays -0.0)."""
+    bits = y.to(tl.uint32, bitcast=True)
+    abits = bits & 0x7FFFFFFF
+    a = abits.to(tl.float32, bitcast=True)
     SHIFT: tl.constexpr = 23 - MANT
     KEEP: tl.constexpr = (0xFFFFFFFF >> SHIFT) << SHIFT
-    normal = ((bits + ((1 << (SHIFT - 1)) - 1) + ((bits >> SHIFT) & 1))
+    normal = ((abits + ((1 << (SHIFT - 1)) - 1) + ((abits >> SHIFT) & 1))
               & KEEP).to(tl.float32, bitcast=True)
-    # below the smallest normal the grid step is fixed: adding 2**(MIN_EXP - MANT + 23)
-    # leaves float32 exactly that step, so the addition rounds to it (to nearest even)
-    magic = tl.math.exp2(tl.full(a.shape, MIN_EXP - MANT + 23, tl.float32))
-    sub = (a + magic) - magic
-    r = tl.where(a < tl.math.exp2(tl.full(a.shape, MIN_EXP, tl.float32)), sub, normal)
-    return tl.where(y < 0, -r, r)
+    # below the smallest normal the grid step is fixed: adding SUBNORMAL_MAGIC (a power of
+    # two whose float32 ulp is that step) rounds to it, to nearest even
+    sub = (a + SUBNORMAL_MAGIC) - SUBNORMAL_MAGIC
+    r = tl.where(a < SMALLEST_NORMAL, sub, normal)
+    return (r.to(tl.uint32, bitcast=True) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _pow2_at_least(s):
+    """The smallest power of two >= s, for positive normal float32 s, exactly."""
+    bits = s.to(tl.uint32, bitcast=True)
+    exponent = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.uint32)
+    return (exponent << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _quantize_1x128(x_ptr, q_ptr, s_ptr, m, k, groups, fmax, floor, UE8M0: tl.constexpr,
-                    MANT: tl.constexpr, MIN_EXP: tl.constexpr, ROWS: tl.constexpr,
+                    MANT: tl.constexpr, SMALLEST_NORMAL: tl.constexpr,
+                    SUBNORMAL_MAGIC: tl.constexpr, ROWS: tl.constexpr,
                     GROUP: tl.constexpr, TAIL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     g = tl.program_id(1)
@@ -57,11 +89,13 @@ def _quantize_1x128(x_ptr, q_ptr, s_ptr, m, k, groups, fmax, floor, UE8M0: tl.co
     offsets = row[:, None] * k + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), floor)
-    scale = amax / fmax
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, fmax, tl.float32))
     if UE8M0:
-        scale = tl.math.exp2(tl.math.ceil(tl.math.log2(scale)))
-    y = tl.minimum(tl.maximum(x / scale[:, None], -fmax), fmax)
-    tl.store(q_ptr + offsets, _round_to_fp8(y, MANT, MIN_EXP).to(q_ptr.dtype.element_ty),
+        scale = _pow2_at_least(scale)
+    y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
+    y = tl.minimum(tl.maximum(y, -fmax), fmax)
+    tl.store(q_ptr + offsets,
+             _round_to_fp8(y, MANT, SMALLEST_NORMAL, SUBNORMAL_MAGIC).to(q_ptr.dtype.element_ty),
              mask=mask)
     tl.store(s_ptr + row * groups + g, scale, mask=row < m)
 
@@ -74,7 +108,7 @@ def _quantize(x, fmt, granularity, ue8m0, scale, tail: int):
     scales = torch.empty((m, groups), dtype=torch.float32, device=x.device)
     _quantize_1x128[(triton.cdiv(m, ROWS), groups)](
         x, q, scales, m, k, groups, ref.FMAX[fmt], ref.AMAX_FLOOR, UE8M0=bool(ue8m0),
-        MANT=GRID[fmt][0], MIN_EXP=GRID[fmt][1], ROWS=ROWS, GROUP=GROUP, TAIL=tail)
+        ROWS=ROWS, GROUP=GROUP, TAIL=tail, **grid_constants(fmt))
     return q, scales
 
 
