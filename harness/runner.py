@@ -20,6 +20,7 @@ A case is checked up to three times, each check catching a class of bug the othe
 from __future__ import annotations
 
 import hashlib
+import inspect
 import itertools
 import time
 import traceback
@@ -273,13 +274,21 @@ def _gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None,
     return max(p for p, _ in everyone), kind
 
 
+def _ask(question: Callable[..., str | None], world: World, case: Case) -> str:
+    """A skip question's answer; one that takes ``backend`` is told the job's."""
+    if "backend" in inspect.signature(question).parameters:
+        return question(case.params, case.world_size, world.device,
+                        backend=world.backend) or ""
+    return question(case.params, case.world_size, world.device) or ""
+
+
 def _local_skip_reason(world: World, case: Case, impl: Callable[..., Any]) -> str:
     why = ""
     if case.spec.requires is not None:
-        why = case.spec.requires(case.params, case.world_size, world.device) or ""
+        why = _ask(case.spec.requires, world, case)
     impl_reason = getattr(impl, "skip_reason", None)
     if not why and callable(impl_reason):
-        why = impl_reason(case.params, case.world_size, world.device) or ""
+        why = _ask(impl_reason, world, case)
     return why
 
 

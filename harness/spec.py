@@ -121,7 +121,8 @@ class OpSpec:
     regression_threshold: float = 0.05
     #: ``requires(params, world_size, device)``: why a case cannot run here (too little
     #: memory for a large-tensor case), or None; a reason makes the result a ``skip`` that
-    #: says so, never a silent omission
+    #: says so, never a silent omission. One that also takes a ``backend`` keyword is told
+    #: the job's torch.distributed backend (``gloo`` or ``nccl``); so is a ``skip_reason``
     requires: Callable[[Mapping[str, Any], int, Any], str | None] | None = None
     #: per-case deadline in seconds (watchdog)
     deadline_s: float = 120.0

@@ -313,3 +313,25 @@ def test_a_set_up_is_never_shared_between_two_specs_of_one_name(world):
                      lambda x, out, sizes: torch.mul(x, 2, out=out), bench=False, setups=setups)
         assert r.status == "pass", r.reason
     assert calls == {"inputs": 2, "reference": 2}
+
+
+def test_a_skip_question_that_takes_backend_is_told_the_jobs():
+    """DTensor refuses CUDA tensors over gloo (ranks sharing a GPU) and runs over nccl: the
+    runner hands the World's backend to a question that asks for it, and not to one that
+    does not."""
+    from suites.dtensor import REDISTRIBUTE
+
+    case = Case(REDISTRIBUTE, REDISTRIBUTE.cases("smoke", 4)[0].params, 4)
+    impl = REDISTRIBUTE.implementations["torch"]
+
+    def on(device: str, backend: str) -> World:
+        return World(comm=None, rank=0, size=1, local_rank=0, local_size=1,
+                     device=torch.device(device), backend=backend)
+
+    status, why = runner._skip_or_error(on("cuda", "gloo"), case, impl)
+    assert status == "skip" and "needs nccl" in why
+    assert runner._skip_or_error(on("cuda", "nccl"), case, impl) == ("", "")
+    assert runner._skip_or_error(on("cpu", "gloo"), case, impl) == ("", "")
+    # a question without the keyword is asked as before
+    plain = Case(_spec(requires=lambda p, w, d: f"on {d}"), {"n": 1031}, 1)
+    assert runner._skip_or_error(on("cuda", "gloo"), plain, doubled) == ("skip", "on cuda")
