@@ -7,9 +7,10 @@
 # kernels nightly1 timers summary. `check` (harness env --check) comes first and stops the
 # script on a blocker: nothing after it could mean anything on a machine that fails it. Each step logs to OUT_DIR/STEP.log and records its runs in
 # OUT_DIR/history.db; a failing case does not stop the steps (--fail-on never), `summary`
-# prints the pass/fail counts of every run, each failure, and the headline figures. A step
-# fits in about 10 minutes on an H100, so a lease with a per-command limit can run them one
-# at a time. Exit status: the number of steps whose command failed (0: all ran).
+# prints the pass/fail counts of every run, each failure, and the headline figures. Steps can
+# be run one at a time, so a CI job with a per-command time limit can split them (times on an
+# H200: docs/gpu-validation.md). Exit status: the number of steps whose command failed (0: all
+# ran).
 set -uo pipefail
 
 out=${1:?usage: ci/gpu-validation.sh OUT_DIR [STEP ...]}
