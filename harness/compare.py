@@ -5,10 +5,12 @@ Metrics (DESIGN.md): max_abs, max_rel, rel_l2 = ||a-e|| / ||e||, cos_diff =
 first_bad_index. They are computed on the tensors' device, in float64, a chunk at a time (no
 full host copy), as partial sums so that the metrics of every rank merge into one.
 
-Tolerance kinds: ``exact`` (bitwise), ``allclose`` (|a-e| <= atol + rtol*|e|, with an optional
-mismatch budget), ``ulp`` (at most n units in the last place of the output dtype), ``cos_diff``
-and ``rel_l2`` (global bounds), and ``all_of`` combinations. NaN never passes unless the
-expected value has NaN in the same place; an infinity passes only against the same infinity.
+Tolerance kinds: ``exact`` (bitwise), ``allclose`` (|a-e| <= atol + rtol*|e|, plus
+``magnitude_rtol`` times a per-element magnitude the op gives beside its reference, with an
+optional mismatch budget), ``ulp`` (at most n units in the last place of the output dtype),
+``cos_diff`` and ``rel_l2`` (global bounds), and ``all_of`` combinations. NaN never passes
+unless the expected value has NaN in the same place; an infinity passes only against the
+same infinity.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Tolerance:
     bound: float = 0.0
     max_mismatch_frac: float = 0.0
     parts: tuple[Tolerance, ...] = ()
+    #: allclose: plus this times the output's per-element magnitude (``OpSpec.magnitude``:
+    #: for a GEMM, sum_k |a_ik| |b_jk|, the scale of a dot product's rounding error)
+    magnitude_rtol: float = 0.0
 
     def __post_init__(self) -> None:
         kinds = ELEMENTWISE_KINDS + GLOBAL_KINDS + ("all_of",)
@@ -62,6 +67,8 @@ class Tolerance:
         if self.kind == "allclose":
             frac = self.max_mismatch_frac
             extra = f", max_mismatch_frac={frac:g}" if frac else ""
+            if self.magnitude_rtol:
+                extra = f", magnitude_rtol={self.magnitude_rtol:g}" + extra
             return f"allclose(rtol={self.rtol:g}, atol={self.atol:g}{extra})"
         if self.kind == "ulp":
             return f"ulp({self.ulps})"
@@ -74,6 +81,8 @@ class Tolerance:
         d: dict[str, Any] = {"kind": self.kind, "text": self.describe()}
         if self.kind == "allclose":
             d.update(rtol=self.rtol, atol=self.atol, max_mismatch_frac=self.max_mismatch_frac)
+            if self.magnitude_rtol:
+                d["magnitude_rtol"] = self.magnitude_rtol
         elif self.kind == "ulp":
             d["ulps"] = self.ulps
         elif self.kind in GLOBAL_KINDS:
@@ -88,7 +97,8 @@ class Tolerance:
         return cls(d["kind"], rtol=d.get("rtol", 0.0), atol=d.get("atol", 0.0),
                    ulps=d.get("ulps", 0), bound=d.get("bound", 0.0),
                    max_mismatch_frac=d.get("max_mismatch_frac", 0.0),
-                   parts=tuple(cls.from_dict(p) for p in d.get("parts", ())))
+                   parts=tuple(cls.from_dict(p) for p in d.get("parts", ())),
+                   magnitude_rtol=d.get("magnitude_rtol", 0.0))
 
 
 def exact() -> Tolerance:
@@ -96,9 +106,12 @@ def exact() -> Tolerance:
     return Tolerance("exact")
 
 
-def allclose(rtol: float, atol: float, max_mismatch_frac: float = 0.0) -> Tolerance:
-    """|a-e| <= atol + rtol*|e| for all but ``max_mismatch_frac`` of the elements."""
-    return Tolerance("allclose", rtol=rtol, atol=atol, max_mismatch_frac=max_mismatch_frac)
+def allclose(rtol: float, atol: float, max_mismatch_frac: float = 0.0,
+             magnitude_rtol: float = 0.0) -> Tolerance:
+    """|a-e| <= atol + rtol*|e| (+ magnitude_rtol * the element's magnitude, where the op
+    gives one) for all but ``max_mismatch_frac`` of the elements."""
+    return Tolerance("allclose", rtol=rtol, atol=atol, max_mismatch_frac=max_mismatch_frac,
+                     magnitude_rtol=magnitude_rtol)
 
 
 def ulp(n: int) -> Tolerance:
@@ -306,6 +319,7 @@ def measure(
     chunk_elems: int = CHUNK_ELEMS,
     memo: dict[Any, tuple[int, int, float]] | None = None,
     dtype: torch.dtype | None = None,
+    magnitude: torch.Tensor | None = None,
 ) -> Metrics:
     """Metrics of ``actual`` against ``expected`` on ``actual``'s device, chunk by chunk.
 
@@ -315,7 +329,8 @@ def measure(
     runner keeps one per case and output): what a chunk bitwise equal to the reference adds
     depends on the reference alone, so later measures against it reuse it. ``dtype``: the
     dtype the output must have (a kernel that returns bf16 scales where the op gives float32
-    fails, even when every value survives the cast).
+    fails, even when every value survives the cast). ``magnitude``: each element's magnitude
+    (``expected``'s shape) for an allclose tolerance's ``magnitude_rtol``.
     """
     m = Metrics()
     if not isinstance(actual, torch.Tensor):
@@ -336,6 +351,9 @@ def measure(
     e_flat = expected.to(actual.device).reshape(-1)
     if elem is not None and elem.kind == "exact" and e_flat.dtype != a_flat.dtype:
         e_flat = e_flat.to(a_flat.dtype)
+    g_flat = None
+    if magnitude is not None and elem is not None and elem.magnitude_rtol:
+        g_flat = magnitude.to(actual.device).reshape(-1)
     n = a_flat.numel()
     m.numel = n
     for start in range(0, n, chunk_elems):
@@ -354,7 +372,8 @@ def measure(
             m.sum_sq_actual += sq
             m.sum_dot += sq
             continue
-        _measure_chunk(m, a_raw, e_raw, elem, actual.dtype, start, rank)
+        g_raw = None if g_flat is None else g_flat[start : start + chunk_elems]
+        _measure_chunk(m, a_raw, e_raw, elem, actual.dtype, start, rank, g_raw)
     return m
 
 
@@ -370,6 +389,7 @@ def _measure_chunk(
     out_dtype: torch.dtype,
     offset: int,
     rank: int,
+    g_raw: torch.Tensor | None = None,
 ) -> None:
     a = a_raw.to(torch.float64)
     e = e_raw.to(torch.float64)
@@ -407,6 +427,8 @@ def _measure_chunk(
         bad = bad & ~(a_nan & e_nan)  # NaN payloads may differ
     elif elem.kind == "allclose":
         allowed = elem.atol + elem.rtol * e.abs()
+        if g_raw is not None:
+            allowed = allowed + elem.magnitude_rtol * g_raw.to(torch.float64).abs()
         bad = bad_special | (finite & (diff > allowed))
         if diff.numel():
             share = torch.where(finite & (diff > 0), diff / allowed, torch.zeros_like(diff))

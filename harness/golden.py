@@ -245,11 +245,14 @@ class OutputCheck:
 _SPECIALS_ONLY = compare.rel_l2(math.inf)
 
 
-def check_output(actual: torch.Tensor, stored: Stored, tol: compare.Tolerance, rank: int = 0
-                 ) -> OutputCheck:
-    """Measure ``actual`` (any device) against a stored golden under ``tol``."""
+def check_output(actual: torch.Tensor, stored: Stored, tol: compare.Tolerance, rank: int = 0,
+                 magnitude: torch.Tensor | None = None) -> OutputCheck:
+    """Measure ``actual`` (any device) against a stored golden under ``tol``; ``magnitude``:
+    each element's magnitude for an allclose ``magnitude_rtol`` (made from the inputs, so
+    never stored)."""
     if isinstance(stored, torch.Tensor):
-        return OutputCheck("whole", compare.measure(actual, stored, tol, rank=rank), tol)
+        return OutputCheck("whole", compare.measure(actual, stored, tol, rank=rank,
+                                                    magnitude=magnitude), tol)
     sample_tol = tol.elementwise or _SPECIALS_ONLY
     # a golden may be wider than the output (a float32 second reference of a bf16 output)
     if tuple(actual.shape) != stored.shape:
@@ -259,14 +262,17 @@ def check_output(actual: torch.Tensor, stored: Stored, tol: compare.Tolerance, r
         return OutputCheck("fingerprint", m, sample_tol)
     flat = actual.detach().contiguous().reshape(-1)
     positions = stored.positions.to(flat.device)
-    m = compare.measure(flat[positions], stored.values, sample_tol, rank=rank)
+    scale = None if magnitude is None else magnitude.reshape(-1).to(flat.device)
+    m = compare.measure(flat[positions], stored.values, sample_tol, rank=rank,
+                        magnitude=None if scale is None else scale[positions])
     if m.first_bad_index is not None:  # report the element's place in the output, not the sample's
         m.first_bad_index = int(stored.positions[m.first_bad_index])
     m.shape = list(actual.shape)
     sums, abs_sums, _, specials = chunk_stats(flat)
+    magnitude_sums = None if scale is None else chunk_stats(scale.abs())[1].cpu()
     return OutputCheck("fingerprint", m, sample_tol,
                        _check_sums(stored, sums.cpu(), abs_sums.cpu(), specials, tol,
-                                   actual.dtype))
+                                   actual.dtype, magnitude_sums))
 
 
 def check_fingerprint(new: Fingerprint, old: Fingerprint, tol: compare.Tolerance
@@ -285,7 +291,8 @@ def check_fingerprint(new: Fingerprint, old: Fingerprint, tol: compare.Tolerance
 
 
 def _check_sums(stored: Fingerprint, sums: torch.Tensor, abs_sums: torch.Tensor,
-                specials: torch.Tensor, tol: compare.Tolerance, dtype: torch.dtype) -> str:
+                specials: torch.Tensor, tol: compare.Tolerance, dtype: torch.dtype,
+                magnitude_sums: torch.Tensor | None = None) -> str:
     if sums.shape != stored.sums.shape:
         return f"{sums.numel()} chunk sums, golden has {stored.sums.numel()}"
     counts = torch.full_like(sums, float(CHUNK))
@@ -295,7 +302,8 @@ def _check_sums(stored: Fingerprint, sums: torch.Tensor, abs_sums: torch.Tensor,
     special_bad = (specials != stored.specials).any(1)
     finite = counts - stored.specials.sum(1).to(counts.dtype)
     total_sq = stored.total_sq if stored.total_sq is not None else float(stored.sq_sums.sum())
-    bound = _sum_bound(tol, finite, stored.abs_sums, total_sq, dtype, stored.dtype)
+    bound = _sum_bound(tol, finite, stored.abs_sums, total_sq, dtype, stored.dtype,
+                       magnitude_sums)
     # float64 rounding of two pairwise (cascade or tree) summations of n terms
     slack = 2 * (finite.clamp(min=1).log2() + 1) * _EPS64 * (abs_sums + stored.abs_sums)
     bad = special_bad | ~((sums - stored.sums).abs() <= bound + slack)
@@ -310,14 +318,16 @@ def _check_sums(stored: Fingerprint, sums: torch.Tensor, abs_sums: torch.Tensor,
 
 
 def _sum_bound(tol: compare.Tolerance, counts: torch.Tensor, golden_abs: torch.Tensor,
-               golden_sq: float, dtype: torch.dtype, golden_dtype: torch.dtype) -> torch.Tensor:
+               golden_sq: float, dtype: torch.dtype, golden_dtype: torch.dtype,
+               magnitude_sums: torch.Tensor | None = None) -> torch.Tensor:
     """The largest |sum(actual) - sum(golden)| over each chunk's ``counts`` finite elements that
     ``tol`` permits, for an output of ``dtype``.
 
     exact: 0, or one rounding to ``dtype`` of a wider golden (compare rounds it so). allclose:
-    the sum of atol + rtol*|g|. ulp(k): k ulps of ``dtype`` of each |g| (ulp(g) <= eps*|g|,
-    plus the subnormal step). rel_l2(r): the whole output's |a-g| <= r|g|, and a chunk's sum of
-    differences is at most sqrt(n) times their norm (Cauchy-Schwarz). cos_diff(c):
+    the sum of atol + rtol*|g| (+ magnitude_rtol times the chunk's magnitudes). ulp(k): k ulps
+    of ``dtype`` of each |g| (ulp(g) <= eps*|g|, plus the subnormal step). rel_l2(r): the
+    whole output's |a-g| <= r|g|, and a chunk's sum of differences is at most sqrt(n) times
+    their norm (Cauchy-Schwarz). cos_diff(c):
     |a-g|^2 <= c(|a|^2+|g|^2) with |a| <= |g|+|a-g| gives |a-g| <= |g|(c+sqrt(c^2+2c(1-c)))/(1-c).
     The norms are over every rank (``golden_sq``), as the merged metrics are. all_of: every part
     must hold, so the tightest. A mismatch budget lets elements be arbitrarily far off: inf.
@@ -334,7 +344,10 @@ def _sum_bound(tol: compare.Tolerance, counts: torch.Tensor, golden_abs: torch.T
     if kind == "allclose":
         if tol.max_mismatch_frac > 0:
             return inf
-        return counts * tol.atol + tol.rtol * golden_abs
+        bound = counts * tol.atol + tol.rtol * golden_abs
+        if tol.magnitude_rtol and magnitude_sums is not None:
+            bound = bound + tol.magnitude_rtol * magnitude_sums
+        return bound
     if kind == "rel_l2":
         return counts.sqrt() * tol.bound * math.sqrt(golden_sq)
     if kind == "cos_diff":
@@ -344,8 +357,8 @@ def _sum_bound(tol: compare.Tolerance, counts: torch.Tensor, golden_abs: torch.T
         diff_norm = math.sqrt(golden_sq) * (c + math.sqrt(c * c + 2 * c * (1 - c))) / (1 - c)
         return counts.sqrt() * diff_norm
     if kind == "all_of":
-        bounds = [_sum_bound(p, counts, golden_abs, golden_sq, dtype, golden_dtype)
-                  for p in tol.parts]
+        bounds = [_sum_bound(p, counts, golden_abs, golden_sq, dtype, golden_dtype,
+                             magnitude_sums) for p in tol.parts]
         return torch.stack(bounds).min(0).values if bounds else inf
     return inf
 

@@ -116,6 +116,9 @@ class CaseSetup:
             self.expected = expected_outputs(case, rank)
         #: per output, what a chunk equal to the reference adds to the metrics (compare.measure)
         self.memos: dict[str, dict[Any, Any]] = {}
+        #: per output, each element's magnitude (``OpSpec.magnitude``), or nothing
+        self.magnitudes: dict[str, torch.Tensor] = (
+            dict(spec.magnitude(case.params, rank, case.world_size)) if spec.magnitude else {})
         self._first: dict[str, Any] | None = made if self.pristine is None else None
 
     def inputs(self, device: torch.device, shift_bytes: int = 0) -> dict[str, Any]:
@@ -217,7 +220,9 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
 
 def _measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
              tols: Mapping[str, compare.Tolerance], rank: int,
-             memos: dict[str, dict[Any, Any]] | None = None) -> dict[str, dict[str, Any]]:
+             memos: dict[str, dict[Any, Any]] | None = None,
+             magnitudes: Mapping[str, torch.Tensor] | None = None
+             ) -> dict[str, dict[str, Any]]:
     # an expected entry "out:label" is a second reference for output "out" (an FP8 GEMM is
     # compared with the dequantized product and with the unquantized one)
     missing = {name.split(":")[0] for name in expected} - set(outputs)
@@ -226,7 +231,8 @@ def _measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.T
     memos = {} if memos is None else memos
     return {name: {"metrics": compare.measure(outputs[name.split(":")[0]], expected[name], tol,
                                               rank=rank, memo=memos.setdefault(name, {}),
-                                              dtype=_required_dtype(name, expected[name])
+                                              dtype=_required_dtype(name, expected[name]),
+                                              magnitude=(magnitudes or {}).get(name)
                                               ).to_dict(),
                    "tolerance": tol.to_dict()}
             for name, tol in tols.items()}
@@ -368,10 +374,12 @@ def run_case(
         with mem:
             outputs = _call(world, case, impl, inputs)
         _check_contract(case, inputs, outputs, guards)
-        stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos)
+        stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos,
+                                  setup.magnitudes)
         digest = _hash(outputs)
         if golden is not None:
-            golden_local = _golden_check(golden, case, outputs, tols, world.rank)
+            golden_local = _golden_check(golden, case, outputs, tols, world.rank,
+                                         setup.magnitudes)
         if spec.shift_buffers and nbytes(inputs) <= RELOCATE_CAP_BYTES:
             shifted = setup.inputs(world.device, SHIFT_BYTES)
             for _, t in tensors(inputs):
@@ -382,7 +390,8 @@ def run_case(
             with mem:
                 outputs = _call(world, case, impl, inputs)
             _check_contract(case, inputs, outputs, guards)
-            stages["shifted"] = _measure(outputs, expected, tols, world.rank, setup.memos)
+            stages["shifted"] = _measure(outputs, expected, tols, world.rank, setup.memos,
+                                         setup.magnitudes)
             checks.append("shifted_buffers")
     except CaseError as exc:
         local_error = str(exc)
@@ -408,7 +417,7 @@ def run_case(
         if result.interpreter:
             cfg = cfg.interpreted(result.interpreter)
         _time_and_recheck(world, case, impl, inputs, writable, expected, tols, result,
-                          cfg, checks, calibration, setup.memos)
+                          cfg, checks, calibration, setup.memos, setup.magnitudes)
     result.checks = checks
     result.peak_memory_bytes, result.peak_memory_kind = _gather_peak(world, mem.bytes, mem.kind)
     result.duration_s = time.perf_counter() - t0
@@ -417,7 +426,8 @@ def run_case(
 
 def _golden_check(store: GoldenStore | GoldenShelf, case: Case,
                   outputs: Mapping[str, torch.Tensor], tols: Mapping[str, compare.Tolerance],
-                  rank: int) -> dict[str, Any]:
+                  rank: int, magnitudes: Mapping[str, torch.Tensor] | None = None
+                  ) -> dict[str, Any]:
     """This rank's outputs against the stored golden: {"file", "outputs"}, {"error"} or
     {"absent"} when the case has no golden."""
     try:
@@ -436,7 +446,8 @@ def _golden_check(store: GoldenStore | GoldenShelf, case: Case,
         actual = outputs.get(name.split(":")[0])
         if not isinstance(actual, torch.Tensor):
             return {"error": f"output {name!r} is missing, but golden {path} has it"}
-        report[name] = check_output(actual, value, tols[name], rank).to_dict()
+        report[name] = check_output(actual, value, tols[name], rank,
+                                    (magnitudes or {}).get(name)).to_dict()
     return {"file": str(path), "outputs": report}
 
 
@@ -478,7 +489,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                       tols: Mapping[str, compare.Tolerance], result: CaseResult,
                       cfg: TimingConfig, checks: list[str],
                       calibration: Mapping[str, Any] | None = None,
-                      memos: dict[str, dict[Any, Any]] | None = None) -> None:
+                      memos: dict[str, dict[Any, Any]] | None = None,
+                      magnitudes: Mapping[str, torch.Tensor] | None = None) -> None:
     """Time over rotating shifted copies of the inputs, then check the last output again."""
     spec = case.spec
     out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
@@ -519,7 +531,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     if recheck and not local_error:
         try:
             outputs = normalize_outputs(last["value"], spec.outputs)
-            stages["after_timing"] = _measure(outputs, expected, tols, world.rank, memos)
+            stages["after_timing"] = _measure(outputs, expected, tols, world.rank, memos,
+                                              magnitudes)
             checks.append("after_timing")
         except Exception as exc:
             local_error = f"after timing: {type(exc).__name__}: {exc}"

@@ -815,3 +815,24 @@ def test_a_run_with_cases_lacking_a_golden_says_so(capsys):
     assert "harness golden generate" in out
     print_results([result({"status": "pass"}, "toy[b]"), result(None, "toy[c]")])
     assert "no stored golden" not in capsys.readouterr().out
+
+
+def test_a_magnitude_widens_the_fingerprint_check_elementwise_and_in_the_sums() -> None:
+    """An allclose magnitude_rtol allows each element magnitude_rtol times its magnitude more,
+    at the samples and in the chunk sums; without the magnitude the same output fails."""
+    g = grid_golden()
+    fp = golden.fingerprint(g, "magnitude")
+    magnitude = torch.full_like(g, 1000.0, dtype=torch.float32)
+    tol = compare.allclose(rtol=0.0, atol=1e-6, magnitude_rtol=1e-3)
+    a = g.to(torch.float64) + 0.9  # 0.9 < 1e-6 + 1e-3 * 1000 everywhere
+    check = golden.check_output(a.to(g.dtype), fp, tol, magnitude=magnitude)
+    assert check.sums_error == ""
+    assert compare.verdict(check.metrics, check.tolerance) == (True, "")
+    plain = golden.check_output(a.to(g.dtype), fp, tol)
+    assert not compare.verdict(plain.metrics, plain.tolerance)[0]
+    assert plain.sums_error.startswith(f"{N_CHUNKS}/{N_CHUNKS} chunk sums outside")
+    beyond = golden.check_output((g.to(torch.float64) + 1.1).to(g.dtype), fp, tol,
+                                 magnitude=magnitude)
+    assert not compare.verdict(beyond.metrics, beyond.tolerance)[0]
+    assert tol.describe() == "allclose(rtol=0, atol=1e-06, magnitude_rtol=0.001)"
+    assert compare.Tolerance.from_dict(tol.to_dict()) == tol

@@ -3,7 +3,11 @@ and the grouped GEMMs of an MoE layer (contiguous layout with padding rows, mask
 
 Every output is compared twice: allclose with the dequantized reference (the same arithmetic,
 float32) and calc_diff with the product of the unquantized inputs (the quantization's own
-error must stay small). TFLOP/s counts 2*M*N*K."""
+error must stay small). The allclose also allows 2**-14 of each element's magnitude
+sum_k |a_ik| |b_jk| (``OpSpec.magnitude``): FP8 tensor cores accumulate with fewer bits than
+float32, and an element whose products cancel keeps their error, not its own size (on an
+H200, torch._scaled_mm was 0.0016 off an element of -0.020 whose products summed to 252 in
+magnitude: 6.2e-6 of it). TFLOP/s counts 2*M*N*K."""
 
 from __future__ import annotations
 
@@ -67,6 +71,11 @@ def _gemm_expected(reference, tag: str, params: Mapping[str, Any], a_grouping: s
     return {"out": reference(**inputs), "out:unquantized": a.float() @ b.float().T}
 
 
+def _magnitude(a32: torch.Tensor, b32: torch.Tensor) -> torch.Tensor:
+    """sum_k |a_ik| |b_jk| of the dequantized operands (b in nn.Linear layout)."""
+    return a32.abs() @ b32.abs().T
+
+
 def per_tensor_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     return _gemm_case("gemm_pt", params, "tensor", "tensor")[2]
 
@@ -74,6 +83,13 @@ def per_tensor_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> 
 def per_tensor_expected(params: Mapping[str, Any], rank: int, world_size: int
                         ) -> dict[str, torch.Tensor]:
     return _gemm_expected(ref.gemm_per_tensor, "gemm_pt", params, "tensor", "tensor")
+
+
+def per_tensor_magnitude(params: Mapping[str, Any], rank: int, world_size: int
+                         ) -> dict[str, torch.Tensor]:
+    x = per_tensor_inputs(params, rank, world_size)
+    return {"out": _magnitude(ref.dequantize(x["a"], x["scale_a"]),
+                              ref.dequantize(x["b"], x["scale_b"]))}
 
 
 def per_tensor_torch(a, scale_a, b, scale_b, out_dtype):
@@ -128,7 +144,7 @@ GEMM_PER_TENSOR = OpSpec(
     name="fp8_gemm.per_tensor", family=FAMILY, reference=ref.gemm_per_tensor,
     description="(a8 * sa) @ (b8 * sb).T, float32 accumulation.",
     make_inputs=per_tensor_inputs, expected=per_tensor_expected,
-    tolerance=lambda p, w: gemm_tolerances(p["fmt"]),
+    magnitude=per_tensor_magnitude, tolerance=lambda p, w: gemm_tolerances(p["fmt"]),
     work=lambda p, w: Work(flops=2.0 * p["m"] * p["n"] * p["k"],
                            bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"],
                            flops_dtype="fp8"),
@@ -149,6 +165,13 @@ def blockwise_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> d
 def blockwise_expected(params: Mapping[str, Any], rank: int, world_size: int
                        ) -> dict[str, torch.Tensor]:
     return _gemm_expected(ref.gemm_blockwise, "gemm_bw", params, "token", "block")
+
+
+def blockwise_magnitude(params: Mapping[str, Any], rank: int, world_size: int
+                        ) -> dict[str, torch.Tensor]:
+    x = blockwise_inputs(params, rank, world_size)
+    return {"out": _magnitude(ref.dequantize(x["a"], x["scale_a"], "token"),
+                              ref.dequantize(x["b"], x["scale_b"], "block"))}
 
 
 def dequant(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -184,7 +207,7 @@ GEMM_BLOCKWISE = OpSpec(
     name="fp8_gemm.blockwise", family=FAMILY, reference=ref.gemm_blockwise,
     description="DeepGEMM's 1x128 by 128x128 block-scaled GEMM.",
     make_inputs=blockwise_inputs, expected=blockwise_expected,
-    tolerance=lambda p, w: gemm_tolerances(p["fmt"]),
+    magnitude=blockwise_magnitude, tolerance=lambda p, w: gemm_tolerances(p["fmt"]),
     work=lambda p, w: Work(flops=2.0 * p["m"] * p["n"] * p["k"],
                            bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"],
                            flops_dtype="fp8"),
@@ -241,6 +264,19 @@ def contiguous_expected(params: Mapping[str, Any], rank: int, world_size: int
     return {"out": contiguous_reference(**inputs), "out:unquantized": unquantized}
 
 
+def contiguous_magnitude(params: Mapping[str, Any], rank: int, world_size: int
+                         ) -> dict[str, torch.Tensor]:
+    x = contiguous_inputs(params, rank, world_size)
+    a32 = ref.dequantize(x["a"], x["scale_a"], "token")
+    index = x["group_index"]
+    magnitude = torch.zeros(index.numel(), params["n"])  # padding rows: exactly 0
+    for g in range(x["b"].shape[0]):
+        rows = index == g
+        magnitude[rows] = _magnitude(a32[rows], ref.dequantize(x["b"][g], x["scale_b"][g],
+                                                               "block"))
+    return {"out": magnitude}
+
+
 def contiguous_torch(a, scale_a, b, scale_b, group_index, out, *, skip_padding=False):
     a32 = dequant(a, scale_a, 1, 128)
     if not skip_padding:
@@ -274,6 +310,7 @@ GROUPED_CONTIGUOUS = OpSpec(
     description="Grouped GEMM, contiguous layout: expert segments padded to the alignment; "
                 "padding rows must come out 0.",
     make_inputs=contiguous_inputs, expected=contiguous_expected,
+    magnitude=contiguous_magnitude,
     tolerance=lambda p, w: gemm_tolerances("e4m3"), out_buffers={"out": "out"},
     work=lambda p, w: _grouped_work(p),
     grid={"smoke": [{"tokens": (5, 0, 130, 17), "n": 192, "k": 256, "align": 128,
@@ -314,6 +351,18 @@ def masked_expected(params: Mapping[str, Any], rank: int, world_size: int
     return {"out": ref.grouped_gemm_masked(**inputs), "out:unquantized": unquantized}
 
 
+def masked_magnitude(params: Mapping[str, Any], rank: int, world_size: int
+                     ) -> dict[str, torch.Tensor]:
+    x = masked_inputs(params, rank, world_size)
+    magnitude = torch.zeros(x["out"].shape)  # rows past the mask: untouched, exactly
+    for g, m in enumerate(params["masked"]):
+        if m:
+            magnitude[g, :m] = _magnitude(
+                ref.dequantize(x["a"][g, :m], x["scale_a"][g, :m], "token"),
+                ref.dequantize(x["b"][g], x["scale_b"][g], "block"))
+    return {"out": magnitude}
+
+
 def masked_torch(a, scale_a, b, scale_b, masked_m, out, *, all_rows=False):
     for g in range(a.shape[0]):
         m = a.shape[1] if all_rows else int(masked_m[g])
@@ -333,7 +382,7 @@ GROUPED_MASKED = OpSpec(
     name="fp8_gemm.grouped_masked", family=FAMILY, reference=ref.grouped_gemm_masked,
     description="Grouped GEMM, masked layout: only the first masked_m[g] rows of each group "
                 "are valid; rows beyond must not be written.",
-    make_inputs=masked_inputs, expected=masked_expected,
+    make_inputs=masked_inputs, expected=masked_expected, magnitude=masked_magnitude,
     tolerance=lambda p, w: gemm_tolerances("e4m3"), out_buffers={"out": "out"},
     work=lambda p, w: _grouped_work(p),
     grid={"smoke": [{"masked": (3, 0, 64, 17), "max_m": 64, "n": 192, "k": 256},
