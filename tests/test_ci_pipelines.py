@@ -513,3 +513,29 @@ def test_gpu_validation_starts_with_the_bring_up_check_and_stops_on_a_blocker(tm
     assert blocked.returncode == 1, blocked.stdout + blocked.stderr
     assert "BLOCKER MPI launcher" in blocked.stdout and "stopping" in blocked.stdout
     assert not (tmp_path / "bad" / "env.log").exists()
+
+
+def test_gpu_validation_stops_a_slow_step_and_its_summary_ingests_a_stopped_run(tmp_path):
+    """STEP_TIMEOUT ends one step and the next still runs; a run whose harness was stopped
+    is in OUT_DIR/runs only, and `summary` ingests it before it counts (on the H200 the time
+    limits left four runs out of the summary)."""
+    script = CI / "gpu-validation.sh"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    out = tmp_path / "gv"
+    stopped = subprocess.run(["bash", str(script), str(out), "tests", "env"],
+                             env={**env, "STEP_TIMEOUT": "2"}, capture_output=True, text=True,
+                             timeout=300)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "== tests STOPPED at STEP_TIMEOUT=2 s" in stopped.stdout
+    assert "== env done" in stopped.stdout
+    # a run folder the DB does not know, as a stopped `harness run` leaves it
+    made = subprocess.run([sys.executable, "-m", "harness", "run", "strided_copy[*dtype=f32*]",
+                           "--world-sizes", "1", "--device", "cpu", "--no-bench",
+                           "--impl", "torch"], env={**env, "HARNESS_DB": str(out / "h.db")},
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stdout + made.stderr
+    (out / "h.db").unlink()
+    summary = subprocess.run(["bash", str(script), str(out), "summary"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert summary.returncode == 0, summary.stdout + summary.stderr
+    assert "strided_copy[*dtype=f32*]" in summary.stdout and ": 8 pass" in summary.stdout
