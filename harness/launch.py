@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness import cuda, triton_impl
 from harness import results as results_mod
@@ -261,12 +262,25 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason: str) -> None:
+def dead_case_device(placement: Mapping[str, Any] | None, requested: str) -> str:
+    """The device a case that killed its job ran on, as its ranks record it (rank 0's, from
+    the job's placement file); without one, the device asked for ("cpu" for auto). On an
+    H200, crashes of 4 ranks sharing the GPU were recorded as "cpu" beside their "cuda:0"
+    neighbours."""
+    devices = (placement or {}).get("devices") or []
+    if devices:
+        return str(devices[0])
+    return requested if requested not in ("", "auto") else "cpu"
+
+
+def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason: str,
+                      placement: Mapping[str, Any] | None = None) -> None:
     spec = item.case.spec
     results_mod.append(cfg.results_path, CaseResult(
         run_id=cfg.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
         impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),
-        status=status, reason=reason, started_at=time.time(), env_id=cfg.env_id))
+        status=status, reason=reason, started_at=time.time(), env_id=cfg.env_id,
+        device=dead_case_device(placement, cfg.device)))
 
 
 def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
@@ -348,16 +362,17 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             if killed:
                 _record_dead_case(cfg, item, "timeout",
                                   f"no result within its {prog['deadline_s']:g} s deadline "
-                                  f"(+{cfg.grace_s:g} s grace); the job was killed")
+                                  f"(+{cfg.grace_s:g} s grace); the job was killed",
+                                  outcome.placement)
             elif overdue:
                 # a rank's watchdog aborted the job before rank 0 could record the timeout
                 _record_dead_case(cfg, item, "timeout",
                                   f"no result within its {prog['deadline_s']:g} s deadline; "
-                                  f"the job was aborted (log: {log_path})")
+                                  f"the job was aborted (log: {log_path})", outcome.placement)
             else:
                 _record_dead_case(cfg, item, "crash",
                                   f"the job died with exit code {rc} during this case; "
-                                  f"log: {log_path}")
+                                  f"log: {log_path}", outcome.placement)
             fruitless = 0
             continue
         if new:

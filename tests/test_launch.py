@@ -102,3 +102,13 @@ def test_recorded_keys_skips_a_torn_line_the_next_launch_wrote_past(tmp_path):
     append(path, _result("e", 8))  # glued to the torn line by the next launch
     append(path, _result("f", 8))
     assert RecordedKeys(path, 8).update() == {"w8:f@torch"}
+
+
+def test_a_dead_case_is_recorded_on_the_device_its_ranks_ran_on():
+    from harness.launch import dead_case_device
+
+    gpu = {"backend": "gloo", "devices": ["cuda:0", "cuda:0", "cuda:0", "cuda:0"]}
+    assert dead_case_device(gpu, "cuda") == "cuda:0"  # was "cpu" on the H200
+    assert dead_case_device(None, "cuda") == "cuda"  # the job died before its placement
+    assert dead_case_device({"devices": []}, "auto") == "cpu"
+    assert dead_case_device(None, "cpu") == "cpu"
