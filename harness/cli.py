@@ -9,6 +9,7 @@ runs a case). Errors a user can cause print one line naming the problem and the 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 import uuid
@@ -697,9 +698,19 @@ def command_named(ctx: click.Context, name: str) -> click.Command:
     return command
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread: on the way out whatever harness started is
+    stopped (a run's MPI job) and what it wrote stays (a run's results.jsonl)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run click, turning user errors into one line and an exit code."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         # without standalone mode click returns ctx.exit()'s code instead of exiting
         code = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
@@ -714,6 +725,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     except click.exceptions.Abort:
         err_console.print("aborted")
         sys.exit(130)
+    except Terminated:
+        err_console.print("terminated (SIGTERM); a run's results so far are in its run "
+                          "directory's results.jsonl (`harness ingest RUN_DIR` stores them)")
+        sys.exit(143)
     except Exception as exc:  # noqa: BLE001 - last resort: one line unless --debug
         if debug:
             raise

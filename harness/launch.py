@@ -9,6 +9,7 @@ is recorded as ``timeout`` or ``crash`` and a new job runs the cases not yet rec
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -242,6 +243,33 @@ def _read_progress(path: Path) -> dict | None:
         return None
 
 
+#: prctl(2)'s option that sets the signal a process gets when its parent exits
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_harness() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for the MPI launcher: SIGTERM to it when harness exits, however
+    harness exits (prctl(2) PR_SET_PDEATHSIG, kept across execve; Linux only, else None).
+    The launcher runs in a session of its own, so a signal to harness's process group never
+    reaches it, and without this a killed harness left the job running (mpiexec, given
+    SIGTERM, stops its ranks; srun cancels its step). prctl is looked up here, in the parent:
+    the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # harness exited before the line above: no signal comes
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:
@@ -320,7 +348,8 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             log.flush()
             try:
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        cwd=cfg.run_dir, start_new_session=True)
+                                        cwd=cfg.run_dir, start_new_session=True,
+                                        preexec_fn=_stop_with_harness())
             except OSError as exc:
                 raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc
             killed: dict | None = None
