@@ -252,8 +252,9 @@ def _stop_with_harness() -> Callable[[], None] | None:
     harness exits (prctl(2) PR_SET_PDEATHSIG, kept across execve; Linux only, else None).
     The launcher runs in a session of its own, so a signal to harness's process group never
     reaches it, and without this a killed harness left the job running (mpiexec, given
-    SIGTERM, stops its ranks; srun cancels its step). prctl is looked up here, in the parent:
-    the child only calls it."""
+    SIGTERM, stops its ranks; srun cancels its step). The signal comes when the *thread* that
+    started the launcher ends: `harness run` starts it from its main thread. prctl is looked
+    up here, in the parent: the child only calls it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
