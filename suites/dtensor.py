@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from itertools import product
+from itertools import combinations, product
 from typing import Any
 
 import torch
@@ -185,6 +185,38 @@ def gloo_on_cuda(params: Mapping[str, Any], world_size: int, device: Any, *,
     return None
 
 
+#: the first torch whose planner takes a _StridedShard whose split factor is no product of
+#: mesh sizes (sf=2 on a 1-D mesh): pytorch/pytorch#178735, merged after 2.11 was cut
+STRIDED_SHARD_TORCH = (2, 12)
+
+
+def strided_shard_refusal(params: Mapping[str, Any], torch_version: str = torch.__version__
+                          ) -> str | None:
+    """Why this torch cannot redistribute the case's _StridedShard, or None: one whose split
+    factor is no product of mesh sizes (torch's own example: sf=2 on a 1-D mesh). torch
+    2.11 raised "use_strided_shard_as_shard_order is True, but placements ... unable to be
+    interpreted" for every such case on an H200 (torch 2.13 passes them)."""
+    sizes = mesh_shape(params)
+    products = {math.prod(c) for r in range(1, len(sizes) + 1)
+                for c in combinations(sizes, r)}
+    strided = [p for p in ref.parse(params["src"]) + ref.parse(params["dst"]) if p.kind == "SS"]
+    if all(p.split_factor in products for p in strided):
+        return None
+    major, minor = (int(x) for x in torch_version.split("+")[0].split(".")[:2])
+    if (major, minor) >= STRIDED_SHARD_TORCH:
+        return None
+    return (f"torch {torch_version} cannot redistribute a _StridedShard whose split factor is "
+            f"no product of mesh sizes (pytorch/pytorch#178735, in torch "
+            f"{'.'.join(map(str, STRIDED_SHARD_TORCH))}+)")
+
+
+def dtensor_refusal(params: Mapping[str, Any], world_size: int, device: Any, *,
+                    backend: str = "") -> str | None:
+    """The op's ``requires``: gloo on CUDA, then a torch too old for the case."""
+    return (gloo_on_cuda(params, world_size, device, backend=backend)
+            or strided_shard_refusal(params))
+
+
 # ---------------------------------------------------------------- grids
 def _case(mesh: str, src: str, dst: str, shape: Sequence[int], dtype: str = "f32") -> dict:
     return {"mesh": mesh, "src": src, "dst": dst, "shape": tuple(shape), "dtype": dtype}
@@ -266,7 +298,7 @@ REDISTRIBUTE = OpSpec(
                        "strided_as_plain": redistribute_strided_as_plain},
     distributed=True,
     world_size_of=lambda p: math.prod(mesh_shape(p)),
-    requires=gloo_on_cuda,
+    requires=dtensor_refusal,
     deadline_s=120.0,
 )
 
