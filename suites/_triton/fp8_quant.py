@@ -78,7 +78,8 @@ def _pow2_at_least(s):
 
 
 @triton.jit
-def _quantize_1x128(x_ptr, q_ptr, s_ptr, m, k, groups, fmax, floor, UE8M0: tl.constexpr,
+def _quantize_1x128(x_ptr, q_ptr, s_ptr, m, k, groups, floor, FMAX: tl.constexpr,
+                    UE8M0: tl.constexpr,
                     MANT: tl.constexpr, SMALLEST_NORMAL: tl.constexpr,
                     SUBNORMAL_MAGIC: tl.constexpr, ROWS: tl.constexpr,
                     GROUP: tl.constexpr, TAIL: tl.constexpr):
@@ -89,11 +90,11 @@ def _quantize_1x128(x_ptr, q_ptr, s_ptr, m, k, groups, fmax, floor, UE8M0: tl.co
     offsets = row[:, None] * k + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), floor)
-    scale = tl.math.div_rn(amax, tl.full(amax.shape, fmax, tl.float32))
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
     if UE8M0:
         scale = _pow2_at_least(scale)
     y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
-    y = tl.minimum(tl.maximum(y, -fmax), fmax)
+    y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
     tl.store(q_ptr + offsets,
              _round_to_fp8(y, MANT, SMALLEST_NORMAL, SUBNORMAL_MAGIC).to(q_ptr.dtype.element_ty),
              mask=mask)
@@ -107,7 +108,7 @@ def _quantize(x, fmt, granularity, ue8m0, scale, tail: int):
     q = torch.empty((m, k), dtype=FP8[fmt], device=x.device)
     scales = torch.empty((m, groups), dtype=torch.float32, device=x.device)
     _quantize_1x128[(triton.cdiv(m, ROWS), groups)](
-        x, q, scales, m, k, groups, ref.FMAX[fmt], ref.AMAX_FLOOR, UE8M0=bool(ue8m0),
+        x, q, scales, m, k, groups, ref.AMAX_FLOOR, FMAX=ref.FMAX[fmt], UE8M0=bool(ue8m0),
         ROWS=ROWS, GROUP=GROUP, TAIL=tail, **grid_constants(fmt))
     return q, scales
 
