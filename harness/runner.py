@@ -118,7 +118,7 @@ class CaseSetup:
         self.memos: dict[str, dict[Any, Any]] = {}
         #: per output, each element's magnitude (``OpSpec.magnitude``), or nothing
         self.magnitudes: dict[str, torch.Tensor] = (
-            dict(spec.magnitude(case.params, rank, case.world_size)) if spec.magnitude else {})
+            dict(spec.magnitude(**made)) if spec.magnitude else {})
         self._first: dict[str, Any] | None = made if self.pristine is None else None
 
     def inputs(self, device: torch.device, shift_bytes: int = 0) -> dict[str, Any]:

@@ -89,10 +89,11 @@ class OpSpec:
     implementations: Mapping[str, Callable[..., Any]]
     negative_controls: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
     expected: Callable[[Mapping[str, Any], int, int], Any] | None = None
-    #: ``magnitude(params, rank, world_size)``: {output name: each element's magnitude} for
-    #: an allclose tolerance's ``magnitude_rtol`` (a GEMM's sum_k |a_ik| |b_jk|: its rounding
-    #: error grows with it, so a near-cancelled element is held to its terms' size)
-    magnitude: Callable[[Mapping[str, Any], int, int], Mapping[str, Any]] | None = None
+    #: ``magnitude(**inputs)``, called as the reference is: {output name: each element's
+    #: magnitude} for an allclose tolerance's ``magnitude_rtol`` (a GEMM's sum_k |a_ik| |b_jk|:
+    #: its rounding error grows with it, so a near-cancelled element is held to its terms'
+    #: size). It reads the inputs the case made (never writes them)
+    magnitude: Callable[..., Mapping[str, Any]] | None = None
     #: tolerance per output name (or one for all), or a function of (params, world_size)
     tolerance: Any = None
     work: Callable[[Mapping[str, Any], int], Work] | None = None

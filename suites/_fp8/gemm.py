@@ -85,11 +85,8 @@ def per_tensor_expected(params: Mapping[str, Any], rank: int, world_size: int
     return _gemm_expected(ref.gemm_per_tensor, "gemm_pt", params, "tensor", "tensor")
 
 
-def per_tensor_magnitude(params: Mapping[str, Any], rank: int, world_size: int
-                         ) -> dict[str, torch.Tensor]:
-    x = per_tensor_inputs(params, rank, world_size)
-    return {"out": _magnitude(ref.dequantize(x["a"], x["scale_a"]),
-                              ref.dequantize(x["b"], x["scale_b"]))}
+def per_tensor_magnitude(a, scale_a, b, scale_b, out_dtype) -> dict[str, torch.Tensor]:
+    return {"out": _magnitude(ref.dequantize(a, scale_a), ref.dequantize(b, scale_b))}
 
 
 def per_tensor_torch(a, scale_a, b, scale_b, out_dtype):
@@ -167,11 +164,9 @@ def blockwise_expected(params: Mapping[str, Any], rank: int, world_size: int
     return _gemm_expected(ref.gemm_blockwise, "gemm_bw", params, "token", "block")
 
 
-def blockwise_magnitude(params: Mapping[str, Any], rank: int, world_size: int
-                        ) -> dict[str, torch.Tensor]:
-    x = blockwise_inputs(params, rank, world_size)
-    return {"out": _magnitude(ref.dequantize(x["a"], x["scale_a"], "token"),
-                              ref.dequantize(x["b"], x["scale_b"], "block"))}
+def blockwise_magnitude(a, scale_a, b, scale_b, out_dtype) -> dict[str, torch.Tensor]:
+    return {"out": _magnitude(ref.dequantize(a, scale_a, "token"),
+                              ref.dequantize(b, scale_b, "block"))}
 
 
 def dequant(q: torch.Tensor, scales: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -264,16 +259,13 @@ def contiguous_expected(params: Mapping[str, Any], rank: int, world_size: int
     return {"out": contiguous_reference(**inputs), "out:unquantized": unquantized}
 
 
-def contiguous_magnitude(params: Mapping[str, Any], rank: int, world_size: int
+def contiguous_magnitude(a, scale_a, b, scale_b, group_index, out
                          ) -> dict[str, torch.Tensor]:
-    x = contiguous_inputs(params, rank, world_size)
-    a32 = ref.dequantize(x["a"], x["scale_a"], "token")
-    index = x["group_index"]
-    magnitude = torch.zeros(index.numel(), params["n"])  # padding rows: exactly 0
-    for g in range(x["b"].shape[0]):
-        rows = index == g
-        magnitude[rows] = _magnitude(a32[rows], ref.dequantize(x["b"][g], x["scale_b"][g],
-                                                               "block"))
+    a32 = ref.dequantize(a, scale_a, "token")
+    magnitude = torch.zeros(out.shape)  # padding rows: exactly 0
+    for g in range(b.shape[0]):
+        rows = group_index == g
+        magnitude[rows] = _magnitude(a32[rows], ref.dequantize(b[g], scale_b[g], "block"))
     return {"out": magnitude}
 
 
@@ -351,15 +343,12 @@ def masked_expected(params: Mapping[str, Any], rank: int, world_size: int
     return {"out": ref.grouped_gemm_masked(**inputs), "out:unquantized": unquantized}
 
 
-def masked_magnitude(params: Mapping[str, Any], rank: int, world_size: int
-                     ) -> dict[str, torch.Tensor]:
-    x = masked_inputs(params, rank, world_size)
-    magnitude = torch.zeros(x["out"].shape)  # rows past the mask: untouched, exactly
-    for g, m in enumerate(params["masked"]):
+def masked_magnitude(a, scale_a, b, scale_b, masked_m, out) -> dict[str, torch.Tensor]:
+    magnitude = torch.zeros(out.shape)  # rows past the mask: untouched, exactly
+    for g, m in enumerate(masked_m.tolist()):
         if m:
-            magnitude[g, :m] = _magnitude(
-                ref.dequantize(x["a"][g, :m], x["scale_a"][g, :m], "token"),
-                ref.dequantize(x["b"][g], x["scale_b"][g], "block"))
+            magnitude[g, :m] = _magnitude(ref.dequantize(a[g, :m], scale_a[g, :m], "token"),
+                                          ref.dequantize(b[g], scale_b[g], "block"))
     return {"out": magnitude}
 
 
