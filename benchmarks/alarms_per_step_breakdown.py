@@ -1,0 +1,143 @@
+"""What the alarms per injected step of benchmarks/regression_detection.py are made of, and
+what the two rules that would bring them under the goal cost (issue 22).
+
+The protocol is regression_detection.py's, at +10% on its quiet world-size-1 series: a step
+that persists is injected at every night t, and every alarm of the harness's nightly analysis
+from night t to t + AFTER counts. Each such alarm is put in one class:
+
+* ``false alarm's night``: the night alarms on the unmodified runs too;
+* ``first report``: the step's first alarm on another night;
+* ``re-report after a withdrawal``: a new change point at the run of an earlier report that
+  the analysis had withdrawn (slow runs at the step were reported as a larger step, then the
+  level settled lower). From the runs alone this is the same history as slow runs reported
+  and withdrawn *before* a step came: matching the two would leave that step unreported;
+* ``another change point``: a new change point elsewhere (a slow stretch on the new level);
+* ``grown``: a change point found under the threshold that grew past it.
+
+Then the same protocol under two rules that trade recall for fewer alarms: a change point
+found again at the run of a withdrawn report is that report (``changes._reported_an_excursion``
+never true), and a new level resting on the newest three runs waits for a fourth
+(``changepoints.HOLD_RUNS = 3``, where it is 2).
+
+    python benchmarks/alarms_per_step_breakdown.py                      # the quiet recording
+    python benchmarks/alarms_per_step_breakdown.py --data benchmarks/data/regression_noise.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import regression_detection as rd  # noqa: E402
+
+from harness import changepoints, changes  # noqa: E402
+
+SLOWDOWN = 0.10
+CLASSES = ("false alarm's night", "first report", "re-report after a withdrawal",
+           "another change point", "grown")
+
+
+def quiet(series: list[dict]) -> list[dict]:
+    """regression_detection.py's quiet group: world size 1, run-to-run noise under QUIET."""
+    return [s for s in series
+            if s["world_size"] == 1 and rd.run_to_run_noise(s["runs"]) < rd.QUIET]
+
+
+def _kind(before: list[dict], after: list[dict], night: int) -> str:
+    """Why night ``night`` alarmed, from the stored change points before and after it."""
+    fresh = [p for p in after[len(before):] if p["reported_at"] == night]
+    if not fresh:
+        return "grown"
+    earlier = {p["run_id"] for p in before if p["reported_at"] is not None}
+    return ("re-report after a withdrawal" if any(p["run_id"] in earlier for p in fresh)
+            else "another change point")
+
+
+def breakdown(series: list[dict]) -> tuple[Counter, int]:
+    """Every alarm in every +10% step window, by class, and the number of steps."""
+    night = rd.ours(0.05)
+    counts: Counter = Counter()
+    steps = 0
+    for s in series:
+        runs, n = s["runs"], len(s["runs"])
+        clean, states = rd.replay(night, runs, 1, n, keep_states=True)
+        alarms_anyway = {t for t in clean if t >= rd.WARMUP}
+        for t in range(rd.WARMUP, n - rd.PROMPT):
+            steps += 1
+            stepped = runs[:t] + [rd.slowed(r, 1 + SLOWDOWN, 1.0, i)
+                                  for i, r in enumerate(runs[t:], start=t)]
+            state, own = states[t - 2], 0
+            for u in range(t, min(n, t + rd.AFTER + 1)):
+                before = (state or {}).get("stored", [])
+                alarm, state = night(stepped, u, state)
+                if not alarm:
+                    continue
+                if u in alarms_anyway:
+                    counts["false alarm's night"] += 1
+                    continue
+                own += 1
+                counts["first report" if own == 1 else _kind(before, state["stored"], u)] += 1
+    return counts, steps
+
+
+@contextmanager
+def rule(name: str) -> Iterator[None]:
+    """One of the two rules under test, in place for the duration."""
+    if name == "match re-found changes with their withdrawn report":
+        saved: Callable = changes._reported_an_excursion
+        changes._reported_an_excursion = lambda *a, **k: False
+        try:
+            yield
+        finally:
+            changes._reported_an_excursion = saved
+    elif name == "HOLD_RUNS 3":
+        held = changepoints.HOLD_RUNS
+        changepoints.HOLD_RUNS = 3
+        try:
+            yield
+        finally:
+            changepoints.HOLD_RUNS = held
+    else:
+        yield
+
+
+def scores(series: list[dict]) -> dict:
+    rows = rd.evaluate(series, {"ours": rd.ours(0.05)}, rd.WARMUP,
+                       slowdowns=(0.0, SLOWDOWN))["ours"]
+    sm = rd.summarize(rows, (0.0, SLOWDOWN))
+    key = f"{SLOWDOWN:g}"
+    return {"recall": sm["recall"][key], "false_alarms": sm["false_alarms"],
+            "nights": sm["nights"], "alarms_per_step": sm["alarms_per_step"][key]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=rd.DATA)
+    args = parser.parse_args()
+    _, series = rd.load(args.data)
+    chosen = quiet(series)
+    counts, steps = breakdown(chosen)
+    total = sum(counts.values())
+    print(f"{args.data.name}: {len(chosen)} quiet world-size-1 series, {steps} steps of "
+          f"+{SLOWDOWN:.0%}, {total} alarms from night t to t+{rd.AFTER}: "
+          f"{total / steps:.3f} per step\n")
+    print("| alarm | count | per step |\n|---|---|---|")
+    for c in CLASSES:
+        print(f"| {c} | {counts[c]} | {counts[c] / steps:.3f} |")
+    print("\n| rule | recall +10% | false alarms | alarms per step |\n|---|---|---|---|")
+    for name in ("as kept", "match re-found changes with their withdrawn report",
+                 "HOLD_RUNS 3"):
+        with rule(name):
+            sc = scores(chosen)
+        print(f"| {name} | {sc['recall']:.1%} | {sc['false_alarms']} of {sc['nights']} | "
+              f"{sc['alarms_per_step']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
