@@ -8,12 +8,14 @@ runs a case). Errors a user can cause print one line naming the problem and the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -707,10 +709,31 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise Terminated()
 
 
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises Terminated while harness runs, and the handler before it is back after:
+    a process that calls ``main`` (a test, a script) stays stoppable by SIGTERM once it
+    returned. Only the main thread may set a handler (``signal.signal`` raises ValueError in
+    any other); called from another thread, SIGTERM keeps its handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        # None: a handler not installed from Python; the default is the nearest to it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run click, turning user errors into one line and an exit code."""
+    with _sigterm_raises():
+        _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
-    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         # without standalone mode click returns ctx.exit()'s code instead of exiting
         code = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)

@@ -1,0 +1,66 @@
+"""``harness.cli.main`` called in a process of someone else's (a test, a script, a thread).
+
+SIGTERM raises inside harness so that a run stops its MPI job on the way out
+(tests/test_stopping_a_run.py); once ``main`` is done, the process's own SIGTERM handler is
+back, or a caller that ran harness once could no longer be stopped by SIGTERM (pytest caught
+the exception as a test's failure and ran on). Only the main thread may set a handler.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+from harness import cli
+
+
+def _run(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    return info.value.code
+
+
+def test_main_gives_back_the_sigterm_handler_it_found(capsys):
+    seen: list[int] = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert _run(["--version"]) == 0
+        assert signal.getsignal(signal.SIGTERM) is mine
+        signal.raise_signal(signal.SIGTERM)
+        assert seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_inside_main_is_exit_143(monkeypatch, capsys):
+    def stopped(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(cli.cli, "main", stopped)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert _run(["list"]) == 143
+    assert "terminated (SIGTERM)" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_main_runs_off_the_main_thread(capsys):
+    codes: list[object] = []
+
+    def target():
+        try:
+            cli.main(["--version"])
+        except SystemExit as exc:
+            codes.append(exc.code)
+        except BaseException as exc:  # noqa: BLE001 - what the thread died of, for the assert
+            codes.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(30)
+    assert codes == [0]
