@@ -16,7 +16,8 @@ least 40 runs apart and 30 from either end; run-to-run noise 1% (normal) plus:
   shared machine; the harness's own recorded noise looks like this);
 * ``drift``: a straight drift of up to 5% over the series, which is no change point.
 
-Detectors: ``harness`` (``harness detect`` on a CSV at its defaults: the trend model, linear),
+Detectors: ``harness`` (``harness detect`` on a CSV at its defaults: the trend model, linear,
+changes of at least 2%), ``harness-min-change-0`` (the same, ``--min-change 0``),
 ``harness-level`` (``--model level --log``: the nightly's analysis) and ``perfherder``
 (Mozilla's rule, as in benchmarks/tcpd_changepoints.py). The draw is seeded (``--seed``); the
 generator was written with the trend model's spike, refit and burst rules (the first two tried
@@ -44,7 +45,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import tcpd_changepoints as tcpd  # noqa: E402  (this folder's scoring and Perfherder's rule)
 
-from harness import changepoints  # noqa: E402
+from harness import changepoints, regress  # noqa: E402
 
 FAMILIES = ("normal", "bimodal", "spikes", "bursts", "drift")
 SERIES_PER_FAMILY = 40
@@ -83,12 +84,13 @@ def draw(family: str, rng: np.random.Generator) -> tuple[np.ndarray, list[int]]:
 
 def harness_level(values: np.ndarray) -> list[int]:
     return [c.index for c in changepoints.find([float(v) for v in values], model="level",
-                                               log=True)]
+                                               log=True, min_change_pct=regress.MIN_CHANGE_PCT)]
 
 
 DETECTORS: dict[str, Callable[[np.ndarray], list[int]]] = {
-    "harness": tcpd.harness_find("trend"), "harness-level": harness_level,
-    "perfherder": tcpd.perfherder}
+    "harness": tcpd.harness_find("trend"),
+    "harness-min-change-0": tcpd.harness_find("trend", 0.0),
+    "harness-level": harness_level, "perfherder": tcpd.perfherder}
 
 
 def score(steps: list[int], found: list[int]) -> tuple[float, int, int]:

@@ -462,7 +462,7 @@ def ours(threshold: float = 0.05, history_runs: int | None = None, *,
     unreported, and is reported by the first night that may, as one found small and grown);
     ``first_sight(t)``: night ``t`` reports a slower outlier at once, without waiting for a
     second run at its level."""
-    from harness import changes, regress
+    from harness import changepoints, changes, regress
 
     window = history_runs or regress.HISTORY_RUNS
 
@@ -489,7 +489,7 @@ def ours(threshold: float = 0.05, history_runs: int | None = None, *,
         for cp_id in rec.withdrawn:
             by_id[cp_id]["state"] = "withdrawn"
         for cp in rec.new:
-            reported = (abs(cp.change_pct) >= 100 * threshold
+            reported = (changepoints.moved(cp.before, cp.after, 100 * threshold)
                         and (slower_ok or cp.direction != "up"))
             stored.append(_stored_point(len(stored) + 1, ids[cp.index], cp.direction, t,
                                         cp.before, cp.after, reported))

@@ -14,9 +14,10 @@ definitions and checked against the examples of that file in tests/test_tcpd_sco
 Every detector gets one fixed setting for all series, as TCPDBench's "default" table does:
 
 * ``harness``: ``harness.changepoints.find`` with the trend model, what ``harness detect``
-  runs on a CSV at its defaults;
+  runs on a CSV at its defaults (changes of at least 2%);
+* ``harness-min-change-0``: the same with ``--min-change 0`` (every significant change);
 * ``harness-level``: the same with the level model, what ``harness run`` and ``harness
-  detect`` on a history DB run on timings;
+  detect`` on a history DB run on timings (linear here: TCPD holds values below 0);
 * ``none``: no change point (the floor: F1 0.647, cover 0.557 on these 25 series);
 * ``perfherder``: Mozilla Perfherder's rule (treeherder's ``perfalert.detect_changes``: a t
   between the up to 12-24 points before and the 12 from each point on, linearly weighted
@@ -109,12 +110,16 @@ def covering(annotations: Mapping[str, Sequence[int]], predicted: Iterable[int],
 
 # ------------------------------------------------------------------------------- detectors
 
-def harness_find(model: str) -> Detector:
+def harness_find(model: str, min_change_pct: float | None = None) -> Detector:
+    """``harness detect`` on a CSV with ``--model model``; ``min_change_pct`` None: at its
+    default ``--min-change`` (regress.MIN_CHANGE_PCT)."""
     def detect(values: np.ndarray) -> list[int]:
         sys.path.insert(0, str(HERE.parent))
-        from harness import changepoints
+        from harness import changepoints, regress
 
-        return [cp.index for cp in changepoints.find([float(v) for v in values], model=model)]
+        floor = regress.MIN_CHANGE_PCT if min_change_pct is None else min_change_pct
+        return [cp.index for cp in changepoints.find([float(v) for v in values], model=model,
+                                                      min_change_pct=floor)]
 
     return detect
 
@@ -197,6 +202,7 @@ def _ruptures(algo: str) -> Detector:
 
 DETECTORS: dict[str, tuple[Detector, str | None]] = {
     "harness": (harness_find("trend"), None),
+    "harness-min-change-0": (harness_find("trend", 0.0), None),
     "harness-level": (harness_find("level"), None),
     "none": (no_change, None),
     "perfherder": (perfherder, None),

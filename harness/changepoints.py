@@ -728,9 +728,8 @@ def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: flo
             rise = values[bounds[-1]:] - np.median(left)
             if left.size and np.all((rise >= band[0]) & (rise <= band[1])):
                 judged[-1] = (judged[-1][0], 2.0)  # as high as an excursion: held
-        failing = [(badness, j) for j, (_, badness) in enumerate(judged)
-                   if badness > alpha or (min_change_pct > 0 and not
-                                          abs(judged[j][0].change_pct) >= min_change_pct)]
+        failing = [(badness, j) for j, (cp, badness) in enumerate(judged)
+                   if badness > alpha or not moved(cp.before, cp.after, min_change_pct)]
         if not failing:
             return judged
         del bounds[max(failing)[1]]
@@ -738,6 +737,17 @@ def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: flo
 
 def _change_pct(before: float, after: float) -> float:
     return 100.0 * (after - before) / abs(before) if before != 0 else math.nan
+
+
+def moved(before: float, after: float, pct: float) -> bool:
+    """Whether a level moved from ``before`` to ``after`` by at least ``pct`` percent of
+    ``|before|`` (0 keeps any move). A move off a level of 0 is larger than any percent: its
+    change_pct is nan, which compares false, and a series that leaves 0 would be no change."""
+    if pct <= 0:
+        return True
+    if before == 0:
+        return after != 0
+    return abs(_change_pct(before, after)) >= pct
 
 
 class _Reading(NamedTuple):
@@ -862,7 +872,7 @@ def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: f
     change = _change_pct(level, value)
     sigma = level_sigma(values, floor)
     p = p_value(level_runs, values[-1:], sigma)
-    if p > alpha or (min_change_pct > 0 and not abs(change) >= min_change_pct):
+    if p > alpha or not moved(level, value, min_change_pct):
         return None
     newest = runs[-1]
     recent = [runs[int(i)] for i in keep[:-1][start:][-5:]]

@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.changepoints import ChangePoint, Outlier, find, newest_outlier
+from harness.changepoints import ChangePoint, Outlier, find, moved, newest_outlier
 
 #: a change point found again this many runs or fewer from where it was is the same one
 MATCH_RUNS = 3
@@ -236,7 +236,7 @@ def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str]
                                                           log=log, quantile=quantile)
     by_id = {s["id"]: s for s in stored}
     grown = [cp_id for cp_id, cp in rec.matched.items()
-             if abs(cp.change_pct) >= threshold_pct
+             if moved(cp.before, cp.after, threshold_pct)
              and not _carried(by_id[cp_id])
              and not (by_id[cp_id].get("reported_at") is not None
                       and by_id[cp_id]["reported_at"] < analysed_started_at)]

@@ -539,7 +539,7 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
                                       else {})})
             ref = ("new", len(out.new_points) - 1)
         back = changes.partly_back(stored, cp, position, 100.0 * threshold)
-        if abs(cp.change_pct) >= 100.0 * threshold and carried is None:
+        if changepoints.moved(cp.before, cp.after, 100.0 * threshold) and carried is None:
             out.findings.append(_change_finding(cur, series[cp.index], cp, ref,
                                                 columns["git_commit"], back))
         open_points = [s for s in stored if s["state"] == "open"]
