@@ -128,8 +128,12 @@ def read_csv(path: Path) -> dict[str, list[tuple[str, list[float], str | None]]]
     runs: dict[str, dict[str, list[float]]] = defaultdict(dict)
     commits: dict[tuple[str, str], str] = {}
     try:
-        with path.open(newline="", encoding="utf-8") as fh:
+        # utf-8-sig: a spreadsheet's export starts with a byte order mark, which would
+        # otherwise be part of the first column's name
+        with path.open(newline="", encoding="utf-8-sig") as fh:
             reader = csv.DictReader(fh)
+            if reader.fieldnames:  # "series, order, value" names the same columns
+                reader.fieldnames = [name.strip().lower() for name in reader.fieldnames]
             missing = [c for c in ("series", "order", "value")
                        if c not in (reader.fieldnames or [])]
             if missing:

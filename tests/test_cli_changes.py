@@ -144,6 +144,15 @@ def test_detect_on_a_csv_with_samples_and_commits(tmp_path, capsys):
     assert json.loads(out) == []
 
 
+def test_a_spreadsheets_csv_with_a_byte_order_mark_and_spaced_names_reads(tmp_path, capsys):
+    rows = [f"k,{i},{100.0 if i < 10 else 120.0 + (i % 2)}" for i in range(20)]
+    path = tmp_path / "sheet.csv"
+    path.write_bytes(("\ufeffSeries , ORDER, value\n" + "\n".join(rows) + "\n").encode())
+    code, out, _ = cli(capsys, "detect", str(path), "--json")
+    assert code == 0
+    assert [(p["series"], p["index"]) for p in json.loads(out)] == [("k", 10)]
+
+
 def test_a_series_that_leaves_a_level_of_0_changes_by_more_than_any_percent(tmp_path, capsys):
     # its change_pct is no number (before is 0): a floor must keep it, not compare nan
     rng = np.random.default_rng(3)
