@@ -42,12 +42,6 @@ CLASSES = ("false alarm's night", "first report", "re-report after a withdrawal"
            "another change point", "grown")
 
 
-def quiet(series: list[dict]) -> list[dict]:
-    """regression_detection.py's quiet group: world size 1, run-to-run noise under QUIET."""
-    return [s for s in series
-            if s["world_size"] == 1 and rd.run_to_run_noise(s["runs"]) < rd.QUIET]
-
-
 def _kind(before: list[dict], after: list[dict], night: int) -> str:
     """Why night ``night`` alarmed, from the stored change points before and after it."""
     fresh = [p for p in after[len(before):] if p["reported_at"] == night]
@@ -120,7 +114,7 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=rd.DATA)
     args = parser.parse_args()
     _, series = rd.load(args.data)
-    chosen = quiet(series)
+    chosen = [s for s in series if rd.is_quiet(s)]
     counts, steps = breakdown(chosen)
     total = sum(counts.values())
     print(f"{args.data.name}: {len(chosen)} quiet world-size-1 series, {steps} steps of "

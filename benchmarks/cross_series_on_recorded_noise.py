@@ -77,7 +77,7 @@ def main() -> int:
     flags = slowed(series)
     rows: dict[str, list[dict]] = {}
     for i, s in enumerate(series):
-        if s["world_size"] != 1 or rd.run_to_run_noise(s["runs"]) >= rd.QUIET:
+        if not rd.is_quiet(s):
             continue
         others = [j for j, o in enumerate(series) if j != i and o["world_size"] == 1]
         machine_slow = np.nanmean(flags[others], axis=0)

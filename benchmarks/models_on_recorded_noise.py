@@ -19,8 +19,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
@@ -33,18 +31,12 @@ STEPS = (0.05, 0.10, 0.20)
 MARGIN = 2
 
 
-def run_to_run_noise(runs: list[list[float]]) -> float:
-    medians = np.array([np.median(r) for r in runs])
-    return float(1.4826 * np.median(np.abs(medians - np.median(medians))) / np.median(medians))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=regression_detection.DATA)
     args = parser.parse_args()
     _, series = regression_detection.load(args.data)
-    quiet = [s for s in series
-             if s["world_size"] == 1 and run_to_run_noise(s["runs"]) < 0.03]
+    quiet = [s for s in series if regression_detection.is_quiet(s)]
     print(f"{len(quiet)} quiet world-size-1 series of {args.data.name}\n")
     print("| model | change points, unmodified | "
           + " | ".join(f"+{s:.0%} found / other per series" for s in STEPS)

@@ -635,6 +635,12 @@ def summarize(rows: list[dict], slowdowns: Sequence[float] = SLOWDOWNS) -> dict:
     }
 
 
+def is_quiet(series: dict) -> bool:
+    """A series of the quiet group the goal is judged on: world size 1, run-to-run noise
+    under QUIET."""
+    return series["world_size"] == 1 and run_to_run_noise(series["runs"]) < QUIET
+
+
 def run_to_run_noise(runs: list[Samples]) -> float:
     """1.4826 * MAD of the run medians / their median: the robust run-to-run spread."""
     medians = np.array([np.median(r) for r in runs])
