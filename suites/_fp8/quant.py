@@ -25,7 +25,9 @@ FAMILY = "fp8_gemm"
 
 def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
     """The smallest power of two >= s, exactly: s = m * 2**e with m in [0.5, 1) (a log2, in
-    float32 or through a device's math library, need not land on the integer)."""
+    float32 or through a device's math library, need not land on the integer). The reference
+    spells the same out in ``scale_from_amax``; this implementation keeps its own, so that a
+    bug in one is not in both (tests/test_edge_cases.py swaps this one for a wrong one)."""
     mantissa, exponent = torch.frexp(s)
     return torch.ldexp(torch.ones_like(s), exponent - (mantissa == 0.5).int())
 
