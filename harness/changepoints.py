@@ -724,8 +724,12 @@ def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: flo
         judged = [_judge(values, shown, bounds, j, sigma, model, use)
                   for j in range(len(bounds))]
         if model == "level" and bounds and values.size - bounds[-1] <= HOLD_RUNS:
-            left = values[:bounds[-1]][use[:bounds[-1]]][-WINDOW:]
-            rise = values[bounds[-1]:] - np.median(left)
+            # the rise over the level before it, the stretch since the boundary before (as
+            # ``_judge`` reads it): over every earlier run, an older step would count in it,
+            # and two slow runs after an improvement would read as no rise at all
+            start = bounds[-2] if len(bounds) > 1 else 0
+            left = values[start:bounds[-1]][use[start:bounds[-1]]][-WINDOW:]
+            rise = values[bounds[-1]:] - (np.median(left) if left.size else math.nan)
             if left.size and np.all((rise >= band[0]) & (rise <= band[1])):
                 judged[-1] = (judged[-1][0], 2.0)  # as high as an excursion: held
         failing = [(badness, j) for j, (cp, badness) in enumerate(judged)

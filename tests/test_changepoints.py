@@ -314,6 +314,23 @@ def test_two_newest_runs_as_high_as_the_series_past_excursions_wait_for_a_third(
     assert point.index == 30
 
 
+def test_two_slow_runs_after_an_earlier_step_are_held_by_their_rise_over_the_new_level():
+    # the same machine's slow runs, after the series improved by half: their rise is
+    # measured over the level they left (50), not over every run before (mostly 100), where
+    # they would be no rise at all and a change point at once
+    base = list(100 + noise(34, 20))
+    for at, slow in ((4, 160.0), (9, 175.0), (14, 170.0)):
+        base[at] = slow
+    improved = list(50 + noise(35, 10, 0.5))
+    improved[5] = 85.0
+    history = base + improved
+    [down] = cp.find(history + [86.0, 88.0], log=True)
+    assert (down.index, down.direction) == (20, "down")
+    # a third run at that level: a change point, dated at the first of them
+    assert [(p.index, p.direction) for p in cp.find(history + [86.0, 88.0, 87.0], log=True)] \
+        == [(20, "down"), (30, "up")]
+
+
 # ------------------------------------------------------------------ the trend model
 
 def brute_force_trend_segment(values: np.ndarray, pen: float) -> list[int]:
