@@ -28,6 +28,9 @@ one found smaller grows past it. For each series and each run ``t`` from WARMUP 
   did not cause, counted among the false alarms already);
 * recall not on a false alarm's night: found by an alarm on a night that does not alarm on
   the unmodified runs (a rule that alarms on many nights is "found" by chance otherwise).
+* alarms per improvement: a step of -10% injected the same way; every alarm from night ``t``
+  to ``t + AFTER`` is false, as the runs only got faster (slow runs right after an
+  improvement, read against the level before it, look like a regression).
 
 Only regressions count as alarms (ours also reports "suspicious" single runs, which do not
 fail a run). The tables are split by world size and, at world size 1, by the series'
@@ -73,7 +76,10 @@ SELECTORS = [
     "broadcast[dtype=f32,inplace=false,mode=exact,n=1031,root=0]",
 ]
 WORLD_SIZES = "1,4"
-SLOWDOWNS = (0.0, 0.02, 0.05, 0.10, 0.20)  # 0: the chance floor, nothing injected
+# 0: the chance floor, nothing injected; -0.10: an improvement, after which every alarm of a
+# slower change is false (the runs only got faster)
+SLOWDOWNS = (0.0, 0.02, 0.05, 0.10, 0.20, -0.10)
+IMPROVEMENT = -0.10
 GOAL_SLOWDOWN, GOAL_RECALL, GOAL_ALARMS_PER_STEP = 0.10, 0.95, 1.2
 WARMUP = 6  # nights judged from this run on (every detector has some history)
 PROMPT = 2  # an injected step counts as found when alarmed within this many nights after t
@@ -653,18 +659,22 @@ def _pct(x: float | None) -> str:
 
 
 def markdown(summary: dict[str, dict], title: str) -> str:
-    steps = [s for s in SLOWDOWNS if s]
+    steps = [s for s in SLOWDOWNS if s > 0]
+    better = f"{IMPROVEMENT:g}"
     lines = [f"**{title}**", "",
              "| detector | " + " | ".join(f"recall +{100 * s:g}%" for s in steps)
              + " | recall +10% not on a false alarm's night "
              "| alarms per +10% step | of them not on a false alarm's night "
-             "| false alarms (per night) | series with one |",
-             "|---" * (len(steps) + 6) + "|"]
+             f"| alarms per {100 * IMPROVEMENT:g}% step (all false) | of them not on a false "
+             "alarm's night | false alarms (per night) | series with one |",
+             "|---" * (len(steps) + 8) + "|"]
     for name, sm in summary.items():
         rec = " | ".join(_pct(sm["recall"][f"{s:g}"]) for s in steps)
         lines.append(f"| {name} | {rec} | {_pct(sm['recall_beyond_false']['0.1'])} | "
                      f"{sm['alarms_per_step']['0.1']:.2f} | "
                      f"{sm['alarms_per_step_beyond_false']['0.1']:.2f} | "
+                     f"{sm['alarms_per_step'][better]:.2f} | "
+                     f"{sm['alarms_per_step_beyond_false'][better]:.2f} | "
                      f"{sm['false_alarms']}/{sm['nights']} ({_pct(sm['false_alarm_rate'])}) | "
                      f"{sm['series_with_false_alarm']}/{sm['series']} |")
     return "\n".join(lines)
