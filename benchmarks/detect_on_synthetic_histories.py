@@ -16,8 +16,9 @@ least 40 runs apart and 30 from either end; run-to-run noise 1% (normal) plus:
   shared machine; the harness's own recorded noise looks like this);
 * ``drift``: a straight drift of up to 5% over the series, which is no change point;
 * ``noise_change``: the noise triples from a run on (a runner pool swapped), which is no
-  change point either. Added after the rules were settled, to show a weakness: the trend
-  model reads one noise for the whole series, and cuts the noisier part.
+  change point either. Added after the rules were settled, to show a weakness (the trend
+  model read one noise for the whole series, and cut the noisier part); the noise per run
+  (``changepoints.noise_profile``) was then made on it, seeds 2026, 7, 3 and 11.
 
 Detectors: ``harness`` (``harness detect`` on a CSV at its defaults: the trend model, linear,
 changes of at least 2%), ``harness-min-change-0`` (the same, ``--min-change 0``),

@@ -498,6 +498,62 @@ def test_the_trend_model_reads_its_noise_from_its_fit_only_where_that_leaves_whi
     assert cp.lag1_autocorrelation(np.cumsum(noise(7, 1000))) > 0.9
 
 
+def test_the_weighted_trend_cost_is_the_residual_of_a_weighted_line():
+    values = 1e6 + 50 * noise(8, 40) + np.linspace(0, 300, 40)
+    weights = np.random.default_rng(8).uniform(0.1, 3.0, 40)
+    cost = cp.trend_cost(values, weights)
+    for start, end in [(0, 40), (3, 9), (20, 40)]:
+        t, w = np.arange(start, end, dtype=float), weights[start:end]
+        # np.polyfit's w multiplies the residuals: sqrt of the weights of the squares
+        line = np.polyfit(t, values[start:end], 1, w=np.sqrt(w))
+        residual = values[start:end] - np.polyval(line, t)
+        assert cost(np.array([start]), end)[0] == pytest.approx(
+            float(np.sum(w * residual ** 2)), rel=1e-6, abs=1e-6)
+    # weights of 1 are the unweighted cost
+    ones = cp.trend_cost(values, np.ones(40))(np.array([0, 5]), 40)
+    assert ones == pytest.approx(cp.trend_cost(values)(np.array([0, 5]), 40), rel=1e-9)
+
+
+def test_the_noise_profile_is_read_only_where_the_noise_changes():
+    tripled = noise(53, 600)
+    tripled[300:] *= 3.0
+    profile = cp.noise_profile(tripled)
+    assert profile is not None and profile.size == 600
+    assert profile[:240].max() < 1.3 and profile[360:].min() > 2.4
+    assert cp.noise_profile(noise(54, 600)) is None  # one noise: none per run
+    assert cp.noise_profile(tripled[:80]) is None  # too short to tell
+
+
+def _noise_tripled(seed: int) -> list[float]:
+    """600 runs, 1% noise, steps of +8% at 150 and -8% at 450, the noise three times larger
+    from run 300 on (a runner pool swapped)."""
+    rng = np.random.default_rng(seed)
+    level = np.ones(600)
+    level[150:] *= 1.08
+    level[450:] *= 0.92
+    e = 0.01 * rng.standard_normal(600)
+    e[300:] *= 3.0
+    return list(100.0 * level * (1.0 + e))
+
+
+def test_a_series_whose_noise_triples_is_cut_at_its_steps_not_where_it_wanders(monkeypatch):
+    def errors() -> tuple[int, int]:
+        extra = missed = 0
+        for seed in range(12):
+            found = [c.index for c in cp.find(_noise_tripled(seed), model="trend",
+                                              min_change_pct=2.0)]
+            extra += sum(all(abs(i - s) > 5 for s in (150, 450)) for i in found)
+            missed += sum(all(abs(i - s) > 5 for i in found) for s in (150, 450))
+        return extra, missed
+
+    extra, missed = errors()
+    assert missed == 0
+    # the control: one noise for the whole series (no profile is ever read)
+    monkeypatch.setattr(cp, "NOISE_RATIO", math.inf)
+    one_noise_extra, one_noise_missed = errors()
+    assert extra + missed < one_noise_extra + one_noise_missed
+
+
 def test_a_series_too_short_for_two_lines_has_no_trend_change_point():
     assert cp.find([1.0, 1.0, 1.0, 50.0, 50.0], model="trend") == []
     with pytest.raises(ValueError, match="unknown model 'steps': one of level, trend"):
