@@ -538,6 +538,8 @@ def segment(values: np.ndarray, sigma: float | np.ndarray, penalty: float = PENA
     if n < 2 * min_size:
         return []
     sigma, weights = _weighted(sigma)
+    if weights is not None and model != "trend":
+        raise ValueError("a noise per run is for the trend model only")
     if sigma <= 0:
         sigma = float(np.std(values)) or 1.0
     pen = penalty * sigma * sigma * math.log(n)
@@ -672,9 +674,9 @@ def _find(reading: _Reading, *, min_change_pct: float = 0.0, alpha: float = ALPH
     runs and bursts of up to EXCURSION_RUNS runs are set aside (``spikes``), the noise is
     read again from the fit where that leaves white noise (``refit``), and per run where it
     changes along the series (``noise_profile``), a boundary's p-value is that of the fit it
-    adds (``trend_p``), the nearer-median check does not apply (a turn
-    of a line need not move the median), and the boundaries left around a short burst that
-    comes back are dropped (``short_excursions``)."""
+    adds (``trend_p``), the nearer-median check does not apply (a turn of a line need not
+    move the median), and the boundaries left around a short burst that comes back are
+    dropped (``short_excursions``)."""
     if model not in MODELS:
         raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
     shown, _, raw, floor = reading
@@ -693,7 +695,8 @@ def _find(reading: _Reading, *, min_change_pct: float = 0.0, alpha: float = ALPH
         # a series of steps and white noise (``refit`` kept its second fit) whose noise
         # changes along it: segmented again, each run weighed by the noise around it, never
         # read below the series' own (only the noisier part weighs less: read lower, the
-        # quiet stretches of a bursty series were cut at sub-2% wiggles, F1 0.85 -> 0.80)
+        # quiet stretches of a bursty series were cut at sub-2% wiggles, F1 with
+        # --min-change 0 0.85 -> 0.80)
         profile = (noise_profile(piecewise_residuals(values, bounds), floor)
                    if sigma < whole else None)
         if profile is not None:

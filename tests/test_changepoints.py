@@ -512,6 +512,8 @@ def test_the_weighted_trend_cost_is_the_residual_of_a_weighted_line():
     # weights of 1 are the unweighted cost
     ones = cp.trend_cost(values, np.ones(40))(np.array([0, 5]), 40)
     assert ones == pytest.approx(cp.trend_cost(values)(np.array([0, 5]), 40), rel=1e-9)
+    with pytest.raises(ValueError, match="trend model only"):
+        cp.segment(values, np.ones(40), model="level")
 
 
 def test_the_noise_profile_is_read_only_where_the_noise_changes():
