@@ -786,6 +786,11 @@ def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: flo
             rise = values[bounds[-1]:] - (np.median(left) if left.size else math.nan)
             if left.size and np.all((rise >= band[0]) & (rise <= band[1])):
                 judged[-1] = (judged[-1][0], 2.0)  # as high as an excursion: held
+                # and set aside until the next run says what they are, as an excursion is:
+                # merged into the stretch before, they would make a change of their own
+                # there (one run of an improvement and two slow runs: a +24% step)
+                use = use.copy()
+                use[bounds[-1]:] = False
         failing = [(badness, j) for j, (cp, badness) in enumerate(judged)
                    if badness > alpha or not moved(cp.before, cp.after, min_change_pct)]
         if not failing:

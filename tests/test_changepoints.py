@@ -331,6 +331,19 @@ def test_two_slow_runs_after_an_earlier_step_are_held_by_their_rise_over_the_new
         == [(20, "down"), (30, "up")]
 
 
+def test_two_held_slow_runs_make_no_change_of_their_own_with_the_runs_before_them():
+    base = list(100 + noise(36, 24))
+    for at, slow in ((4, 160.0), (9, 175.0), (14, 150.0), (19, 170.0)):
+        base[at] = slow
+    # the first run of an improvement, then two slow runs, as high as the excursions: held,
+    # and set aside; the one improved run is no level yet (and the slow runs, merged with
+    # it, would be a +20% step at the last ordinary run)
+    assert cp.find(base + [89.0, 150.0, 172.0], log=True, min_change_pct=2.0) == []
+    # a further run at the slow runs' level: their change point
+    [point] = cp.find(base + [89.0, 150.0, 172.0, 161.0], log=True, min_change_pct=2.0)
+    assert (point.index, point.direction) == (25, "up")
+
+
 # ------------------------------------------------------------------ the trend model
 
 def brute_force_trend_segment(values: np.ndarray, pen: float) -> list[int]:
