@@ -783,8 +783,8 @@ def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: flo
             # and two slow runs after an improvement would read as no rise at all
             start = bounds[-2] if len(bounds) > 1 else 0
             left = values[start:bounds[-1]][use[start:bounds[-1]]][-WINDOW:]
-            rise = values[bounds[-1]:] - (np.median(left) if left.size else math.nan)
-            if left.size and np.all((rise >= band[0]) & (rise <= band[1])):
+            rise = values[bounds[-1]:] - np.median(left) if left.size else None
+            if rise is not None and np.all((rise >= band[0]) & (rise <= band[1])):
                 judged[-1] = (judged[-1][0], 2.0)  # as high as an excursion: held
                 # and set aside until the next run says what they are, as an excursion is:
                 # merged into the stretch before, they would make a change of their own
