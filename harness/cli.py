@@ -346,7 +346,7 @@ def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, kept: dict[str, A
         _fail(f"{exc} (the run's files are kept in {run_dir}; `harness ingest` them later)",
               EXIT_USAGE)
     print_results(results)
-    print_findings(findings)
+    print_findings(findings, run_id)
     expected = {i.key for p in plans.values() for i in p}
     missing = expected - {r.key for r in results}
     failing = [r for r in results if r.status in ("fail", "error", "timeout", "crash")]
@@ -402,8 +402,9 @@ _FINDING_STYLE = {"regression": "red", "new_failure": "red", "suspicious": "yell
                   "fixed": "green"}
 
 
-def print_findings(findings: Sequence[Any]) -> None:
-    """Changes against this machine's history: regressions first, one line each."""
+def print_findings(findings: Sequence[Any], run_id: str | None = None) -> None:
+    """Changes against this machine's history: regressions first, one line each; then how to
+    triage them (``run_id``: the run that found them all, for marking them at once)."""
     from harness.regress import KINDS, format_findings
 
     ordered = sorted(findings, key=lambda f: KINDS.index(f.kind) if f.kind in KINDS else 99)
@@ -411,10 +412,17 @@ def print_findings(findings: Sequence[Any]) -> None:
         style = _FINDING_STYLE.get(f.kind, "white")
         head, _, rest = line.partition(" ")
         console.print(f"[{style}]{head}[/{style}] {escape(rest)}", soft_wrap=True)
-    if any(f.kind == "regression" for f in ordered):
+    regressions = [f for f in ordered if f.kind == "regression"]
+    if regressions:
         console.print(escape("a regression is reported once, by the run that confirmed it; "
                              "mark it with `harness triage ID acknowledged|expected|invalid|"
                              "fixed --note TEXT` (`harness triage` lists them)"), soft_wrap=True)
+    if run_id is not None and len({f.key for f in regressions}) > 1:
+        # a busy machine slows most series of a run together: one mark for the night
+        console.print(escape(f"{len(regressions)} series regressed in this run at once: if the "
+                             "machine was busy, `harness triage --run "
+                             f"{run_id} invalid --note TEXT` marks them all"),
+                      soft_wrap=True)
 
 
 def _fmt_bw(v: float | None) -> str:

@@ -46,8 +46,11 @@ def _point_line(cp: dict[str, Any]) -> str:
 
 
 @click.command("triage")
-@click.argument("point_id", required=False, type=int, metavar="[ID]")
-@click.argument("state", required=False, type=click.Choice(_STATES), metavar="[STATE]")
+@click.argument("words", nargs=-1, metavar="[ID]... [STATE]")
+@click.option("--run", "run", default=None, metavar="RUN",
+              help="Mark every open, untriaged change point this run found (with clear: "
+                   "clear the marks of every one it found). A unique prefix of the run id "
+                   "will do.")
 @click.option("--note", default=None, help="Why (shown on the dashboard and in the list).")
 @click.option("--by", "by", default=None, help="Who triaged it (default: $USER).")
 @click.option("--all", "show_all", is_flag=True,
@@ -55,23 +58,22 @@ def _point_line(cp: dict[str, Any]) -> str:
 @click.option("--db", default=None, help="History DB (default $HARNESS_DB or "
                                          "harness-results/history.db).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def triage(point_id: int | None, state: str | None, note: str | None, by: str | None,
+def triage(words: tuple[str, ...], run: str | None, note: str | None, by: str | None,
            show_all: bool, db: str | None, as_json: bool) -> None:
-    """List change points, or mark change point ID with STATE.
+    """List change points, or mark change point ID (several: ID ID ...) with STATE.
 
     STATE: acknowledged (seen, being worked on: still shown, no longer fails), expected (an
     intended change), invalid (not a real change: noise, a broken machine), fixed (the old
     level is back), or clear (remove the mark). With no ID: the open, untriaged change points,
-    slower ones first.
+    slower ones first. A busy machine slows many series in one run: `--run RUN invalid` marks
+    what that run found at once.
     """
     from harness import store
 
-    if point_id is not None and state is None:
-        raise HarnessExit(f"say what change point #{point_id} is: harness triage {point_id} "
-                          f"{'|'.join(_STATES)} [--note TEXT]", EXIT_USAGE)
+    ids, state = _triage_words(words, run)
     conn = open_history(db)
     try:
-        if point_id is None:
+        if state is None:
             points = store.change_points(conn) if show_all else [
                 cp for cp in store.change_points(conn, untriaged=True) if cp["state"] == "open"]
             points.sort(key=lambda cp: (cp["direction"] != "up",
@@ -87,16 +89,60 @@ def triage(point_id: int | None, state: str | None, note: str | None, by: str | 
             return
         who = by or os.environ.get("USER") or _user()
         try:
-            cp = store.triage_change_point(conn, point_id, None if state == "clear" else state,
-                                           note=note, by=who)
+            if run is not None:
+                run_id = store.resolve_run_id(conn, run)
+                ids = [cp["id"] for cp in store.change_points(conn, found_in_run=run_id)
+                       if (cp["triage"] is not None if state == "clear"
+                           else cp["triage"] is None and cp["state"] == "open")]
+                if not ids:
+                    raise HarnessExit(
+                        f"run {run_id[:8]} found no change point "
+                        f"{'with a mark' if state == 'clear' else 'that is open and untriaged'}"
+                        ": `harness triage --all` lists them all", EXIT_USAGE)
+            marked = store.triage_change_points(conn, ids, None if state == "clear" else state,
+                                                note=note, by=who)
         except store.StoreError as exc:
             raise HarnessExit(str(exc), EXIT_USAGE) from exc
     finally:
         conn.close()
     if as_json:
-        click.echo(json.dumps(cp, indent=1))
-    else:
+        click.echo(json.dumps(marked[0] if len(marked) == 1 and run is None else marked,
+                              indent=1))
+        return
+    for cp in marked:
         console.print(escape(_point_line(cp)), soft_wrap=True, highlight=False)
+    if len(marked) > 1:
+        console.print(f"{len(marked)} change point(s) marked "
+                      f"{'clear' if state == 'clear' else state}")
+
+
+def _triage_words(words: tuple[str, ...], run: str | None) -> tuple[list[int], str | None]:
+    """(ids, state) of ``harness triage [ID]... [STATE]`` (``--run``: STATE alone); state is
+    None for a listing. HarnessExit (exit 2), one line, for anything else."""
+    usage = f"harness triage ID [ID]... {'|'.join(_STATES)} [--note TEXT]"
+    if not words:
+        if run is not None:
+            raise HarnessExit(f"say what run {run}'s change points are: harness triage --run "
+                              f"{run} {'|'.join(_STATES)} [--note TEXT]", EXIT_USAGE)
+        return [], None
+    *head, last = words
+    if last not in _STATES:
+        if last.lstrip("#").isdigit():
+            raise HarnessExit(f"say what change point #{last.lstrip('#')} is: {usage}",
+                              EXIT_USAGE)
+        raise HarnessExit(f"unknown state {last!r}: one of {', '.join(_STATES)} ({usage})",
+                          EXIT_USAGE)
+    if run is not None and head:
+        raise HarnessExit(f"give change point ids or --run {run}, not both: {usage}, or "
+                          f"harness triage --run RUN STATE", EXIT_USAGE)
+    if run is None and not head:
+        raise HarnessExit(f"say which change point is {last}: {usage} (`harness triage` "
+                          "lists them), or --run RUN for all a run found", EXIT_USAGE)
+    bad = [w for w in head if not w.lstrip("#").isdigit()]
+    if bad:
+        raise HarnessExit(f"{bad[0]!r} is not a change point id (a number, as `harness "
+                          f"triage` lists them): {usage}", EXIT_USAGE)
+    return [int(w.lstrip("#")) for w in head], last
 
 
 def _user() -> str | None:

@@ -28,7 +28,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -1131,21 +1131,33 @@ def triage_change_point(conn: sqlite3.Connection, cp_id: int, triage: str | None
                         at: float | None = None) -> dict[str, Any]:
     """Mark a change point (``triage`` one of TRIAGE_STATES, or None to clear the mark); the
     updated change point. StoreError, one line, for an unknown id or state."""
+    return triage_change_points(conn, [cp_id], triage, note=note, by=by, at=at)[0]
+
+
+def triage_change_points(conn: sqlite3.Connection, cp_ids: Sequence[int], triage: str | None,
+                         *, note: str | None = None, by: str | None = None,
+                         at: float | None = None) -> list[dict[str, Any]]:
+    """Mark several change points alike, in one transaction: all of them or, for an unknown
+    id or state (StoreError, one line naming it), none. The updated change points, in the
+    order given."""
     if triage is not None and triage not in TRIAGE_STATES:
         raise StoreError(f"unknown triage state {triage!r}: use one of "
                          f"{', '.join(TRIAGE_STATES)}")
+    ids = list(dict.fromkeys(int(i) for i in cp_ids))
     with _write_txn(conn):
-        if _scalar(conn, "SELECT 1 FROM change_points WHERE id = ?", (int(cp_id),)) is None:
+        unknown = [i for i in ids
+                   if _scalar(conn, "SELECT 1 FROM change_points WHERE id = ?", (i,)) is None]
+        if unknown:
             newest = [r[0] for r in conn.execute(
                 "SELECT id FROM change_points ORDER BY id DESC LIMIT 3")]
             raise StoreError(
-                f"no change point #{cp_id} in history DB {db_label_of(conn)} (newest: "
-                f"{', '.join(f'#{i}' for i in newest) or 'none'}): list them with "
-                "`harness triage`")
-        conn.execute("UPDATE change_points SET triage = ?, triage_note = ?, triage_by = ?, "
-                      "triaged_at = ? WHERE id = ?",
-                      (triage, note, by, (time.time() if at is None else at) if triage else None,
-                       int(cp_id)))
-    point = get_change_point(conn, cp_id)
-    assert point is not None
-    return point
+                f"no change point {', '.join(f'#{i}' for i in unknown)} in history DB "
+                f"{db_label_of(conn)} (newest: {', '.join(f'#{i}' for i in newest) or 'none'}): "
+                "list them with `harness triage`" + (" (none was marked)" if len(ids) > 1
+                                                     else ""))
+        stamp = (time.time() if at is None else at) if triage else None
+        for i in ids:
+            conn.execute("UPDATE change_points SET triage = ?, triage_note = ?, triage_by = ?, "
+                         "triaged_at = ? WHERE id = ?", (triage, note, by, stamp, i))
+    points = [get_change_point(conn, i) for i in ids]
+    return [p for p in points if p is not None]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from harness import regress, store
-from harness.cli import main
-from tests.test_regress import draw, nightly
+from harness.cli import main, print_findings
+from tests.test_regress import T0, draw, kinds, nightly, put, result
 
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -80,6 +80,97 @@ def test_triage_mistakes_are_one_line_and_exit_2(stepped_db, capsys, args, messa
 def test_triage_rejects_an_unknown_state(stepped_db, capsys):
     code, _, err = cli(capsys, "triage", "1", "wontfix", "--db", str(stepped_db))
     assert code == 2 and "wontfix" in err
+
+
+@pytest.fixture
+def busy_night_db(tmp_path: Path) -> tuple[Path, list]:
+    """8 nights of three series; runs r06 and r07 are 30% slower in all three (a busy machine,
+    or a change they share), and r07 confirms it: three regressions from one run. The
+    findings of each night."""
+    path = tmp_path / "h.db"
+    conn = store.connect(path)
+    seen = []
+    try:
+        for i, level in enumerate([1.0] * 6 + [1.3] * 2):
+            run = f"r{i:02d}"
+            put(conn, run, T0 + i * 86400,
+                [result(run, case=f"n={n}", samples=draw(700 + 10 * i + k, level))
+                 for k, n in enumerate((1024, 2048, 4096))])
+            seen.append(regress.analyze_and_store(conn, run))
+    finally:
+        conn.close()
+    return path, seen
+
+
+def test_a_runs_regressions_are_marked_at_once_and_a_users_own_mark_is_kept(busy_night_db,
+                                                                         capsys):
+    path, seen = busy_night_db
+    db = ("--db", str(path))
+    assert kinds(seen[7]) == ["regression"] * 3
+    # harness run says how to mark them together
+    print_findings(seen[7], "r07")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "3 series regressed in this run at once" in out
+    assert "harness triage --run r07 invalid --note TEXT" in out
+    # one of them its user knows about already
+    points = {p["case_id"]: p for p in json.loads(cli(capsys, "triage", *db, "--json")[1])}
+    assert len(points) == 3 and {p["found_in_run"] for p in points.values()} == {"r07"}
+    known = points["vendor.op[n=2048]"]["id"]
+    assert cli(capsys, "triage", str(known), "expected", "--note", "new tiling", *db)[0] == 0
+
+    code, out, _ = cli(capsys, "triage", "--run", "r07", "invalid", "--note", "busy night",
+                       "--by", "ana", *db)
+    assert code == 0 and "2 change point(s) marked invalid" in out
+    marks = {p["case_id"]: (p["triage"], p["triage_note"])
+             for p in json.loads(cli(capsys, "triage", "--all", "--json", *db)[1])}
+    assert marks == {"vendor.op[n=1024]": ("invalid", "busy night"),
+                     "vendor.op[n=2048]": ("expected", "new tiling"),
+                     "vendor.op[n=4096]": ("invalid", "busy night")}
+    code, out, _ = cli(capsys, "report", *db, "--out", str(path.parent / "site"),
+                       "--fail-on", "regression")
+    assert code == 0 and "0 untriaged regression(s)" in out
+    # and cleared at once: all three fail the nightly again
+    code, out, _ = cli(capsys, "triage", "--run", "r07", "clear", *db)
+    assert code == 0 and "3 change point(s) marked clear" in out
+    code, out, _ = cli(capsys, "report", *db, "--out", str(path.parent / "site"),
+                       "--fail-on", "regression")
+    assert code == 3 and "3 untriaged regression(s)" in out
+
+
+def test_several_ids_are_marked_together_or_not_at_all(busy_night_db, capsys):
+    path, _ = busy_night_db
+    db = ("--db", str(path))
+    code, out, err = cli(capsys, "triage", "1", "999", "invalid", *db)
+    assert code == 2 and "no change point #999" in err and "none was marked" in err
+    assert len(json.loads(cli(capsys, "triage", "--json", *db)[1])) == 3  # #1 untouched
+    code, out, _ = cli(capsys, "triage", "1", "#3", "acknowledged", "--json", *db)
+    assert code == 0 and [(p["id"], p["triage"]) for p in json.loads(out)] == [
+        (1, "acknowledged"), (3, "acknowledged")]
+    assert [p["id"] for p in json.loads(cli(capsys, "triage", "--json", *db)[1])] == [2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("triage", "--run", "r07"), "say what run r07's change points are"),
+    (("triage", "1", "--run", "r07", "invalid"), "not both"),
+    (("triage", "invalid"), "say which change point is invalid"),
+    (("triage", "x1", "invalid"), "'x1' is not a change point id"),
+    (("triage", "--run", "nosuchrun", "invalid"), "unknown run id 'nosuchrun'"),
+    (("triage", "--run", "r03", "invalid"), "run r03 found no change point that is open"),
+])
+def test_triage_by_run_mistakes_are_one_line_and_exit_2(busy_night_db, capsys, args, message):
+    code, out, err = cli(capsys, *args, "--db", str(busy_night_db[0]))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_one_series_regressing_gets_no_hint_to_mark_a_whole_run(stepped_db, capsys):
+    conn = store.connect(stepped_db)
+    try:
+        findings = [f for f in (regress.analyze_and_store(conn, "r07"))]
+    finally:
+        conn.close()
+    print_findings(findings, "r07")
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and "--run" not in out
 
 
 def test_detect_on_a_history_db_finds_the_step_where_it_started(stepped_db, capsys):

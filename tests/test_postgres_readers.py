@@ -1,6 +1,7 @@
 """Every reader of the history DB gives the same answer from PostgreSQL as from SQLite for the
 same runs: compare, export, detect, triage and the dashboard (`harness report`), through the
-real commands, against a real PostgreSQL server (tests/helpers/postgres_server.py)."""
+real commands, against a real PostgreSQL server (tests/helpers/postgres_server.py); after one
+write through them on both, a run's change points triaged at once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import store
+from harness import regress, store
 from harness.cli import main
 from harness.results import CaseResult, RunInfo
 
@@ -72,8 +73,9 @@ def _outputs(capsys, db: str, out_dir: Path) -> dict[str, object]:
         text = text.replace(store.db_label(db), "<DB>")
         if name == "report":  # the site's own folder and how long it took differ
             text = "\n".join(line for line in text.splitlines() if not line.startswith("site:"))
-        if name == "triage":  # when each change point was last analysed: now, on both
-            text = json.dumps([{k: v for k, v in cp.items() if k != "updated_at"}
+        if name == "triage":  # when each change point was last analysed and marked: now
+            text = json.dumps([{k: v for k, v in cp.items()
+                                if k not in ("updated_at", "triaged_at")}
                                for cp in json.loads(text)])
         got[name] = (code, text)
     # every page names the DB and the second it was rendered, which differ between the two
@@ -90,6 +92,20 @@ def test_readers_answer_the_same_from_postgresql_as_from_sqlite(tmp_path, postgr
     sqlite = str(tmp_path / "h.db")
     _history(sqlite)
     _history(postgres_url)
+    # and one write through the same command on both: a run's change points marked at once
+    # (found by the nightly's analysis, which `harness run` stores)
+    for db in (sqlite, postgres_url):
+        conn = store.connect(db)
+        try:
+            regress.analyze_ingested(conn, ["r0"])
+        finally:
+            conn.close()
+    [found] = {cp["found_in_run"] for cp in json.loads(_cli(capsys, "triage", "--json", "--db",
+                                                             sqlite)[1])}
+    for db in (sqlite, postgres_url):
+        code, text = _cli(capsys, "triage", "--run", found, "acknowledged", "--note", "seen",
+                          "--by", "ana", "--db", db)
+        assert code == 0 and "seen (ana)" in text, text
     lite = _outputs(capsys, sqlite, tmp_path / "site-sqlite")
     post = _outputs(capsys, postgres_url, tmp_path / "site-postgres")
     for name in ("compare", "export", "detect", "triage", "report"):
@@ -99,6 +115,8 @@ def test_readers_answer_the_same_from_postgresql_as_from_sqlite(tmp_path, postgr
     assert [(d["index"], d["direction"]) for d in steps if "n=1031" in d["series"]
             and "@torch" in d["series"]] == [(5, "up")]
     assert json.loads(lite["triage"][1]) != [] and lite["report"][0] == 0
+    assert {cp["triage"] for cp in json.loads(lite["triage"][1])
+            if cp["found_in_run"] == found} == {"acknowledged"}
     assert post["site"].keys() == lite["site"].keys() and len(lite["site"]) > 5
     differ = [name for name in lite["site"] if post["site"][name] != lite["site"][name]]
     assert differ == []
