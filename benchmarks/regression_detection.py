@@ -494,7 +494,9 @@ def ours(threshold: float = 0.05, history_runs: int | None = None, *,
                 alarm |= cp.direction == "up"
         for cp_id in rec.withdrawn:
             by_id[cp_id]["state"] = "withdrawn"
-        for cp in rec.new:
+        for i, cp in enumerate(rec.new):
+            if i in verdict.over:  # a slow stretch over when found: neither stored nor told
+                continue
             reported = (changepoints.moved(cp.before, cp.after, 100 * threshold)
                         and (slower_ok or cp.direction != "up"))
             stored.append(_stored_point(len(stored) + 1, ids[cp.index], cp.direction, t,

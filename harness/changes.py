@@ -153,15 +153,40 @@ def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint,
     (a +40% step back to +8% is not fixed: +8% is a regression by the harness's own bar)."""
     if recovery.direction != "down":
         return []
-    out = []
-    for s in stored:
-        before, after = s.get("before"), s.get("after")
-        if (s["direction"] == "up" and s.get("triage") in _STILL_OPEN
-                and isinstance(before, float) and isinstance(after, float)
-                and recovery.after <= before + RETURN_SHARE * (after - before)
-                and _left_pct(before, recovery.after) < threshold_pct):
-            out.append(s)
-    return out
+    return [s for s in stored
+            if s["direction"] == "up" and s.get("triage") in _STILL_OPEN
+            and isinstance(s.get("before"), float) and isinstance(s.get("after"), float)
+            and _takes_back(s["before"], s["after"], recovery, threshold_pct)]
+
+
+def _takes_back(before: float, after: float, recovery: ChangePoint,
+                threshold_pct: float) -> bool:
+    """Whether ``recovery`` (faster) ends a step from ``before`` to ``after``: back to at most
+    RETURN_SHARE of the step above ``before``, and less than ``threshold_pct`` above it."""
+    return (recovery.direction == "down"
+            and recovery.after <= before + RETURN_SHARE * (after - before)
+            and _left_pct(before, recovery.after) < threshold_pct)
+
+
+def already_over(found: Sequence[ChangePoint], new: Sequence[ChangePoint],
+                 threshold_pct: float) -> list[int]:
+    """Indices into ``new`` of the slower change points that the next change point ``found``
+    (all of this analysis', oldest first) already takes back to the level before them
+    (``returned``'s test), and of that return where it is new too: a slow stretch that had
+    ended when the analysis first found it (two slow runs split off in a longer view).
+    Nothing is left to act on: reported, it would fail tonight's run for a change that is
+    over, and stored, it would stay an open regression that no later return marks fixed.
+    Found over again each night, it is passed over again; should its return go (the level
+    stays), it is new and reported then."""
+    out: set[int] = set()
+    where = {id(cp): i for i, cp in enumerate(new)}
+    for at, cp in enumerate(found[:-1]):
+        if (id(cp) in where and cp.direction == "up"
+                and _takes_back(cp.before, cp.after, found[at + 1], threshold_pct)):
+            out.add(where[id(cp)])
+            if id(found[at + 1]) in where:
+                out.add(where[id(found[at + 1])])
+    return sorted(out)
 
 
 def _left_pct(before: float, now: float) -> float:
@@ -216,6 +241,9 @@ class SeriesVerdict:
     #: reported by an earlier run (found small, they grew: reported once, now), nor took over
     #: a mark (``carried_triage``)
     grown: list[int] = field(default_factory=list)
+    #: indices into ``reconciled.new`` of slower change points already over when found, and
+    #: of their returns (``already_over``): neither stored nor reported
+    over: list[int] = field(default_factory=list)
 
 
 def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str],
@@ -240,4 +268,4 @@ def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str]
              and not _carried(by_id[cp_id])
              and not (by_id[cp_id].get("reported_at") is not None
                       and by_id[cp_id]["reported_at"] < analysed_started_at)]
-    return SeriesVerdict(found, rec, outlier, grown)
+    return SeriesVerdict(found, rec, outlier, grown, already_over(found, rec.new, threshold_pct))

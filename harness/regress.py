@@ -525,6 +525,8 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
     out.updates.extend((cp_id, {"state": "withdrawn"}) for cp_id in rec.withdrawn)
     own = {i: cp_id for cp_id, i in rec.refound.items()}
     for i, cp in enumerate(rec.new):
+        if i in verdict.over:  # a slow stretch already over when found: nothing to tell
+            continue
         columns = _point_columns(conn, cp, series)
         # triaged already, as the slow runs that first showed it: not reported again
         carried = changes.carried_triage(stored, columns["run_id"], cp.direction, rec.matched)

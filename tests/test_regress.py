@@ -440,6 +440,36 @@ def nightly(conn, levels: list[float], start: int = 0) -> list[list[str]]:
     return out
 
 
+@pytest.mark.parametrize("levels, reported", [
+    ([1.0] * 8 + [1.3] * 4 + [1.0] * 8, []),  # over before the first analysis: nothing to do
+    ([1.0] * 8 + [1.3] * 4 + [1.12] * 8, ["regression"]),  # back only partway: 12% is left
+    ([1.0] * 8 + [1.3] * 4, ["regression"]),  # still slow at the newest run
+])
+def test_a_slow_stretch_already_over_when_first_analysed_is_neither_reported_nor_kept(
+        tmp_path, levels, reported):
+    # a history ingested without analysis (imported runs), then the first nightly analysis
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        for i, level in enumerate(levels):
+            put(conn, f"r{i:02d}", T0 + i * 86400,
+                [result(f"r{i:02d}", samples=draw(700 + i, level))])
+        newest = f"r{len(levels) - 1:02d}"
+        found = regress.analyze_and_store(conn, newest)
+        assert [k for k in kinds(found) if k != "improvement"] == reported
+        points = store.change_points(conn)
+        if not reported:
+            assert points == [] and kinds(found) == []
+        else:
+            assert any(p["direction"] == "up" and p["run_id"] == "r08" for p in points)
+        # and the next run, at the level of the runs before it, changes nothing of that
+        put(conn, "next", T0 + len(levels) * 86400,
+            [result("next", samples=draw(699, levels[-1]))])
+        assert [k for k in kinds(regress.analyze_and_store(conn, "next"))
+                if k != "suspicious"] == []
+    finally:
+        conn.close()
+
+
 def test_a_held_step_is_reported_once_and_a_return_marks_it_fixed(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
