@@ -291,19 +291,26 @@ def excursions(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray
 #: never held; one that has them learns of a step in that band a night later
 HOLD_RUNS = MIN_SIZE
 _BAND_QUANTILE, _BAND_MIN, _BAND_REACH = 0.25, 3, 2.0
+#: the band's lower edge, lowered by this many sigmas of run-to-run noise: a new run's rise
+#: carries its own noise. Where the excursions are all alike (a kernel that takes its slow
+#: path on 30% of the runs, 6% up), the quartile sits within the noise of their common
+#: height, and half of all pairs of slow-path runs fell under it and alarmed
+_BAND_SIGMAS = 2.0
 
 
-def excursion_band(values: np.ndarray, cleaned: np.ndarray,
-                   aside: np.ndarray) -> tuple[float, float]:
+def excursion_band(values: np.ndarray, cleaned: np.ndarray, aside: np.ndarray,
+                   sigma: float = 0.0) -> tuple[float, float]:
     """How high this series' slow excursions rise above the level they left: from the
-    _BAND_QUANTILE of their heights to _BAND_REACH times the highest (two slow runs in a row
-    can be slower than one; a step far beyond every excursion is none), or an empty band
-    when fewer than _BAND_MIN were set aside."""
+    _BAND_QUANTILE of their heights, less _BAND_SIGMAS times ``sigma`` (the run-to-run
+    noise), to _BAND_REACH times the highest (two slow runs in a row can be slower than one;
+    a step far beyond every excursion is none), or an empty band when fewer than _BAND_MIN
+    were set aside."""
     heights = (values - cleaned)[aside]
     heights = heights[heights > 0]
     if heights.size < _BAND_MIN:
         return math.inf, -math.inf
-    return float(np.quantile(heights, _BAND_QUANTILE)), _BAND_REACH * float(np.max(heights))
+    return (float(np.quantile(heights, _BAND_QUANTILE)) - _BAND_SIGMAS * sigma,
+            _BAND_REACH * float(np.max(heights)))
 
 
 #: ``noise_sigma`` has broken down when it is this many times ``lower_spread`` (with at least
@@ -707,7 +714,7 @@ def _find(reading: _Reading, *, min_change_pct: float = 0.0, alpha: float = ALPH
         cleaned, aside = excursions(values, sigma)
         bounds = segment(cleaned, sigma)
         use = ~aside
-        band = excursion_band(values, cleaned, aside)
+        band = excursion_band(values, cleaned, aside, sigma)
     while True:
         judged = _pruned(values, shown, bounds, sigma, model, use, alpha, min_change_pct, band)
         if model != "trend":

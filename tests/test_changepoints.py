@@ -314,6 +314,23 @@ def test_two_newest_runs_as_high_as_the_series_past_excursions_wait_for_a_third(
     assert point.index == 30
 
 
+def test_two_slow_runs_a_little_under_alike_excursions_are_held_all_the_same(monkeypatch):
+    # a slow path 60% up, taken now and then, always alike: the lower quartile of the
+    # excursions' heights is within the noise of all of them
+    base = list(100 + noise(33, 30))
+    for at, slow in ((4, 160.5), (9, 161.0), (14, 159.8), (15, 160.7), (22, 160.2)):
+        base[at] = slow
+    # two runs of that path at the end, the first 1% under the quartile: held, as the band
+    # allows a run its own noise; a third the same way would be a change point
+    assert cp.find(base + [158.6, 160.1], log=True) == []
+    [point] = cp.find(base + [158.6, 160.1, 159.5], log=True)
+    assert point.index == 30
+    # without that allowance the pair is a change point (the nightly's false alarm)
+    monkeypatch.setattr(cp, "_BAND_SIGMAS", 0.0)
+    [point] = cp.find(base + [158.6, 160.1], log=True)
+    assert (point.index, point.direction) == (30, "up")
+
+
 def test_two_slow_runs_after_an_earlier_step_are_held_by_their_rise_over_the_new_level():
     # the same machine's slow runs, after the series improved by half: their rise is
     # measured over the level they left (50), not over every run before (mostly 100), where
