@@ -106,7 +106,10 @@ def _judge(history, run_ids: list[str], fail_on: str) -> int:
                    if f["run_id"] in ids and f["kind"] == "regression" and not f.get("triage")]
     for r in failing:
         print_failure(r)
-    print_findings([Finding.from_stored(f) for f in regressions])
+    # all from one run (a nightly judges one): how to mark them at once if the machine was busy
+    found_by = {f["run_id"] for f in regressions}
+    print_findings([Finding.from_stored(f) for f in regressions],
+                   found_by.pop() if len(found_by) == 1 else None)
     console.print(escape(f"judged {len(runs)} run(s) ({', '.join(r.short for r in runs)}): "
                          f"{len(failing)} failing result(s), {len(regressions)} "
                          "untriaged regression(s)"), soft_wrap=True)

@@ -118,6 +118,10 @@ def test_a_runs_regressions_are_marked_at_once_and_a_users_own_mark_is_kept(busy
     known = points["vendor.op[n=2048]"]["id"]
     assert cli(capsys, "triage", str(known), "expected", "--note", "new tiling", *db)[0] == 0
 
+    # and so does the nightly's report, which judges that run
+    code, out, _ = cli(capsys, "report", *db, "--out", str(path.parent / "site"),
+                       "--fail-on", "regression")
+    assert code == 3 and "harness triage --run r07 invalid" in " ".join(out.split())
     code, out, _ = cli(capsys, "triage", "--run", "r07", "invalid", "--note", "busy night",
                        "--by", "ana", *db)
     assert code == 0 and "2 change point(s) marked invalid" in out
