@@ -417,9 +417,10 @@ def print_findings(findings: Sequence[Any], run_id: str | None = None) -> None:
         console.print(escape("a regression is reported once, by the run that confirmed it; "
                              "mark it with `harness triage ID acknowledged|expected|invalid|"
                              "fixed --note TEXT` (`harness triage` lists them)"), soft_wrap=True)
-    if run_id is not None and len({f.key for f in regressions}) > 1:
+    series = len({f.key for f in regressions})
+    if run_id is not None and series > 1:
         # a busy machine slows most series of a run together: one mark for the night
-        console.print(escape(f"{len(regressions)} series regressed in this run at once: if the "
+        console.print(escape(f"{series} series regressed in this run at once: if the "
                              "machine was busy, `harness triage --run "
                              f"{run_id} invalid --note TEXT` marks them all"),
                       soft_wrap=True)
