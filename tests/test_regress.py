@@ -470,6 +470,24 @@ def test_a_slow_stretch_already_over_when_first_analysed_is_neither_reported_nor
         conn.close()
 
 
+def test_a_step_right_after_three_slow_runs_is_reported_when_its_level_shows(tmp_path):
+    # the recorded case (benchmarks/data, moe.router experts=8): three slow runs, the last of
+    # them 17% slow, then a +10% step. Read as a +30% level of their own, the step was only
+    # "partway back" from them, an improvement, and no regression was ever reported for it
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        seen = nightly(conn, [1.0] * 20 + [1.28, 1.36, 1.17] + [1.10] * 4)
+        # the two slow runs are reported as they come (nothing says yet what they are), and
+        # the step once two runs show its level, dated at the first slow run before it
+        assert seen[21] == ["regression"] and seen[24] == ["regression"]
+        assert "improvement" not in sum(seen, [])
+        step = next(p for p in store.change_points(conn) if p["state"] == "open")
+        assert (step["run_id"], step["direction"]) == ("r20", "up")
+        assert 8 < step["change_pct"] < 12
+    finally:
+        conn.close()
+
+
 def test_a_held_step_is_reported_once_and_a_return_marks_it_fixed(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
