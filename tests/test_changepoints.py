@@ -242,7 +242,7 @@ def test_slow_runs_where_a_step_happened_are_left_out_of_its_figures():
     assert cp.find(base + [190.0, 175.0] + list(100 + noise(32, 4)), log=True) == []
 
 
-def test_slow_runs_a_step_ends_a_little_above_its_level_are_no_level_of_their_own():
+def test_slow_runs_before_a_step_ending_a_little_above_its_level_are_no_level_of_their_own():
     # a recorded case (benchmarks/data, moe.router experts=8): three slow runs, the last of
     # them 17% slow, then a +10% step. As a level of their own (+42%), partly taken back at
     # the step, the step was never reported: the series read as a regression over, not as
@@ -252,8 +252,8 @@ def test_slow_runs_a_step_ends_a_little_above_its_level_are_no_level_of_their_ow
     [point] = cp.find(runs, log=True)
     assert (point.index, point.direction, point.settled) == (20, "up", 23)
     assert point.change_pct == pytest.approx(10, abs=2)
-    # a first run 5% above the new level (4 sigmas, less than 0.6 of the step) is that
-    # level's, high by its own noise: not set aside
+    # a first run 4.5% above the new level (past the noise, but less than 0.6 of the step)
+    # is that level's, high by its own noise: not set aside
     first_high = base + [115.0] + list(110 + noise(35, 3))
     [point] = cp.find(first_high, log=True)
     assert (point.index, point.settled, point.n_after) == (20, 20, 4)
