@@ -282,8 +282,10 @@ def test_inputs_over_the_cap_are_generated_for_every_call(world, monkeypatch):
         r = run_case(world, case, "ok", lambda x, out, sizes: torch.mul(x, 2, out=out),
                      bench=False, setups=setups)
         assert r.status == "pass", r.reason
-    # per implementation: the first call's, the shifted check's and the reference's own
-    assert calls == {"inputs": 6, "reference": 2}
+    # the first implementation: the setup's (its first call's), the reference's own and the
+    # shifted check's; the second: its call's and its shifted check's. The reference is made
+    # once for both (a stress case's 2**31-element reference took most of its time per impl)
+    assert calls == {"inputs": 5, "reference": 1}
 
 
 def test_a_token_timing_still_checks_its_call_on_a_shifted_copy(world):
