@@ -1,28 +1,61 @@
 #!/usr/bin/env bash
 # The GPU validation of every CUDA path (docs/gpu-validation.md), on a machine with a GPU:
 #
-#   ci/gpu-validation.sh OUT_DIR [STEP ...]
+#   ci/gpu-validation.sh [--plan quick|full] [--dry-run] OUT_DIR [STEP ...]
 #
-# Steps, in this order when none is named: check env calibrate tests smoke1 smoke48 graph
-# kernels timers stress nightly1 summary (the quick ones first, so a time-boxed run gets most
-# of them). `check` (harness env --check) comes first and stops the
-# script on a blocker: nothing after it could mean anything on a machine that fails it. Each step logs to OUT_DIR/STEP.log and records its runs in
-# OUT_DIR/history.db; a failing case does not stop the steps (--fail-on never), `summary`
-# prints the pass/fail counts of every run, each failure, and the headline figures. Steps can
-# be run one at a time, so a CI job with a per-command time limit can split them (times on an
-# H200: docs/gpu-validation.md). STEP_TIMEOUT=SECONDS stops each step after that long, so a
-# slow step leaves time for the rest; what a stopped run stored in OUT_DIR/runs is ingested
-# into the DB by `summary`. Exit status: the number of steps whose command failed (0: all ran).
+# `--plan quick` runs what is still unproven first, each step under its time budget, the whole
+# inside 8 minutes (ci/gpu_plan.py holds the order and the budgets); `--plan full` (the default
+# when no STEP is named) runs every step, in the same order. `--dry-run` prints the plan with
+# its budgets and runs nothing. `check` (harness env --check) always comes first and stops the
+# script on a blocker: nothing after it could mean anything on a machine that fails it. Each
+# step logs to OUT_DIR/STEP.log and records its runs in OUT_DIR/history.db; a failing case
+# does not stop the steps (--fail-on never); `summary` closes every plan: it ingests what a
+# stopped run stored in OUT_DIR/runs and writes the pass/fail counts of every run, each
+# failure and the headline figures to OUT_DIR/summary.log. Steps can be run one at a time, so
+# a CI job with a per-command time limit can split them. STEP_TIMEOUT=SECONDS stops each step
+# of a full plan or a named list after that long. Exit status: the number of steps whose
+# command failed or was stopped (0: all ran); 2 for bad usage.
 set -uo pipefail
 
-out=${1:?usage: ci/gpu-validation.sh OUT_DIR [STEP ...]}
+here=$(cd "$(dirname "$0")" && pwd)
+usage="usage: ci/gpu-validation.sh [--plan quick|full] [--dry-run] OUT_DIR [STEP ...]"
+kind="" dry=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --plan) kind=${2:-}; shift 2 || { echo "$usage" >&2; exit 2; } ;;
+    --plan=*) kind=${1#--plan=}; shift ;;
+    --dry-run) dry=1; shift ;;
+    --) shift; break ;;
+    -*) echo "ci/gpu-validation.sh: unknown option $1; $usage" >&2; exit 2 ;;
+    *) break ;;
+  esac
+done
+if [ -n "$kind" ] && [ "$kind" != quick ] && [ "$kind" != full ]; then
+  echo "ci/gpu-validation.sh: --plan takes quick or full, not '$kind'" >&2
+  exit 2
+fi
+if [ "$dry" = 1 ]; then
+  exec python3 "$here/gpu_plan.py" "${kind:-full}" --table
+fi
+out=${1:?$usage}
 shift
 mkdir -p "$out"
 export HARNESS_DB="$out/history.db"
 export HARNESS_CUDA_CACHE="$out/nvrtc-cache"
-steps=("$@")
-if [ ${#steps[@]} -eq 0 ]; then
-  steps=(check env calibrate tests smoke1 smoke48 graph kernels timers stress nightly1 summary)
+steps=() budgets=()
+if [ $# -gt 0 ]; then
+  if [ -n "$kind" ]; then
+    echo "ci/gpu-validation.sh: name steps or a --plan, not both" >&2
+    exit 2
+  fi
+  steps=("$@")
+else
+  plan_lines=$(python3 "$here/gpu_plan.py" "${kind:-full}") || exit 2
+  while read -r step budget; do
+    steps+=("$step")
+    # a full plan's steps take STEP_TIMEOUT (if set), a quick plan's their own budgets
+    budgets+=("${budget:-}")
+  done <<<"$plan_lines"
 fi
 
 run_step() {
@@ -34,11 +67,17 @@ run_step() {
     # the copy bandwidth and matmul peaks that "% of peak" divides by
     calibrate) harness calibrate --device cuda ;;
     # the CUDA-only tests: the built-in kernels, CUDA inputs, CUDA timing; each outcome as it
-    # comes (a step stopped by STEP_TIMEOUT keeps what ran), none longer than 10 minutes
+    # comes (a step stopped by its time limit keeps what ran), none longer than 10 minutes
     tests) python -m pytest -v -rfEs --timeout 600 -p no:cacheprovider tests/test_cuda_gpu.py \
              tests/test_cuda_source.py tests/test_inputs.py tests/test_timing.py \
              -k "not int32_control" ;;  # the same run as the stress step
+    # the tests no GPU run has reached: inputs made on CUDA, CUDA event and graph timing
+    tests-cuda) python -m pytest -v -rfEs --timeout 60 -p no:cacheprovider tests/test_inputs.py \
+                  tests/test_timing.py -k cuda ;;
     smoke1) harness run --tier smoke --world-sizes 1 --device cuda --fail-on never ;;
+    # the fixes of the last GPU run that no GPU has run since (docs/gpu-validation.md)
+    rerun1) harness run fp8_gemm dtensor --world-sizes 1 --device cuda --fail-on never ;;
+    rerun4) harness run dtensor --world-sizes 4 --device cuda --fail-on never ;;
     # 4 and 8 ranks on one GPU: gloo, with the warning
     smoke48) harness run --tier smoke --world-sizes 4,8 --device cuda --fail-on never ;;
     graph) harness run fp8_gemm strided_copy hopper_tasks --world-sizes 1 --device cuda \
@@ -68,24 +107,29 @@ if [ -n "${_GPU_VALIDATION_STEP:-}" ]; then
   exit
 fi
 
-limited() {
-  if [ -n "${STEP_TIMEOUT:-}" ] && [ "$1" != summary ]; then
-    _GPU_VALIDATION_STEP=$1 timeout --kill-after=10 "$STEP_TIMEOUT" bash "$0" "$out"
+limited() {  # STEP LIMIT_S (empty: none)
+  if [ -n "$2" ] && [ "$1" != summary ]; then
+    # SIGTERM (the harness then stops its MPI job) early enough that a SIGKILL 5 s later
+    # still ends the step inside its limit
+    local term=$(( $2 > 10 ? $2 - 5 : $2 ))
+    _GPU_VALIDATION_STEP=$1 timeout --kill-after=5 "$term" bash "$0" "$out"
   else
     run_step "$1"
   fi
 }
 
 failed=0
-for step in "${steps[@]}"; do
-  echo "== $step $(date -u +%FT%TZ)"
+for i in "${!steps[@]}"; do
+  step=${steps[$i]}
+  limit=${budgets[$i]:-${STEP_TIMEOUT:-}}
+  echo "== $step $(date -u +%FT%TZ)${limit:+ (limit $limit s)}"
   start=$SECONDS
-  limited "$step" 2>&1 | tee "$out/$step.log"
+  limited "$step" "$limit" 2>&1 | tee "$out/$step.log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" -ne 0 ]; then
     failed=$((failed + 1))
-    if [ "$rc" -eq 124 ] && [ -n "${STEP_TIMEOUT:-}" ]; then
-      printf '\n== %s STOPPED at STEP_TIMEOUT=%s s\n' "$step" "$STEP_TIMEOUT"
+    if { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && [ -n "$limit" ]; then
+      printf '\n== %s STOPPED at its limit of %s s\n' "$step" "$limit"
     else
       echo "== $step FAILED after $((SECONDS - start)) s"
     fi

@@ -515,6 +515,47 @@ def test_gpu_validation_starts_with_the_bring_up_check_and_stops_on_a_blocker(tm
     assert not (tmp_path / "bad" / "env.log").exists()
 
 
+def test_the_quick_gpu_plan_puts_the_unproven_first_and_fits_eight_minutes():
+    """The dry run prints the plan a GPU host would run, runs nothing, and needs no harness."""
+    proc = subprocess.run(["bash", str(CI / "gpu-validation.sh"), "--plan", "quick",
+                           "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    rows = [line.split() for line in lines[1:] if not line.startswith("  not in this plan")]
+    names, budgets = [r[0] for r in rows], [int(r[1]) for r in rows]
+    assert sum(budgets) <= 480 and f"{sum(budgets)} s of 480 s" in lines[0]
+    assert names[0] == "check" and names[-1] == "summary"
+    states = [r[3] for r in rows[1:-1]]
+    rank = {"rerun": 0, "unfinished": 1, "proven": 2}
+    assert states == sorted(states, key=rank.get), states  # the unproven first
+    # every fix no GPU has rerun is in it, and every step it names is one the script runs
+    sys.path.insert(0, str(CI))
+    try:
+        import gpu_plan
+    finally:
+        sys.path.remove(str(CI))
+    assert {s.name for s in gpu_plan.STEPS if s.state == "rerun"} <= set(names)
+    script = (CI / "gpu-validation.sh").read_text()
+    for name in {s.name for s in gpu_plan.STEPS} | {"summary"}:
+        assert f"\n    {name})" in script, name
+    left_out = next(line for line in lines if line.startswith("  not in this plan"))
+    assert all(n not in names for n in left_out.split(":", 1)[1].replace(",", " ").split())
+    # a full plan is every step once: the quick plan's narrower reruns are inside theirs
+    full = subprocess.run(["bash", str(CI / "gpu-validation.sh"), "--dry-run"],
+                          capture_output=True, text=True, timeout=60).stdout.splitlines()
+    full_names = [line.split()[0] for line in full[1:]]
+    assert full_names[0] == "check" and "rerun1" not in full_names and "smoke1" in full_names
+
+
+def test_the_gpu_plan_refuses_bad_usage_in_one_line(tmp_path):
+    for args in (["--plan", "fast", str(tmp_path)], ["--bogus", str(tmp_path)],
+                 ["--plan", "quick", str(tmp_path), "check"]):
+        proc = subprocess.run(["bash", str(CI / "gpu-validation.sh"), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, args
+        assert not (tmp_path / "history.db").exists()
+
+
 def test_gpu_validation_stops_a_slow_step_and_its_summary_ingests_a_stopped_run(tmp_path):
     """STEP_TIMEOUT ends one step and the next still runs; a run whose harness was stopped
     is in OUT_DIR/runs only, and `summary` ingests it before it counts (on the H200 the time
@@ -522,12 +563,14 @@ def test_gpu_validation_stops_a_slow_step_and_its_summary_ingests_a_stopped_run(
     script = CI / "gpu-validation.sh"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     out = tmp_path / "gv"
-    stopped = subprocess.run(["bash", str(script), str(out), "tests", "env"],
+    # summary is never limited (on a slow machine `env` alone can take 2 s), and with no
+    # run stored yet it fails too: two failed steps
+    stopped = subprocess.run(["bash", str(script), str(out), "tests", "summary"],
                              env={**env, "STEP_TIMEOUT": "2"}, capture_output=True, text=True,
                              timeout=300)
-    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
-    assert "== tests STOPPED at STEP_TIMEOUT=2 s" in stopped.stdout
-    assert "== env done" in stopped.stdout
+    assert stopped.returncode == 2, stopped.stdout + stopped.stderr
+    assert "== tests STOPPED at its limit of 2 s" in stopped.stdout
+    assert "== summary" in stopped.stdout.split("STOPPED", 1)[1]
     # a run folder the DB does not know, as a stopped `harness run` leaves it
     made = subprocess.run([sys.executable, "-m", "harness", "run", "strided_copy[*dtype=f32*]",
                            "--world-sizes", "1", "--device", "cpu", "--no-bench",

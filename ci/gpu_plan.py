@@ -1,0 +1,123 @@
+"""The order and time budgets of ci/gpu-validation.sh's steps (stdlib only: it runs before the
+harness is known to work on a host).
+
+    python3 ci/gpu_plan.py quick|full            # "STEP BUDGET_S" per line, in order
+    python3 ci/gpu_plan.py quick|full --table    # the plan as the dry run prints it
+
+A GPU host is rare and its time short, so a plan spends it on what is unproven first: steps
+that rerun a fix no GPU has run yet (``rerun``), then steps no GPU run has finished
+(``unfinished``), then the rest (``proven``). The quick plan takes them in that order while
+their budgets fit ``QUICK_TOTAL_S``; ``summary`` always closes it. Each budget comes from the
+recorded GPU timings (``measured``, docs/gpu-validation.md): a step that finished gets about
+twice its time, one that was stopped what the plan can spare. Update ``state`` and
+``measured`` after every GPU run.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+#: the quick plan's wall-time ceiling, summary included (one 8-minute GPU call)
+QUICK_TOTAL_S = 480
+#: what `summary` gets at the end of any plan (ingest and print; it never needs a GPU)
+SUMMARY_S = 15
+STATES = ("rerun", "unfinished", "proven")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    state: str
+    budget_s: int
+    measured: str  # what the last GPU run took, as recorded
+    proves: str
+    part_of: str = ""  # a narrower run of that step, for the quick plan alone
+
+
+STEPS = [
+    Step("check", "proven", 20, "5-8 s (H200)", "the host can run the harness at all; a "
+         "blocker stops the plan"),
+    Step("rerun1", "rerun", 45, "part of smoke1's 44 s (H200)", "the FP8 quantizers bitwise, "
+         "the _scaled_mm tolerance, the _StridedShard refusal on torch < 2.12 (1 rank)",
+         "smoke1"),
+    Step("rerun4", "rerun", 40, "crashed its ranks (H200)", "DTensor on CUDA over gloo a skip, "
+         "not a crash (4 ranks sharing the GPU)", "smoke48"),
+    Step("tests-cuda", "unfinished", 70, "not reached in 350 s (H200)", "inputs bit-identical "
+         "on CPU and CUDA (the f64-uniform failure), CUDA event and graph timing tests", "tests"),
+    Step("smoke48", "unfinished", 100, "stopped at 90 s in the 4-rank job (H200)",
+         "every op at 4 and 8 ranks on one GPU (gloo, token timing)"),
+    Step("stress", "unfinished", 100, "stopped at over 140 s (H200)", "the int32 control "
+         "failing, not erroring, past 2**31 elements"),
+    Step("nightly1", "unfinished", 90, "stopped at 102 s, in the collectives (H200)",
+         "real shapes at 1 rank"),
+    Step("kernels", "unfinished", 110, "stopped at 110 s in the 1-rank job (H200)",
+         "the CUDA C++ kernels beside torch's at nightly sizes, 1 and 4 ranks"),
+    Step("env", "proven", 10, "5-8 s (H200)", "the facts the checks judged"),
+    Step("calibrate", "proven", 15, "5-8 s (H200)", "copy and matmul peaks for % of peak"),
+    Step("timers", "proven", 15, "5-8 s (H200)", "event and graph times against the "
+         "profiler's kernel time"),
+    Step("graph", "proven", 35, "16 s (H200)", "CUDA-graph timing"),
+    Step("smoke1", "proven", 90, "44 s (H200)", "every op and control on one GPU"),
+    Step("tests", "unfinished", 400, "not finished in 150 s and 200 s (H200)",
+         "the whole of the four GPU test files"),
+]
+BY_NAME = {s.name: s for s in STEPS}
+
+
+def ordered() -> list[Step]:
+    """Every step but summary, most unproven first (the listed order within a state), check
+    first whatever its state: nothing after a blocker means anything."""
+    return sorted(STEPS, key=lambda s: (s.name != "check", STATES.index(s.state)))
+
+
+def plan(kind: str) -> list[tuple[str, int | None]]:
+    """(step, budget in seconds) in running order. ``full``: every step, no budget (the
+    script's STEP_TIMEOUT, if set, applies); ``quick``: the ordered steps that fit."""
+    if kind == "full":
+        return [(s.name, None) for s in ordered() if not s.part_of] + [("summary", None)]
+    if kind != "quick":
+        raise ValueError(f"unknown plan {kind!r}: use quick or full")
+    left, chosen = QUICK_TOTAL_S - SUMMARY_S, []
+    for s in ordered():
+        if s.name == "check" or s.budget_s <= left:
+            chosen.append((s.name, s.budget_s))
+            left -= s.budget_s
+    return chosen + [("summary", SUMMARY_S)]
+
+
+def table(kind: str) -> str:
+    rows = plan(kind)
+    lines = [f"{kind} plan: {len(rows)} steps"
+             + (f", {sum(b for _, b in rows)} s of {QUICK_TOTAL_S} s" if kind == "quick"
+                else "")]
+    for name, budget in rows:
+        s = BY_NAME.get(name)
+        state = s.state if s else "always"
+        what = s.proves if s else "ingest stopped runs; counts, failures, headline figures"
+        limit = f"{budget:>4} s" if budget is not None else "   - "
+        lines.append(f"  {name:<11} {limit}  {state:<10} {what}")
+    if kind == "quick":
+        chosen = {n for n, _ in rows}
+        left_out = [s.name for s in ordered()
+                    if s.name not in chosen and s.part_of not in chosen]
+        if left_out:
+            lines.append(f"  not in this plan (over its {QUICK_TOTAL_S} s): "
+                         + ", ".join(left_out))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("quick", "full") or argv[1:] not in ([], ["--table"]):
+        print("usage: python3 ci/gpu_plan.py quick|full [--table]", file=sys.stderr)
+        return 2
+    if argv[1:] == ["--table"]:
+        print(table(argv[0]))
+    else:
+        for name, budget in plan(argv[0]):
+            print(name, budget if budget is not None else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
