@@ -39,14 +39,40 @@ def unsupported(params: Mapping[str, Any]) -> str | None:
     return None
 
 
+def outside_storage(size: Sequence[int], stride: Sequence[int], offset: int,
+                    storage_numel: int) -> str | None:
+    """Why the view reads outside a storage of ``storage_numel`` elements, or None. The
+    kernel trusts its positions (64-bit, unchecked): a view past the storage's end would read
+    another allocation's bytes or fault, and a fault is sticky for the whole process."""
+    if math.prod(size) == 0:
+        return None
+    if offset < 0 or any(s < 0 for s in stride):
+        return f"offset {offset} and strides {tuple(stride)} must not be negative"
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True))
+    if last >= storage_numel:
+        return (f"the view's last element is at {last}, past the storage's {storage_numel} "
+                "elements")
+    return None
+
+
 def _launch(kernels: Any, storage, size, stride, offset, out) -> Any:
     if storage.dim() != 1 or storage.stride(0) != 1 or not out.is_contiguous():
         raise ValueError("strided_copy.cu reads a dense 1-D storage into a contiguous out")
+    if out.numel() != math.prod(size) or out.element_size() != storage.element_size():
+        raise ValueError(f"out holds {out.numel()} elements of {out.element_size()} bytes; the "
+                         f"view has {math.prod(size)} of {storage.element_size()}")
+    why = outside_storage(size, stride, offset, storage.numel())
+    if why:
+        raise ValueError(f"strided_copy.cu: {why}")
     sizes, strides = merge_dims(size, stride)
     numel = math.prod(size)
     pad = MAX_DIMS - len(sizes)
     view = [np.int64(v) for v in [*sizes, *[1] * pad, *strides, *[0] * pad]]
-    blocks = min(-(-numel // BLOCK), kernels.sm_count * BLOCKS_PER_SM)
+    # a thread per chunk of 16 bytes of one row (the kernel's V elements)
+    per_chunk = 16 // storage.element_size()
+    inner = sizes[-1] if sizes else 1
+    chunks = numel // inner * -(-inner // per_chunk) if numel else 0
+    blocks = min(-(-chunks // BLOCK), kernels.sm_count * BLOCKS_PER_SM)
     kernels[f"strided_copy_{storage.element_size()}"](
         grid=blocks, block=BLOCK,
         args=(out, storage, np.int64(numel), np.int64(storage.numel()), np.int64(offset),
