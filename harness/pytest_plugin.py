@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -165,9 +166,34 @@ class HarnessSession:
                           bench=self.bench, timing=self.timing, env_id=self.env_id,
                           golden=self.golden, calibration=self.calibration,
                           setups=self.setups)
+        sticky = self._sticky_error(result)
+        if sticky:
+            result = dataclasses.replace(result, status="error", reason=sticky)
         if self.watchdog.disarm() and root and self.results_path is not None:
             results_mod.append(self.results_path, result)
+        if sticky:
+            # one faulting kernel costs one case: the launcher relaunches the rest in new
+            # processes, as after a timeout
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+            os._exit(STICKY_EXIT)
         return result
+
+    def _sticky_error(self, result: CaseResult) -> str | None:
+        """The case's reason, extended, when it left a rank's CUDA context unusable; every
+        rank gets the same answer (the status is agreed, the probes gathered over MPI, which
+        needs no CUDA)."""
+        from harness.runtime import broken_context
+
+        if result.status not in ("error", "fail"):
+            return None
+        broken = self.world.comm.allgather(broken_context(self.world.device))
+        ranks = [r for r, why in enumerate(broken) if why]
+        if not ranks:
+            return None
+        return (f"{result.reason}; it left the CUDA context of rank(s) "
+                f"{', '.join(map(str, ranks))} unusable ({broken[ranks[0]]}): the job ended "
+                "after this case and its remaining cases ran in a new one")
 
     def _record_timeout(self, item: PlannedItem, deadline: float) -> None:
         if self.results_path is None:
@@ -180,6 +206,10 @@ class HarnessSession:
                                      "the job was aborted and the remaining cases relaunched",
             device=str(self.world.device), started_at=time.time(), env_id=self.env_id,
             duration_s=deadline))
+
+
+#: a job's exit code after a case left a sticky CUDA error (the launcher relaunches the rest)
+STICKY_EXIT = 86
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

@@ -35,6 +35,29 @@ class RuntimeSetupError(RuntimeError):
     """The device or process group cannot be set up as asked (exit code 2 or 4)."""
 
 
+def _probe_cuda(device: torch.device) -> None:
+    torch.cuda.synchronize(device)
+    torch.ones(1, device=device).add_(1).item()
+
+
+def broken_context(device: torch.device, probe: Any = None) -> str | None:
+    """Why this process's CUDA context can run nothing more, or None. A kernel that reads or
+    writes an illegal or misaligned address, traps, asserts or fails its launch leaves a
+    sticky error: CUDA returns it from every later call in the process (the CUDA runtime
+    API's error reference marks these "the process must be terminated and relaunched"), so
+    every later case would error too. ``probe(device)`` (a synchronize and a tiny kernel)
+    raising says so; a case's error that leaves the context working was not sticky. A CPU
+    device has no context to break."""
+    if device.type != "cuda":
+        return None
+    try:
+        (probe or _probe_cuda)(device)
+    except Exception as exc:  # torch raises AcceleratorError (a RuntimeError) or RuntimeError
+        text = str(exc).strip()
+        return text.splitlines()[0] if text else type(exc).__name__
+    return None
+
+
 def world_mismatch(started: int | None, seen: int) -> str | None:
     """Why a rank must not run when its MPI world (``seen`` ranks) is not the job the launcher
     started (``started`` processes), or None. Ranks that did not wire up each come up as a

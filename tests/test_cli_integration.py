@@ -588,7 +588,7 @@ def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
 # relaunched job) and pass; the wrong callable fails every case
 _FAULT_SELECTORS = ("allreduce[*op=min*]", "allreduce[*op=max*]")
 _FAULT_IMPLS = ("harness_test_impls:hang_on_last_rank", "harness_test_impls:crash_on_rank_one",
-                "harness_test_impls:off_by_one")
+                "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one")
 _FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
 
 
@@ -625,6 +625,18 @@ def test_a_rank_that_dies_is_recorded_as_crash_and_the_run_goes_on(faults_run):
     got = _fault_statuses(faults_run, "harness_test_impls:crash_on_rank_one")
     assert got.pop(_FAULT_CASE)["status"] == "crash"
     assert got and {r["status"] for r in got.values()} == {"pass"}
+
+
+def test_a_fault_that_leaves_the_process_unusable_costs_one_case(faults_run):
+    """A sticky CUDA error (an illegal address) fails every later call in its process: the
+    job ends after the case and the rest run in a new one (without that, every later case of
+    the job would error)."""
+    got = _fault_statuses(faults_run, "harness_test_impls:sticky_on_rank_one")
+    faulted = got.pop(_FAULT_CASE)
+    assert faulted["status"] == "error", faulted
+    assert "illegal memory access" in faulted["reason"]
+    assert "rank(s) 1 unusable" in faulted["reason"] and "ran in a new one" in faulted["reason"]
+    assert got and {r["status"] for r in got.values()} == {"pass"}, got
 
 
 def test_a_wrong_user_callable_fails_every_case_with_exit_1(faults_run):

@@ -350,3 +350,23 @@ def test_gpus_come_from_torch_when_cuda_python_cannot_use_the_driver(monkeypatch
     record = {"uuid": "GPU-d0", "name": "H100", "compute_mode": "exclusive_process"}
     monkeypatch.setattr(cuda, "_device_records", lambda: ([record], []))
     assert cuda.visible_gpus() == (GpuFacts("GPU-d0", "H100", "exclusive_process"),)
+
+
+def test_a_broken_cuda_context_is_read_off_a_probe_and_never_on_the_cpu():
+    import torch
+
+    from harness.runtime import broken_context
+
+    calls = []
+
+    def sticky(device):
+        calls.append(device)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\n"
+                           "CUDA kernel errors might be asynchronously reported")
+
+    assert broken_context(torch.device("cpu"), sticky) is None and calls == []
+    gpu = torch.device("cuda", 0)
+    assert broken_context(gpu, sticky) == "CUDA error: an illegal memory access was encountered"
+    assert broken_context(gpu, lambda device: None) is None  # an error that was not sticky
+    assert broken_context(gpu, lambda device: (_ for _ in ()).throw(RuntimeError())) == \
+        "RuntimeError"

@@ -51,3 +51,28 @@ def sleepy(world, x, out, op):
     between processes, which was 10% of 2 ms: a false regression in 1 to 2 runs of 5."""
     time.sleep(0.02 + float(os.environ.get("HARNESS_TEST_DELAY_S", "0")))
     return allreduce_torch(world, x, out, op)
+
+
+_FAULTED = False
+
+
+def sticky_on_rank_one(world, x, out, op):
+    """Rank 1 faults on one case as a kernel with an illegal address does on a GPU: the call
+    raises, and the process is unusable after it (every later call raises, and the harness's
+    probe of the context says so). Correct before the fault, and in any new process. On that
+    case the other ranks return at once (a rank left in a collective would wait for the
+    faulted one until its deadline)."""
+    global _FAULTED
+    if _FAULTED:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (an earlier "
+                           "case's, sticky)")
+    if _is_target(x, op) and world.rank != min(1, world.size - 1):
+        return out
+    if _is_target(x, op):
+        import harness.runtime
+
+        _FAULTED = True
+        harness.runtime.broken_context = lambda device, probe=None: (
+            "CUDA error: an illegal memory access was encountered")
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    return allreduce_torch(world, x, out, op)
