@@ -92,6 +92,10 @@ class SiteFacts:
     mps: bool = False
     #: logical CPUs this process may run on (0: unknown)
     cpus: int = 0
+    #: triton is installed (its Triton implementations can run)
+    triton: bool = False
+    #: why compiled Triton kernels cannot launch here (``triton_impl.driver_problem``)
+    triton_problem: str = ""
 
 
 def version_major(version: str | int | None) -> int | None:
@@ -321,10 +325,25 @@ def check_nccl(f: SiteFacts) -> Check | None:
     return Check("NCCL", "ok", f"NCCL {f.nccl_version}")
 
 
+def check_triton(f: SiteFacts) -> Check | None:
+    """Compiled Triton kernels need a C compiler, Python.h, libcuda and a writable cache on
+    the GPU host; without them every Triton implementation skips, saying which is missing."""
+    if not (f.gpus or f.torch_gpu_count):
+        return None  # on the CPU, Triton's interpreter needs none of them
+    if not f.triton:
+        return Check("Triton", "note", "triton is not installed: the Triton implementations "
+                     "skip (pip install triton)")
+    if f.triton_problem:
+        return Check("Triton", "warn", f.triton_problem + " (the Triton implementations skip)")
+    return Check("Triton", "ok", "a C compiler, Python.h, libcuda and a writable cache for "
+                 "its launcher")
+
+
 def checklist(f: SiteFacts) -> list[Check]:
     """Every verdict about this machine, in bring-up order."""
     out = [check_torch(f), check_driver(f), *check_gpus(f), check_nvrtc(f)]
-    out += [c for c in (check_headers(f), check_shm(f), check_nccl(f)) if c is not None]
+    out += [c for c in (check_headers(f), check_shm(f), check_nccl(f), check_triton(f))
+            if c is not None]
     out += [check_mpi(f), check_launcher(f)]
     return out + [c for c in (check_timing(f),) if c is not None]
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness import __version__, cuda
+from harness import __version__, cuda, triton_impl
 
 
 def _cpu_model() -> str:
@@ -211,7 +211,10 @@ def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None
         nccl_version=env.get("nccl"), mpi_library=env.get("mpi_library"),
         mpi_gpu=mpi_links_cuda() if mpi else None,
         mpich_gpu_setting=os.environ.get("MPIR_CVAR_ENABLE_GPU"),
-        launcher=launcher, mps=cuda.mps_running(), cpus=len(usable_cpus()))
+        launcher=launcher, mps=cuda.mps_running(), cpus=len(usable_cpus()),
+        triton=triton_impl.available(),
+        triton_problem=(triton_impl.host_driver_problem() or "") if triton_impl.available()
+        else "")
 
 
 def env_id(env: dict[str, Any]) -> str:

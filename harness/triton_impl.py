@@ -28,6 +28,7 @@ sees a whole file or none. The harness leaves that setting to the user.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
@@ -52,6 +53,103 @@ INTERPRET_MAX_ELEMENTS = 1 << 24
 def available() -> bool:
     """Whether triton can be imported here (without importing it)."""
     return "triton" in sys.modules or importlib.util.find_spec("triton") is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverFacts:
+    """What Triton's first compiled launch on CUDA needs from the host: it builds a C stub
+    (its CUDA driver utilities and the kernel launcher) with the host's C compiler against
+    Python.h and libcuda, into its cache directory (triton backends/nvidia/driver.py and
+    runtime/build.py, 3.6 to 3.9)."""
+
+    #: $CC, else gcc, else clang on PATH (build.py's _find_compiler)
+    compiler: str | None
+    #: the Python include directory build.py adds (sysconfig, posix_local read as
+    #: posix_prefix) and whether Python.h is in it
+    python_include: str
+    python_h: bool
+    #: directories holding libcuda.so.1 as driver.py's libcuda_dirs finds them:
+    #: $TRITON_LIBCUDA_PATH, else `/sbin/ldconfig -p`, else $LD_LIBRARY_PATH
+    libcuda_dirs: tuple[str, ...]
+    #: libcuda.so.1 files ldconfig lists (for the remedy when none is usable)
+    ldconfig_error: str
+    #: $TRITON_CACHE_DIR, else $TRITON_HOME (or ~)/.triton/cache, and whether it can be
+    #: written (or made)
+    cache_dir: str
+    cache_writable: bool
+
+
+def driver_problem(f: DriverFacts) -> str | None:
+    """Why compiled Triton kernels cannot launch on this host (one line, each missing piece
+    with its remedy), or None."""
+    missing = []
+    if not f.compiler:
+        missing.append("no C compiler (Triton builds its launcher with $CC, gcc or clang: "
+                       "apt-get install gcc, or set CC)")
+    if not f.python_h:
+        missing.append(f"no Python.h in {f.python_include} (apt-get install python3-dev, or "
+                       "the python*-dev of this interpreter)")
+    if not f.libcuda_dirs:
+        missing.append("no libcuda.so.1 found" + (f" ({f.ldconfig_error})" if f.ldconfig_error
+                                                  else "")
+                       + ": run /sbin/ldconfig as root, or set TRITON_LIBCUDA_PATH to the "
+                       "directory that holds libcuda.so.1")
+    if not f.cache_writable:
+        missing.append(f"its cache directory {f.cache_dir} cannot be written: set "
+                       "TRITON_CACHE_DIR to a writable directory")
+    if not missing:
+        return None
+    return "compiled Triton kernels cannot launch here: " + "; ".join(missing)
+
+
+def _writable(path: str) -> bool:
+    p = os.path.abspath(path)
+    while not os.path.exists(p):  # the first existing ancestor must let us make the rest
+        parent = os.path.dirname(p)
+        if parent == p:
+            return False
+        p = parent
+    return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
+
+
+def driver_facts(environ: Mapping[str, str] = os.environ) -> DriverFacts:
+    """This host's :class:`DriverFacts`, read as Triton reads them."""
+    import shutil
+    import subprocess
+    import sysconfig
+
+    compiler = environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    scheme = sysconfig.get_default_scheme()
+    include = sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local"
+                                  else scheme)["include"]
+    dirs: list[str] = []
+    error = ""
+    if environ.get("TRITON_LIBCUDA_PATH"):
+        dirs = [environ["TRITON_LIBCUDA_PATH"]]
+    else:
+        try:
+            listing = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True,
+                                     timeout=30, check=True).stdout
+            dirs = sorted({os.path.dirname(line.split()[-1]) for line in listing.splitlines()
+                           if "libcuda.so.1" in line})
+        except (OSError, subprocess.SubprocessError) as exc:
+            error = f"/sbin/ldconfig -p failed: {exc}"
+        if not dirs:
+            dirs = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":")
+                    if d and os.path.exists(os.path.join(d, "libcuda.so.1"))]
+        dirs = [d for d in dirs if os.path.exists(os.path.join(d, "libcuda.so.1"))]
+    home = environ.get("TRITON_HOME") or os.path.expanduser("~")
+    cache = environ.get("TRITON_CACHE_DIR") or os.path.join(home, ".triton", "cache")
+    return DriverFacts(compiler=compiler, python_include=include,
+                       python_h=os.path.exists(os.path.join(include, "Python.h")),
+                       libcuda_dirs=tuple(dirs), ldconfig_error=error, cache_dir=cache,
+                       cache_writable=_writable(cache))
+
+
+@functools.lru_cache(maxsize=1)
+def host_driver_problem() -> str | None:
+    """:func:`driver_problem` of this host, read once per process."""
+    return driver_problem(driver_facts())
 
 
 def interprets(device_type: str, environ: Mapping[str, str] = os.environ) -> bool:
@@ -206,6 +304,10 @@ class TritonImplementation:
         problem = mode_problem(self.function, kind)
         if problem:
             return problem
+        if kind == "cuda" and not interprets(kind):
+            problem = host_driver_problem()
+            if problem:
+                return problem
         return self.unsupported(params) if self.unsupported is not None else None
 
     def __call__(self, *args: Any, **inputs: Any) -> Any:

@@ -24,7 +24,7 @@ def healthy(**changes) -> SiteFacts:
                 gpus=gpus(8), nvrtc_version="13.5", headers_version=13000,
                 headers_path="/usr/local/cuda-13.0/include", shm_bytes=64 << 30,
                 nccl_version="2.27.5", mpi_library="MPICH Version: 5.0.2", mpi_gpu=False,
-                launcher="/usr/bin/mpiexec")
+                launcher="/usr/bin/mpiexec", triton=True)
     base.update(changes)
     return SiteFacts(**base)
 
@@ -183,3 +183,20 @@ def test_the_timing_line_says_how_many_ranks_are_timed_fully():
     assert "token timed call" in line.detail and "--bench" in line.detail
     few_cpus = {c.name: c for c in checklist(healthy(cpus=4))}["timing"]
     assert few_cpus.level == "note" and "up to 4 rank(s)" in few_cpus.detail
+
+
+def test_triton_on_a_gpu_host_is_judged_and_on_a_cpu_not_at_all():
+    from harness import triton_impl
+
+    assert levels(healthy())["Triton"] == "ok"
+    assert levels(healthy(triton=False))["Triton"] == "note"
+    problem = triton_impl.driver_problem(triton_impl.DriverFacts(
+        compiler=None, python_include="/usr/include/python3.12", python_h=False,
+        libcuda_dirs=(), ldconfig_error="", cache_dir="/ro/.triton/cache",
+        cache_writable=False))
+    check = next(c for c in checklist(healthy(triton_problem=problem)) if c.name == "Triton")
+    assert check.level == "warn"
+    for needle in ("no C compiler", "Python.h", "libcuda.so.1", "TRITON_CACHE_DIR", "skip"):
+        assert needle in check.detail, needle
+    cpu = SiteFacts(torch_version="2.13.0+cpu", triton=True, triton_problem=problem)
+    assert "Triton" not in levels(cpu)  # the interpreter builds nothing
