@@ -192,7 +192,8 @@ def visible_gpus() -> tuple[Any, ...]:
 
     records, errors = _device_records()
     if records or (driver_state().module is not None and not errors):
-        return tuple(GpuFacts(r["uuid"], r["name"], r["compute_mode"]) for r in records)
+        return tuple(GpuFacts(r["uuid"], r["name"], r["compute_mode"], r["index"])
+                     for r in records)
     return torch_gpus()
 
 
@@ -212,7 +213,7 @@ def torch_gpus() -> tuple[Any, ...]:
         for i in range(count):
             props = torch.cuda.get_device_properties(i)
             uuid = uuid_text(str(props.uuid))  # a _CUuuid whose str() has no GPU- prefix
-            found.append(GpuFacts(uuid, props.name, _nvml_compute_mode(uuid)))
+            found.append(GpuFacts(uuid, props.name, _nvml_compute_mode(uuid), i))
     except Exception:  # noqa: BLE001 - torch cannot see them either: no GPU for this process
         return ()
     return tuple(found)

@@ -46,6 +46,10 @@ class GpuFacts:
     name: str = ""
     #: one of COMPUTE_MODES' names, or "unknown" where nothing could read it
     compute_mode: str = "default"
+    #: the device's CUDA ordinal in this process (``cuda:N``). A device whose UUID query
+    #: failed is left out of a rank's list, so a GPU's place in the list is not its ordinal;
+    #: None: the same as its place
+    index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +155,9 @@ def place(requested: str, ranks: Sequence[RankFacts], rank: int) -> Placement:
                 "GPU): run at most one rank per GPU, start an MPS daemon, or have an "
                 "administrator set `nvidia-smi -c DEFAULT`")
     mine = ranks[rank]
-    device = f"cuda:{mine.local_rank % len(mine.gpus)}"
+    position = mine.local_rank % len(mine.gpus)
+    ordinal = mine.gpus[position].index
+    device = f"cuda:{position if ordinal is None else ordinal}"
     if not shared:
         return Placement(device, "nccl", chosen[rank].uuid)
     groups = "; ".join(f"ranks {ranges(rs)} on GPU {_short(uuid)}"

@@ -347,9 +347,10 @@ def test_gpus_come_from_torch_when_cuda_python_cannot_use_the_driver(monkeypatch
     # the driver works and sees none: no GPU, torch is not asked
     monkeypatch.setattr(cuda, "_device_records", lambda: ([], []))
     assert cuda.visible_gpus() == ()
-    record = {"uuid": "GPU-d0", "name": "H100", "compute_mode": "exclusive_process"}
+    record = {"index": 0, "uuid": "GPU-d0", "name": "H100",
+              "compute_mode": "exclusive_process"}
     monkeypatch.setattr(cuda, "_device_records", lambda: ([record], []))
-    assert cuda.visible_gpus() == (GpuFacts("GPU-d0", "H100", "exclusive_process"),)
+    assert cuda.visible_gpus() == (GpuFacts("GPU-d0", "H100", "exclusive_process", 0),)
 
 
 def test_a_broken_cuda_context_is_read_off_a_probe_and_never_on_the_cpu():
@@ -370,3 +371,18 @@ def test_a_broken_cuda_context_is_read_off_a_probe_and_never_on_the_cpu():
     assert broken_context(gpu, lambda device: None) is None  # an error that was not sticky
     assert broken_context(gpu, lambda device: (_ for _ in ()).throw(RuntimeError())) == \
         "RuntimeError"
+
+
+def test_a_device_left_out_for_its_uuid_keeps_the_others_on_their_own_ordinals(monkeypatch):
+    """The driver will not give device 1's UUID: devices 0 and 2 stay, and the rank that takes
+    the second of them runs on cuda:2, the GPU whose UUID it reports, not on cuda:1."""
+    from harness.placement import RankFacts, place
+
+    drv = FakeDriver(count=3, fail={("uuid", 1): CUresult.CUDA_ERROR_UNKNOWN})
+    monkeypatch.setattr(cuda, "_device_records", lambda: cuda.device_records(drv))
+    seen = cuda.visible_gpus()
+    assert [g.index for g in seen] == [0, 2]
+    facts = [RankFacts("a", i, seen, "2.13.0+cu130", "13.0") for i in range(2)]
+    got = [place("auto", facts, r) for r in range(2)]
+    assert [p.device for p in got] == ["cuda:0", "cuda:2"]
+    assert got[1].gpu_uuid == seen[1].uuid and got[1].backend == "nccl"
