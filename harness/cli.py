@@ -154,6 +154,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="On CUDA: CUDA events around each call, or CUDA-graph replay of one call.")
 @click.option("--l2-flush", is_flag=True,
               help="Overwrite a buffer of twice the last-level cache before every timed repeat.")
+@click.option("--sanitize", is_flag=True,
+              help="Run the ranks under compute-sanitizer's memcheck (CUDA): an illegal or "
+                   "misaligned access is reported with its kernel (in the run folder's "
+                   "wN.sanitizer.RANK.log files and the case's reason); checks only, no "
+                   "timing.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="After the run, render the dashboard of the whole history into this "
                    "directory (as `harness report --out DIR`).")
@@ -215,7 +220,7 @@ def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, kept: dict[str, A
          db: str | None, out_dir: str | None, timeout: float | None, fail_on: str,
          launcher: str | None, launcher_args: str, hostfile: str | None, grace: float,
          golden_dir: str | None, use_golden: bool, timing_mode: str, l2_flush: bool,
-         report_dir: str | None) -> None:
+         sanitize: bool, report_dir: str | None) -> None:
     """``run``'s body: a new run, or the ``resumed`` one's (run directory, RunInfo);
     ``kept``: the options a new run records for ``--resume`` (``resume.KEPT``)."""
     import shlex
@@ -237,6 +242,18 @@ def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, kept: dict[str, A
     if timing_mode == "graph" and resolved.type != "cuda":
         _fail("--timing-mode graph replays CUDA graphs and needs a GPU: drop it (CPU timing "
               "uses perf_counter) or run with --device cuda on a machine with one", EXIT_USAGE)
+    sanitizer = None
+    if sanitize:
+        from harness import sanitizer as compute_sanitizer
+
+        if resolved.type != "cuda":
+            _fail("--sanitize checks CUDA kernels with compute-sanitizer and needs a GPU: run "
+                  "with --device cuda on a machine with one", EXIT_USAGE)
+        sanitizer = compute_sanitizer.find()
+        if sanitizer is None:
+            _fail("--sanitize needs compute-sanitizer (part of the CUDA toolkit): put its "
+                  "bin directory on PATH or set CUDA_HOME", EXIT_USAGE)
+        bench = False  # memcheck makes every kernel many times slower: no time means anything
     report_cmd = command_named(ctx, "report") if report_dir else None  # fail before running
     mpiexec = envinfo.find_launcher(launcher)
     if mpiexec is None:
@@ -274,7 +291,7 @@ def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, kept: dict[str, A
                        timeout=timeout, env_id=envinfo.env_id(env),
                        launcher_args=shlex.split(launcher_args), hostfile=hostfile,
                        grace_s=grace, golden=use_golden, timing_mode=timing_mode,
-                       l2_flush=l2_flush, calibrations=calibrations,
+                       l2_flush=l2_flush, calibrations=calibrations, sanitizer=sanitizer,
                        golden_dir=str(Path(golden_dir).resolve()) if golden_dir else None,
                        suites=extra_suites()[0], suite_golden_dir=_str_or_none(extra_suites()[1]))
     err_console.print(f"{'resuming run' if resumed else 'run'} {run_id}  tier={tier}  "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness import cuda, triton_impl
+from harness import cuda, sanitizer, triton_impl
 from harness import results as results_mod
 from harness.placement import usable_cpus
 from harness.results import CaseResult
@@ -75,6 +75,8 @@ class LaunchConfig:
     grace_s: float = 30.0
     #: launches in a row that record nothing before the launcher gives up
     max_fruitless: int = 2
+    #: compute-sanitizer to run every rank under (memcheck), or None
+    sanitizer: str | None = None
 
     @property
     def results_path(self) -> Path:
@@ -169,6 +171,8 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
     if cfg.hostfile and name != "srun":
         cmd += ["-hostfile", cfg.hostfile]
     w = cfg.run_dir / f"w{world_size}"
+    if cfg.sanitizer:
+        cmd += sanitizer.command_prefix(cfg.sanitizer, f"{w}.sanitizer")
     cmd += [
         sys.executable, "-m", "pytest", "--pyargs", "suites", "-p", "harness.pytest_plugin",
         "-p", "no:cacheprovider", "-p", "no:unraisableexception",
@@ -195,6 +199,8 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
         cmd += ["--harness-timing-mode", cfg.timing_mode]
     if cfg.l2_flush:
         cmd.append("--harness-l2-flush")
+    if cfg.sanitizer:
+        cmd += ["--harness-sanitizer-log", f"{w}.sanitizer"]
     if cfg.calibrations:
         cmd += ["--harness-calibrations", cfg.calibrations]
     if not cfg.golden:

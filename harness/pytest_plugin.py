@@ -61,6 +61,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="do not compare with the stored goldens")
     g.addoption("--harness-timing-mode", default="events", choices=("events", "graph"),
                 help="CUDA timing: events per call, or CUDA-graph replay")
+    g.addoption("--harness-sanitizer-log", default=None,
+                help="the prefix of this job's compute-sanitizer logs (harness run --sanitize)")
     g.addoption("--harness-l2-flush", action="store_true",
                 help="overwrite a buffer of twice the last-level cache between repeats")
     g.addoption("--harness-calibrations", default=None,
@@ -104,6 +106,7 @@ class HarnessSession:
         self.progress_path = Path(opt.harness_progress) if opt.harness_progress else None
         self.run_id = opt.harness_run_id or os.environ.get("HARNESS_RUN_ID", "adhoc")
         self.timeout = opt.harness_timeout
+        self.sanitizer_log: str | None = opt.harness_sanitizer_log
         self.env_id = opt.harness_env_id
         self.skip: set[str] = set()
         if opt.harness_skip and Path(opt.harness_skip).exists():
@@ -187,7 +190,15 @@ class HarnessSession:
 
         if result.status not in ("error", "fail"):
             return None
-        broken = self.world.comm.allgather(broken_context(self.world.device))
+        why = broken_context(self.world.device)
+        if why and self.sanitizer_log:
+            from harness import sanitizer
+
+            log = sanitizer.log_path(self.sanitizer_log, self.world.rank)
+            report = sanitizer.first_error(log.read_text(errors="replace")) \
+                if log.is_file() else None
+            why = f"{why}; compute-sanitizer: {report}" if report else why
+        broken = self.world.comm.allgather(why)
         ranks = [r for r, why in enumerate(broken) if why]
         if not ranks:
             return None

@@ -27,7 +27,7 @@ from harness.results import ResultsError, RunInfo
 #: options that decide which cases a run holds and what their results mean: a resumed run
 #: takes them from the run, never from the command that resumes it
 KEPT = ("selectors", "tier", "world_sizes", "impls", "device", "bench", "golden_dir",
-        "use_golden", "timing_mode", "l2_flush")
+        "use_golden", "timing_mode", "l2_flush", "sanitize")
 #: seconds to wait for the killed run's processes to go
 _STOP_WAIT_S = 10.0
 
@@ -62,7 +62,7 @@ def options_of(info: RunInfo) -> dict[str, Any]:
     if not info.options:
         raise ResumeError(f"run {info.run_id} does not record the options it was started "
                           "with (an older harness wrote it): start it again")
-    return dict(info.options)
+    return {"sanitize": False, **info.options}  # runs recorded before --sanitize existed
 
 
 def check_same_machine(info: RunInfo, machine: dict[str, Any]) -> None:

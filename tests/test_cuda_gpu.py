@@ -106,9 +106,8 @@ def test_a_python_int_argument_is_refused_on_the_gpu(tmp_path):
         impl(x=x)
 
 
-def test_a_kernel_that_faults_costs_its_own_case_only(tmp_path):
-    """A write to an illegal address leaves a sticky error in the process's CUDA context: the
-    job ends after that case and the rest (the torch cases too) run in a new process."""
+def _faulting_kernel(tmp_path: Path) -> str:
+    """A CUDA C++ strided_copy that writes to an address no allocation holds."""
     (tmp_path / "fault.cu").write_text(
         'extern "C" __global__ void fault(float* out) {\n'
         "  ((float*)8)[threadIdx.x] = out[0];  // an address no allocation holds\n}\n")
@@ -116,14 +115,38 @@ def test_a_kernel_that_faults_costs_its_own_case_only(tmp_path):
         "def launch(kernels, storage, size, stride, offset, out):\n"
         "    kernels.fault(grid=1, block=32, args=(out,))\n"
         "    return out\n")
-    selectors = ["strided_copy[dtype=f32,*,view=contiguous]",
-                 "strided_copy[dtype=f32,*,view=transpose]"]
-    out = harness(tmp_path, "run", *selectors, "--device", "cuda", "--world-sizes", "1",
-                  "--impl", "torch", "--impl", f"{tmp_path / 'fault.cu'}:launch", "--no-bench")
+    return f"{tmp_path / 'fault.cu'}:launch"
+
+
+_FAULT_SELECTORS = ["strided_copy[dtype=f32,*,view=contiguous]",
+                    "strided_copy[dtype=f32,*,view=transpose]"]
+
+
+def test_a_kernel_that_faults_costs_its_own_case_only(tmp_path):
+    """A write to an illegal address leaves a sticky error in the process's CUDA context: the
+    job ends after that case and the rest (the torch cases too) run in a new process."""
+    out = harness(tmp_path, "run", *_FAULT_SELECTORS, "--device", "cuda", "--world-sizes", "1",
+                  "--impl", "torch", "--impl", _faulting_kernel(tmp_path), "--no-bench")
     rows = results(tmp_path)
     assert out.returncode == 1, out.stdout[-4000:] + out.stderr[-4000:]
     faults = [r for r in rows if r["impl"] != "torch"]
     assert len(faults) == 2 and len(rows) == 4, rows
     for r in faults:
         assert r["status"] == "error" and "unusable" in r["reason"], r
+    assert all(r["status"] == "pass" for r in rows if r["impl"] == "torch"), rows
+
+
+def test_sanitize_names_the_faulting_kernel(tmp_path):
+    from harness import sanitizer
+
+    if sanitizer.find() is None:
+        pytest.skip("no compute-sanitizer (CUDA toolkit) on this machine")
+    out = harness(tmp_path, "run", _FAULT_SELECTORS[0], "--device", "cuda", "--world-sizes",
+                  "1", "--impl", "torch", "--impl", _faulting_kernel(tmp_path), "--sanitize")
+    rows = results(tmp_path)
+    assert out.returncode == 1, out.stdout[-4000:] + out.stderr[-4000:]
+    (fault,) = [r for r in rows if r["impl"] != "torch"]
+    assert fault["status"] == "error", fault
+    assert "compute-sanitizer: Invalid __global__ write" in fault["reason"], fault["reason"]
+    assert " in fault" in fault["reason"], fault["reason"]
     assert all(r["status"] == "pass" for r in rows if r["impl"] == "torch"), rows
