@@ -16,6 +16,16 @@ import pytest
 from harness import sanitizer
 from harness.envinfo import find_launcher
 
+#: what compute-sanitizer 2025.3 wrote on an H100 for tests/test_cuda_gpu.py's faulting kernel
+H100 = """========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at fault+0x80
+=========     by thread (0,0,0) in block (0,0,0)
+=========     Access to 0x8 is out of bounds
+=========     and is 140,654,113,980,408 bytes before the nearest allocation at 0x7fec96800000 of size 2,097,152 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame:  [0x4cd39] in cydriver.cpython-312-x86_64-linux-gnu.so
+"""
 NEW = """========= COMPUTE-SANITIZER
 ========= Invalid __global__ write of size 4 bytes
 =========     at fault+0x70 in /tmp/fault.cu:2
@@ -37,6 +47,7 @@ DEMANGLED = """========= Misaligned Shared or Local Address
 
 
 @pytest.mark.parametrize("text, want", [
+    (H100, "Invalid __global__ write of size 4 bytes in fault"),
     (NEW, "Invalid __global__ write of size 4 bytes in fault"),
     (OLD, "Invalid __global__ read of size 8 in strided_copy_8"),
     (DEMANGLED, "Misaligned Shared or Local Address in k(float *, long long)"),

@@ -13,10 +13,12 @@
 // storage. Elements are copied as raw bytes of their width (1, 2, 4 or 8), so every dtype of
 // that width takes the same kernel.
 //
-// Speed: a thread copies a chunk of 16 bytes of one output row (16 / width elements), so the
-// row's source position is unravelled once per chunk, not per element, and the chunk's loads
-// are independent (in flight together). Where the row is contiguous in the source and both
-// addresses are 16-byte aligned, the chunk is one 16-byte load and one 16-byte store.
+// Speed: a chunk is 16 bytes of one output row (16 / width elements), so the row's source
+// position is unravelled once per chunk, not per element. A thread takes four chunks a pass
+// (a block's chunks side by side, so a warp's stores are contiguous) and loads all four
+// before it stores any: their loads are in flight together. A chunk whose source row is
+// contiguous and 16-byte aligned is one 16-byte load; a whole chunk whose destination is
+// aligned, one 16-byte store (transposes too: their loads are strided, their stores not).
 //
 // -DINDEX_32BIT plants the classic bug for the negative control: the source position in 32
 // bits. It wraps modulo 2**32 (unsigned arithmetic, so the wrap is defined C++), is read back
@@ -55,50 +57,72 @@ __device__ __forceinline__ void copy_view(T* __restrict__ out, const T* __restri
                                           i64 numel, i64 storage_numel, i64 offset,
                                           const View& v) {
   constexpr int V = 16 / sizeof(T);  // elements per chunk
+  constexpr int UNROLL = 4;          // chunks per thread and pass, all loaded before any store
+  union Chunk {
+    uint4 whole;
+    T e[V];
+  };
   const int nd = v.ndim;
   // the last dim is the row: chunks never straddle two rows
   const U inner = nd > 0 ? (U)v.size[nd - 1] : (U)1;
   const i64 inner_stride = nd > 0 ? v.stride[nd - 1] : 0;
   const U per_row = (inner + (V - 1)) / V;
   const i64 chunks = (numel / (i64)inner) * (i64)per_row;  // <= numel: fits U
-  const i64 step = (i64)gridDim.x * blockDim.x;
-  for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += step) {
-    U row = 0, col = (U)c * V;
-    if (nd > 1) {
-      row = (U)c / per_row;
-      col = ((U)c % per_row) * V;
-    }
-    position_t at = (position_t)offset;
-    U rest = row;
-    for (int d = nd - 2; d > 0; --d) {
-      const U extent = (U)v.size[d];
-      const U coord = rest % extent;
-      rest /= extent;
-      at += (position_t)coord * (position_t)v.stride[d];
-    }
-    if (nd > 1) at += (position_t)rest * (position_t)v.stride[0];  // what is left
-    at += (position_t)col * (position_t)inner_stride;
-    const i64 o = (i64)row * (i64)inner + (i64)col;  // the chunk's first output element
-    const U left = inner - col;
+  const i64 tile = (i64)blockDim.x * UNROLL;  // a block's chunks per pass, side by side
+  const i64 step = (i64)gridDim.x * tile;
+  for (i64 first = (i64)blockIdx.x * tile + threadIdx.x; first < chunks; first += step) {
+    Chunk buf[UNROLL];
+    i64 dest[UNROLL];
+    int count[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const i64 c = first + (i64)u * blockDim.x;
+      count[u] = 0;
+      dest[u] = 0;
+      if (c >= chunks) continue;
+      U row = 0, col = (U)c * V;
+      if (nd > 1) {
+        row = (U)c / per_row;
+        col = ((U)c % per_row) * V;
+      }
+      position_t at = (position_t)offset;
+      U rest = row;
+      for (int d = nd - 2; d > 0; --d) {
+        const U extent = (U)v.size[d];
+        const U coord = rest % extent;
+        rest /= extent;
+        at += (position_t)coord * (position_t)v.stride[d];
+      }
+      if (nd > 1) at += (position_t)rest * (position_t)v.stride[0];  // what is left
+      at += (position_t)col * (position_t)inner_stride;
+      const i64 o = (i64)row * (i64)inner + (i64)col;  // the chunk's first output element
+      const U left = inner - col;
+      const int n = left < (U)V ? (int)left : V;
+      count[u] = n;
+      dest[u] = o;
 #ifndef INDEX_32BIT
-    if (left >= (U)V && inner_stride == 1) {
-      const T* from = src + at;
-      T* to = out + o;
-      if ((((u64)from | (u64)to) & 15) == 0) {
-        *reinterpret_cast<uint4*>(to) = __ldg(reinterpret_cast<const uint4*>(from));
+      if (n == V && inner_stride == 1 && ((u64)(src + at) & 15) == 0) {
+        buf[u].whole = __ldg(reinterpret_cast<const uint4*>(src + at));
         continue;
       }
-    }
 #endif
-    const int n = left < (U)V ? (int)left : V;
-    T buf[V];
 #pragma unroll
-    for (int k = 0; k < V; ++k)
-      if (k < n) buf[k] = src[source_index(at + (position_t)k * (position_t)inner_stride,
-                                           storage_numel)];
+      for (int k = 0; k < V; ++k)
+        if (k < n) buf[u].e[k] = src[source_index(at + (position_t)k * (position_t)inner_stride,
+                                                  storage_numel)];
+    }
 #pragma unroll
-    for (int k = 0; k < V; ++k)
-      if (k < n) out[o + k] = buf[k];
+    for (int u = 0; u < UNROLL; ++u) {
+      const int n = count[u];
+      T* to = out + dest[u];
+      if (n == V && ((u64)to & 15) == 0) {
+        *reinterpret_cast<uint4*>(to) = buf[u].whole;
+        continue;
+      }
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        if (k < n) to[k] = buf[u].e[k];
+    }
   }
 }
 

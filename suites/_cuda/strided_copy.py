@@ -13,6 +13,7 @@ from harness.cuda_impl import cuda_launch
 MAX_DIMS = 8
 BLOCK = 256
 BLOCKS_PER_SM = 16  # grid-stride: enough blocks to fill the machine, no more
+UNROLL = 4  # chunks a thread takes per pass (strided_copy.cu's UNROLL)
 
 
 def merge_dims(size: Sequence[int], stride: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -68,11 +69,11 @@ def _launch(kernels: Any, storage, size, stride, offset, out) -> Any:
     numel = math.prod(size)
     pad = MAX_DIMS - len(sizes)
     view = [np.int64(v) for v in [*sizes, *[1] * pad, *strides, *[0] * pad]]
-    # a thread per chunk of 16 bytes of one row (the kernel's V elements)
+    # chunks of 16 bytes of one row (the kernel's V elements), UNROLL of them a thread
     per_chunk = 16 // storage.element_size()
     inner = sizes[-1] if sizes else 1
     chunks = numel // inner * -(-inner // per_chunk) if numel else 0
-    blocks = min(-(-chunks // BLOCK), kernels.sm_count * BLOCKS_PER_SM)
+    blocks = min(-(-chunks // (BLOCK * UNROLL)), kernels.sm_count * BLOCKS_PER_SM)
     kernels[f"strided_copy_{storage.element_size()}"](
         grid=blocks, block=BLOCK,
         args=(out, storage, np.int64(numel), np.int64(storage.numel()), np.int64(offset),
