@@ -22,7 +22,8 @@ H100 = """========= COMPUTE-SANITIZER
 =========     at fault+0x80
 =========     by thread (0,0,0) in block (0,0,0)
 =========     Access to 0x8 is out of bounds
-=========     and is 140,654,113,980,408 bytes before the nearest allocation at 0x7fec96800000 of size 2,097,152 bytes
+=========     and is 140,654,113,980,408 bytes before the nearest allocation at 0x7fec96800000 \
+ of size 2,097,152 bytes
 =========     Saved host backtrace up to driver entry point at kernel launch time
 =========         Host Frame:  [0x4cd39] in cydriver.cpython-312-x86_64-linux-gnu.so
 """
