@@ -28,11 +28,11 @@ SHM_MINIMUM = 256 << 20
 #: cuda-bindings 13 and NVRTC 13 need a driver of CUDA 13 (R580 or newer); CUDA 12 drivers
 #: (R525 to R575) take cuda-bindings 12 and NVRTC 12 (NVIDIA's minor-version compatibility:
 #: a cubin of any 12.x toolkit loads on any 12.x driver, never across a major version)
-CUDA12_INSTALL = ("pip uninstall -y nvidia-cuda-nvrtc && pip install 'cuda-python>=12.6,<13' "
+CUDA12_INSTALL = ("pip uninstall -y nvidia-cuda-nvrtc && pip install 'cuda-bindings>=12.6,<13' "
                   "nvidia-cuda-nvrtc-cu12 (or `pip install -e '.[cuda12]'` after the "
                   "uninstall: cuda-python loads NVRTC 13's wheel first when both are there, "
                   "and the test extra brings it)")
-CUDA13_INSTALL = ("pip install 'cuda-python>=13' 'nvidia-cuda-nvrtc>=13' "
+CUDA13_INSTALL = ("pip install 'cuda-bindings>=13' 'nvidia-cuda-nvrtc>=13' "
                   "(or `pip install -e '.[cuda]'`)")
 
 
