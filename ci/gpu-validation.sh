@@ -75,6 +75,11 @@ run_step() {
     tests-cuda) python -m pytest -v -rfEs --timeout 60 -p no:cacheprovider tests/test_inputs.py \
                   tests/test_timing.py -k cuda ;;
     smoke1) harness run --tier smoke --world-sizes 1 --device cuda --fail-on never ;;
+    # a kernel that faults costs its own case; compute-sanitizer names it
+    faults) python -m pytest -v -rfEs --timeout 120 -p no:cacheprovider tests/test_cuda_gpu.py \
+              -k "faults or sanitize" ;;
+    # strided_copy.cu against torch's copy, bitwise, GB/s as a ratio
+    speed) python benchmarks/strided_copy_speed.py --json "$out/strided_copy_speed.json" ;;
     # the fixes of the last GPU run that no GPU has run since (docs/gpu-validation.md)
     rerun1) harness run fp8_gemm dtensor --world-sizes 1 --device cuda --fail-on never ;;
     rerun4) harness run dtensor --world-sizes 4 --device cuda --fail-on never ;;

@@ -36,29 +36,33 @@ class Step:
 
 
 STEPS = [
-    Step("check", "proven", 20, "5-8 s (H200)", "the host can run the harness at all; a "
+    Step("check", "proven", 20, "5 s (H100)", "the host can run the harness at all; a "
          "blocker stops the plan"),
-    Step("rerun1", "rerun", 45, "part of smoke1's 44 s (H200)", "the FP8 quantizers bitwise, "
-         "the _scaled_mm tolerance, the _StridedShard refusal on torch < 2.12 (1 rank)",
-         "smoke1"),
-    Step("rerun4", "rerun", 40, "crashed its ranks (H200)", "DTensor on CUDA over gloo a skip, "
-         "not a crash (4 ranks sharing the GPU)", "smoke48"),
-    Step("tests-cuda", "unfinished", 70, "not reached in 350 s (H200)", "inputs bit-identical "
-         "on CPU and CUDA (the f64-uniform failure), CUDA event and graph timing tests", "tests"),
-    Step("smoke48", "unfinished", 100, "stopped at 90 s in the 4-rank job (H200)",
-         "every op at 4 and 8 ranks on one GPU (gloo, token timing)"),
-    Step("stress", "unfinished", 100, "stopped at over 140 s (H200)", "the int32 control "
-         "failing, not erroring, past 2**31 elements"),
-    Step("nightly1", "unfinished", 90, "stopped at 102 s, in the collectives (H200)",
-         "real shapes at 1 rank"),
+    Step("stress", "unfinished", 150, "the three int8 cases in 91 s; the 2**31-element f32 "
+         "case unfinished after 80 s more (H100)", "the int32 control failing, not erroring, "
+         "past 2**31 elements"),
     Step("kernels", "unfinished", 110, "stopped at 110 s in the 1-rank job (H200)",
          "the CUDA C++ kernels beside torch's at nightly sizes, 1 and 4 ranks"),
+    Step("nightly1", "unfinished", 180, "936 of 3372 cases in 80 s, stopped (H100)",
+         "real shapes at 1 rank"),
+    Step("rerun1", "proven", 45, "22 s (H100)", "the FP8 quantizers bitwise, the _scaled_mm "
+         "tolerance, the _StridedShard refusal on torch < 2.12 (1 rank)", "smoke1"),
+    Step("rerun4", "proven", 40, "12 s (H100)", "DTensor on CUDA over gloo a skip, not a "
+         "crash (4 ranks sharing the GPU)", "smoke48"),
+    Step("tests-cuda", "proven", 70, "23 s (H100)", "inputs bit-identical on CPU and CUDA, "
+         "CUDA event and graph timing tests", "tests"),
+    Step("faults", "proven", 60, "32 s (H100)", "a faulting kernel costs its own case; "
+         "--sanitize names it", "tests"),
+    Step("speed", "proven", 30, "6 s (H100)", "strided_copy.cu's GB/s against torch's on the "
+         "nightly views, bitwise (benchmarks/results/strided_copy_speed.json)"),
+    Step("smoke48", "proven", 100, "53 s (H100)", "every op at 4 and 8 ranks on one GPU "
+         "(gloo, token timing)"),
     Step("env", "proven", 10, "5-8 s (H200)", "the facts the checks judged"),
     Step("calibrate", "proven", 15, "5-8 s (H200)", "copy and matmul peaks for % of peak"),
-    Step("timers", "proven", 15, "5-8 s (H200)", "event and graph times against the "
+    Step("timers", "proven", 30, "8-11 s (H100)", "event and graph times against the "
          "profiler's kernel time"),
-    Step("graph", "proven", 35, "16 s (H200)", "CUDA-graph timing"),
-    Step("smoke1", "proven", 90, "44 s (H200)", "every op and control on one GPU"),
+    Step("graph", "proven", 35, "10-16 s (H200)", "CUDA-graph timing"),
+    Step("smoke1", "proven", 90, "40-44 s (H200)", "every op and control on one GPU"),
     Step("tests", "unfinished", 400, "not finished in 150 s and 200 s (H200)",
          "the whole of the four GPU test files"),
 ]

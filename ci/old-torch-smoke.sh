@@ -10,7 +10,7 @@
 # TORCH=2.11.0 TRITON=3.6.0 by default. Exit status: the smoke run's (0: every case passed),
 # 3 when the environment could not be built.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 3
 torch_version=${TORCH:-2.11.0}
 triton_version=${TRITON:-3.6.0}
 venv=${1:-$(mktemp -d)/venv}
