@@ -199,11 +199,16 @@ def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None
         except Exception:  # noqa: BLE001
             torch_count = 0
     headers, headers_version = cuda.runtime_headers()
+    gpus = cuda.visible_gpus()
+    triton = triton_impl.available()
+    # Triton's launcher needs are read (an ldconfig call) only where kernels would compile
+    triton_problem = (triton_impl.host_driver_problem() or "") \
+        if triton and (gpus or torch_count) else ""
     return SiteFacts(
         torch_version=torch.__version__, torch_cuda=torch.version.cuda,
         torch_gpu_count=torch_count, bindings_version=cuda.bindings_version(),
         driver_present=state.present, driver_error=state.error,
-        driver_version=cuda.driver_api_version(), gpus=cuda.visible_gpus(),
+        driver_version=cuda.driver_api_version(), gpus=gpus,
         nvml_gpu_count=cuda.nvml_gpu_count(), gpu_errors=tuple(cuda.device_errors()),
         nvrtc_version=cuda.nvrtc_version(), nvrtc_error=cuda.nvrtc_missing() or "",
         headers_version=headers_version, headers_path=str(headers or ""),
@@ -212,9 +217,7 @@ def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None
         mpi_gpu=mpi_links_cuda() if mpi else None,
         mpich_gpu_setting=os.environ.get("MPIR_CVAR_ENABLE_GPU"),
         launcher=launcher, mps=cuda.mps_running(), cpus=len(usable_cpus()),
-        triton=triton_impl.available(),
-        triton_problem=(triton_impl.host_driver_problem() or "") if triton_impl.available()
-        else "")
+        triton=triton, triton_problem=triton_problem)
 
 
 def env_id(env: dict[str, Any]) -> str:

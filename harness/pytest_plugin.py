@@ -202,7 +202,7 @@ class HarnessSession:
                 if log.is_file() else None
             why = f"{why}; compute-sanitizer: {report}" if report else why
         broken = self.world.comm.allgather(why)
-        ranks = [r for r, why in enumerate(broken) if why]
+        ranks = [r for r, theirs in enumerate(broken) if theirs]
         if not ranks:
             return None
         return (f"{result.reason}; it left the CUDA context of rank(s) "

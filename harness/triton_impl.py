@@ -71,7 +71,7 @@ class DriverFacts:
     #: directories holding libcuda.so.1 as driver.py's libcuda_dirs finds them:
     #: $TRITON_LIBCUDA_PATH, else `/sbin/ldconfig -p`, else $LD_LIBRARY_PATH
     libcuda_dirs: tuple[str, ...]
-    #: libcuda.so.1 files ldconfig lists (for the remedy when none is usable)
+    #: why `/sbin/ldconfig -p` could not be read ("" when it could)
     ldconfig_error: str
     #: $TRITON_CACHE_DIR, else $TRITON_HOME (or ~)/.triton/cache, and whether it can be
     #: written (or made)
