@@ -9,6 +9,7 @@ compare against under a tolerance.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -39,17 +40,17 @@ def allreduce(
     dtype = inputs[0].dtype
     if op == "avg" and not dtype.is_floating_point:
         raise ValueError("avg is defined for floating dtypes only")
-    stacked = torch.stack([x.to(_accumulator(dtype)) for x in inputs])
-    if op == "sum":
-        result = stacked.sum(0)
-    elif op == "prod":
-        result = stacked.prod(0)
-    elif op == "min":
-        result = stacked.amin(0)
-    elif op == "max":
-        result = stacked.amax(0)
+    wide = [x.to(_accumulator(dtype)) for x in inputs]
+    if op in ("sum", "avg", "prod"):
+        # rank by rank, as a ring or tree adds: IEEE gives -0.0 + -0.0 = -0.0, while
+        # torch.sum starts from +0.0 and returns +0.0
+        combine = torch.mul if op == "prod" else torch.add
+        result = functools.reduce(combine, wide)
+        if op == "avg":
+            result = result / len(inputs)
     else:
-        result = stacked.sum(0) / len(inputs)
+        stacked = torch.stack(wide)
+        result = stacked.amin(0) if op == "min" else stacked.amax(0)
     return result.to(out_dtype or dtype)
 
 

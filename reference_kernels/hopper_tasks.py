@@ -82,21 +82,30 @@ def argmax_partial(logits: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torc
     """Per chunk of ``chunk`` columns: the max value and its chunk-relative index (the first
     one on ties). The vocab is padded with zero columns to a multiple of the chunk, as the
     LM head's weight is padded with zero rows (so a padded 0 can win over negative logits:
-    that is the kernel's behaviour, and the reference keeps it)."""
+    that is the kernel's behaviour, and the reference keeps it). NaN counts as the largest
+    value (torch.argmax's and numpy.argmax's rule): a chunk holding one has the value NaN
+    and the index of its first NaN; +inf and -inf compare as numbers."""
     b, v = logits.shape
     padded = math.ceil(v / chunk) * chunk
     full = torch.zeros(b, padded, dtype=logits.dtype)
     full[:, :v] = logits
     blocks = full.view(b, -1, chunk).float()
-    values = blocks.amax(dim=-1)
+    values = blocks.amax(dim=-1)  # NaN where the chunk holds one
     # torch.max's index on ties is not documented to be the first; argmax's is
-    first = (blocks == values.unsqueeze(-1)).int().argmax(dim=-1)
+    first = _is_max(blocks, values.unsqueeze(-1)).int().argmax(dim=-1)
     return values.to(logits.dtype), first.to(torch.int64)
 
 
+def _is_max(x: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """Where x equals its maximum ``top``, NaN equal to NaN (NaN is the largest value)."""
+    return (x == top) | (torch.isnan(x) & torch.isnan(top))
+
+
 def argmax_reduce(values: torch.Tensor, index: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Global index (B, 1) int64: the first chunk holding the max, offset by chunk * c."""
-    best = (values.float() == values.float().max(dim=-1, keepdim=True).values).int().argmax(-1)
+    """Global index (B, 1) int64: the first chunk holding the max (a NaN chunk first of all),
+    offset by chunk * c."""
+    v = values.float()
+    best = _is_max(v, v.amax(dim=-1, keepdim=True)).int().argmax(-1)
     return (best * chunk + index.gather(1, best.unsqueeze(1)).squeeze(1)).unsqueeze(1)
 
 

@@ -516,3 +516,12 @@ def test_random_mode_tolerance_grows_with_world_size(params):
     assert t8.rtol >= t1.rtol
     # random mode compares with a float64 reference
     assert suite.allreduce_expected(params, 0, 4).dtype == torch.float64
+
+
+def test_a_sum_of_negative_zeros_is_negative_zero_as_ieee_and_nccl_add():
+    # torch.sum starts from +0.0 and returns +0.0 here; a ring or tree adds rank by rank
+    out = ref.allreduce([torch.tensor([-0.0, -0.0, 1.0]), torch.tensor([-0.0, 0.0, -1.0])])
+    assert torch.equal(torch.signbit(out), torch.tensor([True, False, False]))
+    out = ref.allreduce([torch.tensor([float("inf"), float("nan")]),
+                         torch.tensor([float("-inf"), 1.0])])
+    assert torch.isnan(out).all()

@@ -508,3 +508,11 @@ def test_the_smoke_ties_case_exposes_each_tie_and_padding_bug_in_its_own_row():
         ("signed_zero_below", signed_zero_below))}
     assert wrong_rows == {"last_on_ties": [0, 1, 2, 3, 4, 5], "ignores_padding": [2],
                           "signed_zero_below": [5]}
+
+
+def test_argmax_takes_the_first_nan_as_the_largest_value():
+    nan, inf = float("nan"), float("inf")
+    logits = torch.tensor([[4.0, 0.0, 1.0, nan, 2.0],     # NaN beats a larger number
+                           [inf, nan, 0.0, nan, 1.0],     # the first NaN, after +inf
+                           [-inf, -inf, -inf, -inf, -inf]])  # the padded 0 at index 5
+    assert ref.argmax(logits, chunk=2).reshape(-1).tolist() == [3, 1, 5]

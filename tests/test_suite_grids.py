@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from harness.discovery import builtin_suite
 from reference_kernels import dtensor, strided_copy
 from suites import dtensor as dtensor_suite
 from suites import strided_copy as strided_suite
@@ -30,3 +31,45 @@ def test_every_strided_view_fits_its_storage_and_stress_goes_past_2_31(tier):
         for p in strided_suite.STRIDED_COPY.grid[tier]:
             big = max([math.prod(p["size"]), p["offset"], *p["stride"]])
             assert big > 2**31, p
+
+
+def _pow2(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def _special(p) -> bool:
+    return p.get("mode") == "special"
+
+
+#: the edge classes each op's semantics name (README's op tables): a bug that lives in one
+#: shows only where a case holds it, so each is in two smoke cases and in the nightly tier
+EDGES = {
+    "hopper_tasks.rmsnorm": {"hidden not a power of two": lambda p: not _pow2(p["hidden"]),
+                             "an all-zero row": lambda p: p.get("rows") == "zero"},
+    "hopper_tasks.rmsnorm_linear": {"K not a power of two": lambda p: not _pow2(p["k"])},
+    "hopper_tasks.linear": {"K not a multiple of 128": lambda p: p["k"] % 128},
+    "hopper_tasks.linear_with_residual": {"K not a multiple of 128": lambda p: p["k"] % 128},
+    "hopper_tasks.embedding": {"edge ids, special values": lambda p: p.get("ids") == "edges"},
+    "hopper_tasks.identity": {"special values": lambda p: p.get("values") == "special"},
+    "hopper_tasks.argmax": {"ties": lambda p: p.get("values") == "ties",
+                            "NaN and infinities": lambda p: p.get("values") == "nan",
+                            "a padded last chunk": lambda p: p["vocab"] % p["chunk"]},
+    "hopper_tasks.paged_attention": {"a full last page": lambda p: p.get("last") == "edges"},
+    "fp8_gemm.blockwise": {"K not a multiple of 128": lambda p: p["k"] % 128},
+    "moe.layer": {"renormalize=false": lambda p: not p["renormalize"]},
+    "moe.router": {"ties": lambda p: p.get("values") == "ties",
+                   "experts not a power of two": lambda p: not _pow2(p["experts"]),
+                   "renormalize=false": lambda p: not p["renormalize"]},
+    **{op: {"-0.0, subnormals, NaN, infinities": _special}
+       for op in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all_to_all")},
+}
+
+
+@pytest.mark.parametrize("op", sorted(EDGES))
+def test_every_named_edge_is_in_two_smoke_cases_and_the_nightly_tier(op):
+    spec = {s.name: s for s in builtin_suite().specs}[op]
+    for edge, holds in EDGES[op].items():
+        smoke = [p for p in spec.grid["smoke"] if holds(p)]
+        nightly = [p for p in spec.grid["nightly"] if holds(p)]
+        assert len(smoke) >= 2, f"{op}: {edge} is in {len(smoke)} smoke case(s)"
+        assert nightly, f"{op}: {edge} is in no nightly case"

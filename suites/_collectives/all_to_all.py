@@ -151,7 +151,7 @@ def _smoke() -> list[dict]:
     return [_case("f32", 1031, "equal"), _case("f32", 1031, "uneven"), _case("bf16", 7, "equal"),
             _case("bf16", 65, "uneven"), _case("i32", 1031, "uneven"), _case("f16", 1, "equal"),
             _case("f32", 4099, "uneven", mode="random"),
-            _case("bf16", 1031, "uneven", mode="special")]
+            _case("bf16", 1031, "uneven", mode="special"), _case("f32", 67, "equal", mode="special")]
 
 
 def _nightly() -> list[dict]:
@@ -161,6 +161,7 @@ def _nightly() -> list[dict]:
             cases += [_case(dt, n, "equal"), _case(dt, n, "uneven")]
     cases += [_case(dt, 1000003, "uneven") for dt in ("f16", "i32")]
     cases += [_case("f32", (1 << 18) + 17, "uneven", mode="random")]
+    cases += [_case(dt, (1 << 18) + 17, "uneven", mode="special") for dt in ("f32", "bf16")]
     return unique(cases)
 
 

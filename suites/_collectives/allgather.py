@@ -172,6 +172,7 @@ def _smoke() -> list[dict]:
         _case("f32", 1031), _case("f32", 1031, inplace=True), _case("bf16", 7),
         _case("i32", 65539), _case("f16", 1, inplace=True), _case("f32", 4099, 5, mode="random"),
         _case("bf16", 1031, 7), _case("f32", 1031, mode="special"),
+        _case("f16", 67, inplace=True, mode="special"),
         # ~1 MiB per rank in 8 parameters: big enough for bulk's temporary to show in the
         # peak memory of every rank
         _case("f32", 262147, 8),
@@ -189,6 +190,7 @@ def _nightly() -> list[dict]:
         for n in (1, 1000003, (16 << 20) // 4 + 3):
             cases.append(_case(dt, n))
     cases += [_case("f32", (1 << 20) + 17, 4, mode="random"), _case("bf16", 65539, 64)]
+    cases += [_case(dt, (1 << 20) + 17, mode="special") for dt in ("f32", "bf16")]
     return unique(cases)
 
 

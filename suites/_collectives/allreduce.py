@@ -34,6 +34,7 @@ from .common import (
     is_same,
     mpi_op,
     native_avg,
+    plant_sum_specials,
     reduction_tolerance,
     sweep_counts,
     torch_op,
@@ -58,7 +59,12 @@ def _rank_input(params: Mapping[str, Any], rank: int, world_size: int) -> torch.
         sign = generate(shape, torch.int64, seed=seed + 1, dist="sign", region=region)
         return (sign * (1 + mag)).to(dtype)
     bound = exact_bound(dtype, world_size)
-    return generate(shape, dtype, seed=seed, dist="int", low=-bound, high=bound, region=region)
+    values = generate(shape, dtype, seed=seed, dist="int", low=-bound, high=bound, region=region)
+    if mode == "special":
+        if op != "sum":
+            raise ValueError(f"mode special is defined for sum only, not {op}")
+        plant_sum_specials(values, rank, world_size)
+    return values
 
 
 def allreduce_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
@@ -121,11 +127,13 @@ def allreduce_mpi(world: Any, x: torch.Tensor, out: torch.Tensor, op: str) -> to
 
 def _reduce_rows(rows: torch.Tensor, op: str, acc: torch.dtype) -> torch.Tensor:
     a = rows.to(acc)
-    if op in ("sum", "avg"):
-        result = a.sum(0)
+    if op in ("sum", "avg", "prod"):
+        # in rank order from rank 0's row, as the CUDA and Triton tiles do: torch.sum starts
+        # from +0.0, and -0.0 on every rank would come back +0.0
+        result = a[0].clone()
+        for row in a[1:]:
+            result = result * row if op == "prod" else result + row
         return result / rows.shape[0] if op == "avg" else result
-    if op == "prod":
-        return a.prod(0)
     return a.amin(0) if op == "min" else a.amax(0)
 
 
@@ -197,6 +205,9 @@ def _smoke() -> list[dict]:
     cases += [_case(dt, 1031, op, inplace=True) for dt in ("f32", "bf16") for op in ("sum", "max")]
     cases += [_case("f16", 7, "sum"), _case("f32", 1, "sum"), _case("bf16", 65539, "sum", True)]
     cases += [_case("f32", 4099, "sum", mode="random"), _case("bf16", 4099, "avg", mode="random")]
+    # -0.0, subnormals, NaN and infinities, whose sums every order gives
+    cases += [_case("f32", 1031, "sum", mode="special"),
+              _case("bf16", 67, "sum", inplace=True, mode="special")]
     return cases
 
 
@@ -216,6 +227,7 @@ def _nightly() -> list[dict]:
     for dt in ("f32", "bf16", "f16"):
         for op in ("sum", "avg"):
             cases.append(_case(dt, (1 << 20) + 17, op, mode="random"))
+        cases.append(_case(dt, (1 << 20) + 17, "sum", mode="special"))
     return unique(cases)
 
 

@@ -106,7 +106,8 @@ def _smoke() -> list[dict]:
     return [_case("f32", 1031, 0), _case("f32", 1031, 1), _case("f32", 1031, -1),
             _case("f32", 1031, 1, inplace=True), _case("bf16", 7, -1, inplace=True),
             _case("i32", 65539, 1), _case("f16", 1, 0, inplace=True),
-            _case("f32", 4099, -1, mode="random"), _case("bf16", 1031, 1, mode="special")]
+            _case("f32", 4099, -1, mode="random"), _case("bf16", 1031, 1, mode="special"),
+            _case("f16", 67, -1, inplace=True, mode="special")]
 
 
 def _nightly() -> list[dict]:
@@ -117,6 +118,7 @@ def _nightly() -> list[dict]:
                 cases += [_case(dt, n, root), _case(dt, n, root, inplace=True)]
     cases += [_case(dt, 1000003, 1) for dt in ("f16", "i32")]
     cases += [_case("f32", (1 << 20) + 17, -1, mode="random")]
+    cases += [_case(dt, (1 << 20) + 17, 1, mode="special") for dt in ("f32", "bf16")]
     return unique(cases)
 
 

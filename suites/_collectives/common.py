@@ -40,9 +40,10 @@ def rank_values(tag: str, params: Mapping[str, Any], rank: int, world_size: int,
     ``exact`` mode: integers exact in the dtype; bounded so that sums over the ranks stay exact
     when ``sums`` (reductions), over the dtype's whole exact range otherwise (data movement,
     where many distinct values make a misplaced element visible). ``random`` mode: uniform
-    values in [-1, 1) for floats; integers as in exact mode. ``special`` mode (data movement
-    only): exact mode with -0.0, subnormals, +-inf and NaN planted (harness.inputs.
-    plant_specials), which a copy carries bit for bit and arithmetic on the way does not.
+    values in [-1, 1) for floats; integers as in exact mode. ``special`` mode: for data
+    movement, exact mode with -0.0, subnormals, +-inf and NaN planted (harness.inputs.
+    plant_specials), which a copy carries bit for bit and arithmetic on the way does not; for
+    sums, ``plant_sum_specials``.
     """
     dtype = dtype_from_name(params["dtype"])
     mode = params["mode"]
@@ -50,11 +51,43 @@ def rank_values(tag: str, params: Mapping[str, Any], rank: int, world_size: int,
     seed = seed_from(tag, key, world_size if sums else 0, rank)
     if mode == "random" and dtype.is_floating_point:
         return generate((count,), dtype, seed=seed, dist="uniform", low=-1.0, high=1.0)
-    if mode not in ("exact", "random", "special") or (mode == "special" and sums):
-        raise ValueError(f"mode {mode!r}: use exact or random (or special for data movement)")
+    if mode not in ("exact", "random", "special"):
+        raise ValueError(f"mode {mode!r}: use exact, random or special")
     bound = exact_bound(dtype, world_size) if sums else 2 ** min(precision_bits(dtype), 62) - 1
     values = generate((count,), dtype, seed=seed, dist="int", low=-bound, high=bound)
-    return plant_specials(values, every=5 + rank % 3) if mode == "special" else values
+    if mode != "special":
+        return values
+    if sums:
+        return plant_sum_specials(values, rank, world_size)
+    return plant_specials(values, every=5 + rank % 3)
+
+
+#: special values of a sum, by position modulo 11 (the rest are exact-mode integers)
+SUM_SPECIAL_PERIOD = 11
+
+
+def plant_sum_specials(values: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s part of a sum whose special results every summation order gives (IEEE
+    754): -0.0 on every rank sums to -0.0 (an accumulator started at +0.0 gives +0.0); the
+    smallest subnormal on every rank sums exactly to W of them (a kernel that flushes
+    subnormals gives 0); NaN on one rank gives NaN; +inf on one rank gives +inf; +inf and -inf
+    on two ranks give NaN. Changes ``values`` (a float tensor) in place and returns it."""
+    if not values.dtype.is_floating_point:
+        return values
+    flat = values.view(-1)
+    info = torch.finfo(values.dtype)
+    last = world_size - 1
+    where = torch.arange(flat.numel()) % SUM_SPECIAL_PERIOD
+    flat[where == 0] = -0.0
+    flat[where == 2] = info.tiny * info.eps  # the smallest subnormal, exactly
+    if rank == 0:
+        flat[where == 4] = math.nan
+        flat[where == 8] = math.inf
+    if rank == last:
+        flat[where == 6] = math.inf
+        if last:
+            flat[where == 8] = -math.inf
+    return values
 
 
 def resolve_root(root: int, world_size: int) -> int:

@@ -133,6 +133,9 @@ def _smoke() -> list[dict]:
     cases += [_case("f16", 7, "sum"), _case("f32", 1, "sum")]
     cases += [_case("f32", 4099, op, mode="random") for op in ("sum", "max")]
     cases += [_case("bf16", 4099, "avg", mode="random")]
+    # -0.0, subnormals, NaN and infinities, whose sums every order gives
+    cases += [_case("f32", 1031, "sum", mode="special"),
+              _case("f16", 67, "sum", inplace=True, mode="special")]
     return cases
 
 
@@ -148,6 +151,7 @@ def _nightly() -> list[dict]:
         cases += [_case("i32", n, op) for n in (1, 1000003)]
     for dt in ("f32", "bf16"):
         cases += [_case(dt, (1 << 20) + 17, op, mode="random") for op in ("sum", "avg")]
+        cases.append(_case(dt, (1 << 20) + 17, "sum", mode="special"))
     return unique(cases)
 
 

@@ -33,6 +33,11 @@ def paged_layout(params: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor,
     draws = hash32(torch.arange(2 * requests), seed).tolist()
     pages = [1 + draws[r] % max_pages for r in range(requests)]
     last = [1 + draws[requests + r] % page_size for r in range(requests)]
+    if params.get("last") == "edges":
+        # a full last page (its final slot written, the next token needs a new page) and a
+        # last page holding one token: a kernel that takes last_page_len % page_size for
+        # the slots used reads no key of the full page
+        last[0], last[-1] = page_size, 1
     for r in range(requests):  # room for the new tokens
         if (pages[r] - 1) * page_size + last[r] < params["tokens"]:
             pages[r] = max(pages[r], 1 + math.ceil(params["tokens"] / page_size))
@@ -137,9 +142,10 @@ def paged_attention_work(params: Mapping[str, Any], world_size: int) -> Work:
                 flops_dtype="bf16")
 
 
-def _attention_case(requests, tokens, hq, hkv, d, page_size, max_pages) -> dict:
-    return {"requests": requests, "tokens": tokens, "hq": hq, "hkv": hkv, "d": d,
+def _attention_case(requests, tokens, hq, hkv, d, page_size, max_pages, last=None) -> dict:
+    case = {"requests": requests, "tokens": tokens, "hq": hq, "hkv": hkv, "d": d,
             "page_size": page_size, "max_pages": max_pages}
+    return case if last is None else {**case, "last": last}
 
 
 PAGED_ATTENTION = OpSpec(
@@ -152,9 +158,12 @@ PAGED_ATTENTION = OpSpec(
     out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
     readwrite_inputs=("k_cache", "v_cache"),
     work=paged_attention_work,
-    grid={"smoke": [_attention_case(3, 1, 4, 2, 32, 16, 3), _attention_case(2, 3, 4, 4, 16, 8, 4)],
+    grid={"smoke": [_attention_case(3, 1, 4, 2, 32, 16, 3), _attention_case(2, 3, 4, 4, 16, 8, 4),
+                    _attention_case(3, 1, 4, 2, 32, 16, 3, last="edges"),
+                    _attention_case(2, 3, 4, 4, 16, 8, 4, last="edges")],
           "nightly": [_attention_case(b, t, 32, 8, 128, 64, 64) for b in (1, 4, 16)
-                      for t in (1, 4)]},
+                      for t in (1, 4)]
+          + [_attention_case(4, t, 32, 8, 128, 64, 64, last="edges") for t in (1, 4)]},
     implementations={"torch": paged_attention_torch},
     negative_controls={"rope_before_norm": paged_attention_rope_before_norm,
                        "visibility_off_by_one": paged_attention_visibility_off_by_one},

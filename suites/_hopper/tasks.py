@@ -76,8 +76,10 @@ EMBEDDING = OpSpec(
     make_inputs=embedding_inputs, tolerance=compare.exact(),
     work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"] + 8 * p["b"]),
     grid={"smoke": [{"b": 7, "vocab": 1000, "hidden": 256}, {"b": 1, "vocab": 17, "hidden": 64},
-                    {"b": 9, "vocab": 17, "hidden": 64, "ids": "edges", "values": "special"}],
-          "nightly": [{"b": b, "vocab": 152064, "hidden": h} for b in BATCHES for h in HIDDENS]},
+                    {"b": 9, "vocab": 17, "hidden": 64, "ids": "edges", "values": "special"},
+                    {"b": 9, "vocab": 33, "hidden": 96, "ids": "edges", "values": "special"}],
+          "nightly": [{"b": b, "vocab": 152064, "hidden": h} for b in BATCHES for h in HIDDENS]
+          + [{"b": 9, "vocab": 152064, "hidden": 5120, "ids": "edges", "values": "special"}]},
     implementations={"torch": embedding_torch, "triton": triton_impl("hopper:embedding")},
     negative_controls={"negative_wraps": embedding_negative_wraps,
                        "zero_id_as_padding": embedding_zero_id_as_padding,
@@ -112,9 +114,13 @@ RMSNORM = OpSpec(
     description="RMSNorm over the hidden dim, eps 1e-6, one rounding (H % 256 == 0 on Hopper).",
     make_inputs=rmsnorm_inputs,
     work=lambda p, w: Work(bytes=2.0 * (2 * p["b"] * p["hidden"] + p["hidden"])),
+    # hidden 768 and 1280: multiples of 256 that are not powers of two, where a kernel that
+    # divides by its padded block (1024, 2048) instead of the row length is wrong
     grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 1, "hidden": 512},
-                    {"b": 3, "hidden": 256, "rows": "zero"}],
-          "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]},
+                    {"b": 3, "hidden": 256, "rows": "zero"}, {"b": 2, "hidden": 768},
+                    {"b": 3, "hidden": 1280, "rows": "zero"}],
+          "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]
+          + [{"b": 16, "hidden": 5120, "rows": "zero"}]},
     implementations={"torch": rmsnorm_torch, "triton": triton_impl("hopper:rmsnorm")},
     negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted,
                        "triton_eps_outside_rsqrt":
@@ -155,9 +161,12 @@ def linear_with_residual_bf16_acc(x: torch.Tensor, weight: torch.Tensor,
 def _linear_grid(residual: bool) -> dict[str, list[dict]]:
     # K of 1024 and more: the bf16-accumulation control's error grows with K, and below that
     # it hides under the GEMM tolerance
-    smoke = [{"b": 4, "n": 384, "k": 1024}, {"b": 1, "n": 100, "k": 2048}]
+    # and K = 1344, 1600: not multiples of 128 or powers of two, where an unmasked K tail
+    # reads past the row
+    smoke = [{"b": 4, "n": 384, "k": 1024}, {"b": 1, "n": 100, "k": 2048},
+             {"b": 3, "n": 96, "k": 1344}, {"b": 2, "n": 130, "k": 1600}]
     nightly = [{"b": b, "n": n, "k": h} for b in BATCHES for h in HIDDENS
-               for n in (6144, h)]
+               for n in (6144, h)] + [{"b": 16, "n": 6144, "k": 4160}, {"b": 1, "n": 4100, "k": 7000}]
     if residual:
         for case in smoke + nightly:
             case["residual"] = True
@@ -210,7 +219,8 @@ RMSNORM_LINEAR = OpSpec(
     description="RMSNorm fused into the following linear.",
     make_inputs=rmsnorm_linear_inputs, tolerance=GEMM_TOLERANCE,
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"]),
-    grid={"smoke": [{"b": 4, "n": 384, "k": 256}],
+    grid={"smoke": [{"b": 4, "n": 384, "k": 256}, {"b": 3, "n": 200, "k": 768},
+                    {"b": 2, "n": 64, "k": 1280}],
           "nightly": [{"b": b, "n": 6144, "k": h} for b in BATCHES for h in HIDDENS]},
     implementations={"torch": rmsnorm_linear_torch},
     negative_controls={"unweighted": rmsnorm_linear_unweighted},
@@ -278,7 +288,7 @@ SILU_MUL_LINEAR = OpSpec(
     description="(silu(gate) * up) @ W.T + residual, fused.",
     make_inputs=silu_mul_linear_inputs, tolerance=GEMM_TOLERANCE,
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["inter"], 2 * p["b"] * p["inter"]),
-    grid={"smoke": [{"b": 4, "inter": 1024, "n": 128}],
+    grid={"smoke": [{"b": 4, "inter": 1024, "n": 128}, {"b": 2, "inter": 1344, "n": 96}],
           "nightly": [{"b": b, "inter": i, "n": h} for b in BATCHES
                       for i, h in ((12288, 4096), (14336, 5120), (18432, 7168))]},
     implementations={"torch": silu_mul_linear_torch},
@@ -295,6 +305,8 @@ def argmax_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
     logits = tensor("argmax", params, "logits", (b, vocab))
     if params.get("values") == "ties":
         return {"logits": argmax_ties(logits, chunk), "chunk": chunk}
+    if params.get("values") == "nan":
+        return {"logits": argmax_nan(logits, chunk), "chunk": chunk}
     where = hash32(torch.arange(b), seed_from("argmax.max", b, vocab)) % vocab
     logits[torch.arange(b), where] = 4.0
     return {"logits": logits, "chunk": chunk}
@@ -331,6 +343,34 @@ def argmax_ties(logits: torch.Tensor, chunk: int) -> torch.Tensor:
     return x
 
 
+def argmax_nan(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Rows whose answer rests on argmax's NaN and infinity semantics (NaN counts as the
+    largest value, as torch.argmax and numpy.argmax have it; the first NaN wins):
+
+    0. a NaN in the last chunk and a finite maximum in the first: the NaN wins;
+    1. NaN twice, in the second and the third chunk: the second chunk's;
+    2. +inf in the first chunk and a NaN after it: the NaN;
+    3. +inf twice: the first;
+    4. every logit -inf: the first padded column (index ``vocab``) wins with its 0;
+    5. NaN twice inside the first chunk: the first of the two.
+
+    A kernel that compares with ``>`` alone never takes a NaN (rows 0, 1, 2, 5); one that
+    takes the last NaN fails rows 1 and 5; one that pads with -inf fails row 4."""
+    b, vocab = logits.shape
+    if b < 6 or vocab % chunk == 0 or vocab < 3 * chunk:
+        raise ValueError(f"the NaN rows need b >= 6 and a padded vocab of 3+ chunks: "
+                         f"b={b}, vocab={vocab}, chunk={chunk}")
+    nan, inf = float("nan"), float("inf")
+    x = logits.clone()
+    x[0, 1], x[0, vocab - 2] = 4.0, nan
+    x[1, [chunk + 5, 2 * chunk + 1]] = nan
+    x[2, chunk // 2], x[2, 2 * chunk] = inf, nan
+    x[3, [chunk + 1, 2 * chunk + 3]] = inf
+    x[4] = -inf
+    x[5, [chunk // 4, chunk // 2]] = nan
+    return x
+
+
 def argmax_torch(logits: torch.Tensor, chunk: int) -> torch.Tensor:
     b, v = logits.shape
     padded = F.pad(logits, (0, (-v) % chunk))
@@ -357,18 +397,29 @@ def argmax_no_chunk_offset(logits: torch.Tensor, chunk: int) -> torch.Tensor:
     return index.gather(1, values.argmax(dim=-1, keepdim=True))
 
 
+def argmax_nan_skipped(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Bug: NaN never wins (a kernel that keeps a candidate on ``x > best`` alone, which is
+    false for NaN): the largest number is returned instead."""
+    return argmax_torch(logits.nan_to_num(nan=float("-inf"), posinf=float("inf")), chunk)
+
+
 ARGMAX = OpSpec(
     name="hopper_tasks.argmax", family=FAMILY, reference=ref.argmax,
     description="Greedy sampling: per-chunk partial max, then the reduce over chunks.",
     make_inputs=argmax_inputs, tolerance=compare.exact(),
     work=lambda p, w: Work(bytes=2.0 * p["b"] * p["vocab"]),
     grid={"smoke": [{"b": 5, "vocab": 1000, "chunk": 96}, {"b": 3, "vocab": 64, "chunk": 16},
-                    {"b": 6, "vocab": 200, "chunk": 64, "values": "ties"}],
+                    {"b": 6, "vocab": 200, "chunk": 64, "values": "ties"},
+                    {"b": 6, "vocab": 1000, "chunk": 96, "values": "ties"},
+                    {"b": 6, "vocab": 200, "chunk": 64, "values": "nan"},
+                    {"b": 6, "vocab": 1000, "chunk": 96, "values": "nan"}],
           "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
-                      for v in (128256, 151936, 152064)]},
+                      for v in (128256, 151936, 152064)]
+          + [{"b": 6, "vocab": 151936, "chunk": 4096, "values": v} for v in ("ties", "nan")]},
     implementations={"torch": argmax_torch, "triton": triton_impl("hopper:argmax")},
     negative_controls={"no_chunk_offset": argmax_no_chunk_offset,
                        "last_on_ties": argmax_last_on_ties,
+                       "nan_skipped": argmax_nan_skipped,
                        "triton_no_chunk_offset": triton_impl("hopper:argmax_no_chunk_offset")},
 )
 
@@ -398,8 +449,10 @@ IDENTITY = OpSpec(
     description="A copy: captures an intermediate of a pipeline.",
     make_inputs=identity_inputs, tolerance=compare.exact(),
     work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"]),
-    grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 3, "hidden": 193, "values": "special"}],
-          "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]},
+    grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 3, "hidden": 193, "values": "special"},
+                    {"b": 2, "hidden": 1000, "values": "special"}],
+          "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]
+          + [{"b": 16, "hidden": 5000, "values": "special"}]},
     implementations={"torch": identity_torch},
     negative_controls={"last_tile_dropped": identity_last_tile_dropped},
 )

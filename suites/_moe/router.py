@@ -90,9 +90,13 @@ ROUTER = OpSpec(
     grid={"smoke": [_case(300, 8, 4, True), _case(300, 8, 4, False), _case(77, 64, 8, True),
                     _case(77, 64, 8, False), _case(64, 8, 4, True, values="ties"),
                     # ties in a longer row too, without renormalisation
-                    _case(48, 64, 8, False, values="ties")],
-          "nightly": [_case(16384, e, k, r) for e in (8, 64, 256) for k in (4, 8)
-                      for r in (True, False)]},
+                    _case(48, 64, 8, False, values="ties"),
+                    # 60 experts (Qwen1.5-MoE): a softmax over a block padded to 64 with
+                    # zeros instead of -inf spreads probability to the padding
+                    _case(50, 60, 4, True), _case(50, 60, 4, False)],
+          "nightly": [_case(16384, e, k, r) for e in (8, 60, 64, 256) for k in (4, 8)
+                      for r in (True, False)]
+          + [_case(16384, e, 8, False, values="ties") for e in (64, 256)]},
     implementations={"torch": router_torch},
     negative_controls={"softmax_after_topk": router_softmax_after_topk,
                        "ties_higher_first": router_ties_higher_first,

@@ -146,6 +146,10 @@ def _argmax_partial(x_ptr, values_ptr, index_ptr, vocab, n_chunks, CHUNK: tl.con
     x = tl.load(x_ptr + row * vocab + col, mask=(cols < CHUNK) & (col < vocab), other=0.0)
     x = tl.where(cols < CHUNK, x.to(tl.float32), float("-inf"))
     best, where = tl.max(x, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    # NaN is the largest value, its first occurrence wins: tl.max's comparisons skip NaN
+    first_nan = tl.min(tl.where(x != x, cols, BLOCK), axis=0)
+    best = tl.where(first_nan < BLOCK, float("nan"), best)
+    where = tl.where(first_nan < BLOCK, first_nan, where)
     tl.store(values_ptr + row * n_chunks + c, best)
     tl.store(index_ptr + row * n_chunks + c, where.to(tl.int64))
 
@@ -157,6 +161,8 @@ def _argmax_reduce(values_ptr, index_ptr, out_ptr, n_chunks, CHUNK: tl.constexpr
     c = tl.arange(0, BLOCK)
     v = tl.load(values_ptr + row * n_chunks + c, mask=c < n_chunks, other=float("-inf"))
     _, best = tl.max(v, axis=0, return_indices=True, return_indices_tie_break_left=True)
+    first_nan = tl.min(tl.where(v != v, c, BLOCK), axis=0)
+    best = tl.where(first_nan < BLOCK, first_nan, best)
     within = tl.load(index_ptr + row * n_chunks + best)
     if CHUNK_OFFSET:
         within += best.to(tl.int64) * CHUNK
