@@ -8,7 +8,10 @@ full host copy), as partial sums so that the metrics of every rank merge into on
 Tolerance kinds: ``exact`` (bitwise), ``allclose`` (|a-e| <= atol + rtol*|e|, plus
 ``magnitude_rtol`` times a per-element magnitude the op gives beside its reference, with an
 optional mismatch budget), ``ulp`` (at most n units in the last place of the output dtype),
-``cos_diff`` and ``rel_l2`` (global bounds), and ``all_of`` combinations. NaN never passes
+``cos_diff`` and ``rel_l2`` (global bounds), ``rounding`` (the precision lens: against the
+op's float64 value before its one rounding, how many elements are not that value correctly
+rounded, or, for float32 outputs, carry no more bits than bf16 or fp16), and ``all_of``
+combinations. NaN never passes
 unless the expected value has NaN in the same place; an infinity passes only against the
 same infinity.
 """
@@ -23,7 +26,7 @@ import torch
 
 CHUNK_ELEMS = 1 << 22
 
-ELEMENTWISE_KINDS = ("exact", "allclose", "ulp")
+ELEMENTWISE_KINDS = ("exact", "allclose", "ulp", "rounding")
 GLOBAL_KINDS = ("cos_diff", "rel_l2")
 
 
@@ -72,6 +75,8 @@ class Tolerance:
             return f"allclose(rtol={self.rtol:g}, atol={self.atol:g}{extra})"
         if self.kind == "ulp":
             return f"ulp({self.ulps})"
+        if self.kind == "rounding":
+            return f"rounding(off<={self.max_mismatch_frac:g}, ulps<={self.ulps})"
         if self.kind in GLOBAL_KINDS:
             return f"{self.kind}<={self.bound:g}"
         return " & ".join(p.describe() for p in self.parts)
@@ -85,6 +90,8 @@ class Tolerance:
                 d["magnitude_rtol"] = self.magnitude_rtol
         elif self.kind == "ulp":
             d["ulps"] = self.ulps
+        elif self.kind == "rounding":
+            d.update(ulps=self.ulps, max_mismatch_frac=self.max_mismatch_frac)
         elif self.kind in GLOBAL_KINDS:
             d["bound"] = self.bound
         elif self.kind == "all_of":
@@ -117,6 +124,42 @@ def allclose(rtol: float, atol: float, max_mismatch_frac: float = 0.0,
 def ulp(n: int) -> Tolerance:
     """At most ``n`` units in the last place of the output dtype (nccl-tests: 2 for float AVG)."""
     return Tolerance("ulp", ulps=n)
+
+
+def rounding(off: float, ulps: int = 1) -> Tolerance:
+    """The precision lens, for an output the op's semantics round once: compared with the
+    float64 value before that rounding (``OpSpec.exact``), at most a fraction ``off`` of the
+    elements may differ from that value correctly rounded to the output's dtype (a kernel that
+    only sums in another float32 order moves few; one that rounds twice, a bf16 GEMM result
+    rounded before the residual add, moves a quarter), and none may be more than ``ulps``
+    units in the last place from it. A float32 output may hold at most ``off`` elements that
+    fit in bf16 or fp16 where the correctly rounded value does not (an output computed through
+    a 16-bit type)."""
+    return Tolerance("rounding", ulps=ulps, max_mismatch_frac=off)
+
+
+def correctly_rounded(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``e`` rounded once to ``dtype``, to nearest, ties to even. torch's own cast to
+    bf16 or fp16 goes through float32 and rounds twice (1 + 2**-8 + 2**-30 becomes 1.0, not
+    1 + 2**-7); this corrects the one step that can cost."""
+    r = e.to(dtype)
+    if dtype.itemsize >= 4 or not dtype.is_floating_point:
+        return r  # float64 -> float32 rounds once
+    r64 = r.to(torch.float64)
+    d = e - r64  # exact: the two are within a factor of two
+    q64 = r64 + torch.sign(d) * _ulp_size(e, dtype)
+    q = q64.to(dtype)  # on the grid: exact
+    dq, dr = (e - q64).abs(), d.abs()
+    odd = (_int_view(r) & 1).bool()
+    take = torch.isfinite(e) & torch.isfinite(q64) & ((dq < dr) | ((dq == dr) & odd))
+    return torch.where(take, q, r)
+
+
+def _narrow(t: torch.Tensor) -> torch.Tensor:
+    """Where a float32 value fits in bf16 or fp16 (finite, nonzero)."""
+    f = t.to(torch.float32)
+    fits = (f.to(torch.bfloat16).to(torch.float32) == f) | (f.to(torch.float16).to(torch.float32) == f)
+    return fits & torch.isfinite(f) & (f != 0)
 
 
 def cos_diff(bound: float) -> Tolerance:
@@ -433,6 +476,19 @@ def _measure_chunk(
         if diff.numel():
             share = torch.where(finite & (diff > 0), diff / allowed, torch.zeros_like(diff))
             m.max_tol_ratio = max(m.max_tol_ratio, float(share.max()))
+    elif elem.kind == "rounding":
+        if out_dtype.itemsize <= 2:
+            # "none beyond": for 16-bit outputs only, where a float32 sum's error is far below
+            # the output's ulp (a float32 output's ulps grow with K and cancellation)
+            ulps = torch.where(finite, diff / _ulp_size(e, out_dtype), torch.zeros_like(diff))
+            if ulps.numel():
+                m.max_ulp = max(m.max_ulp, float(ulps.max()))
+            once = correctly_rounded(e_raw.to(torch.float64), out_dtype)
+            off = _int_view(a_raw) != _int_view(once)
+        else:
+            once = e_raw.to(torch.float64).to(out_dtype)
+            off = _narrow(a_raw) & ~_narrow(once)
+        bad = bad_special | (finite & off)
     else:  # ulp
         if out_dtype.is_floating_point:
             ulps = diff / _ulp_size(e, out_dtype)
@@ -502,6 +558,16 @@ def _verdict_one(m: Metrics, t: Tolerance) -> tuple[bool, str]:
             f"; first at rank {m.first_bad_rank} index {m.first_bad_position()}: "
             f"{m.first_bad_actual!r} vs {m.first_bad_expected!r}"
         )
+    if t.kind == "rounding":
+        if m.n_mismatch > t.max_mismatch_frac * m.numel:
+            ulp = f"; max {m.max_ulp:.3g} ulp" if m.max_ulp else ""
+            return False, (f"{m.n_mismatch}/{m.numel} elements not the float64 value rounded "
+                           f"once (precision lens: at most {t.max_mismatch_frac:g}{ulp})"
+                           f"{where}")
+        if m.max_ulp > t.ulps:
+            return False, (f"an element {m.max_ulp:.3g} ulp from the float64 value (precision "
+                           f"lens: at most {t.ulps}){where}")
+        return True, ""
     if t.kind in ELEMENTWISE_KINDS:
         allowed = t.max_mismatch_frac * m.numel if t.kind == "allclose" else 0
         if m.n_mismatch > allowed:

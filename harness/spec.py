@@ -94,6 +94,11 @@ class OpSpec:
     #: its rounding error grows with it, so a near-cancelled element is held to its terms'
     #: size). It reads the inputs the case made (never writes them)
     magnitude: Callable[..., Mapping[str, Any]] | None = None
+    #: ``exact(**inputs)``, called as the reference is: {output name: the float64 value
+    #: before the output's one rounding}, for the precision lens (``compare.rounding``): each
+    #: becomes a second reference ``NAME:exact``, checked with the spec's tolerance for that
+    #: name, else ``compare.rounding(EXACT_OFF)``. It reads the inputs (never writes them)
+    exact: Callable[..., Mapping[str, Any]] | None = None
     #: tolerance per output name (or one for all), or a function of (params, world_size)
     tolerance: Any = None
     work: Callable[[Mapping[str, Any], int], Work] | None = None

@@ -1,7 +1,9 @@
 """Reference semantics of the task types of a persistent megakernel on Hopper (Mirage).
 
 bf16 data, float32 arithmetic, one rounding to the output dtype at the end of each task (the
-task writes its output tile once). eps is 1e-6 in every norm. Weights use nn.Linear's layout
+task writes its output tile once). eps is 1e-6 in every norm. The functions whose output is
+rounded once take ``wide=True`` to return the float64 value before that rounding: what the
+precision lens (harness.compare.rounding) holds an implementation to. Weights use nn.Linear's layout
 (out_features, in_features). Every function is a plain torch function of its inputs, written
 for reading, not for speed.
 """
@@ -28,30 +30,42 @@ def _rms_scale(x32: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+def _acc(wide: bool) -> torch.dtype:
+    return torch.float64 if wide else torch.float32
+
+
+def _once(value: torch.Tensor, dtype: torch.dtype, wide: bool) -> torch.Tensor:
+    """The task's one rounding, or (wide) the float64 value before it."""
+    return value if wide else value.to(dtype)
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS, *, wide: bool = False
+            ) -> torch.Tensor:
     """bf16(x32 * rsqrt(mean(x32^2) + eps) * w32) over the last dim, rounded once."""
-    x32 = x.float()
-    return (x32 * _rms_scale(x32, eps) * weight.float()).to(x.dtype)
+    x32 = x.to(_acc(wide))
+    return _once(x32 * _rms_scale(x32, eps) * weight.to(x32.dtype), x.dtype, wide)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, *, wide: bool = False) -> torch.Tensor:
     """x @ weight.T with float32 accumulation, rounded once."""
-    return (x.float() @ weight.float().T).to(x.dtype)
+    acc = _acc(wide)
+    return _once(x.to(acc) @ weight.to(acc).T, x.dtype, wide)
 
 
 def linear_with_residual(x: torch.Tensor, weight: torch.Tensor,
-                         residual: torch.Tensor) -> torch.Tensor:
+                         residual: torch.Tensor, *, wide: bool = False) -> torch.Tensor:
     """x @ weight.T + residual, accumulated in float32, rounded once. Under tensor parallelism
     only rank 0 adds the residual, so it counts once after the sum allreduce."""
-    return (x.float() @ weight.float().T + residual.float()).to(x.dtype)
+    acc = _acc(wide)
+    return _once(x.to(acc) @ weight.to(acc).T + residual.to(acc), x.dtype, wide)
 
 
 def rmsnorm_linear(x: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor,
-                   eps: float = EPS) -> torch.Tensor:
+                   eps: float = EPS, *, wide: bool = False) -> torch.Tensor:
     """rmsnorm(x) * norm_weight, kept in float32 inside the fused task, then @ weight.T."""
-    x32 = x.float()
-    normed = x32 * _rms_scale(x32, eps) * norm_weight.float()
-    return (normed @ weight.float().T).to(x.dtype)
+    x32 = x.to(_acc(wide))
+    normed = x32 * _rms_scale(x32, eps) * norm_weight.to(x32.dtype)
+    return _once(normed @ weight.to(x32.dtype).T, x.dtype, wide)
 
 
 def interleave_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor, groups: int) -> torch.Tensor:
@@ -70,12 +84,13 @@ def silu_mul(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 def silu_mul_linear_with_residual(x: torch.Tensor, weight: torch.Tensor,
-                                  residual: torch.Tensor) -> torch.Tensor:
+                                  residual: torch.Tensor, *, wide: bool = False
+                                  ) -> torch.Tensor:
     """(silu(x[:, :I]) * x[:, I:]) @ weight.T + residual: the product stays in float32 inside
     the fused task; the residual is added by rank 0 only under tensor parallelism."""
-    half = x.shape[1] // 2
-    h = torch.nn.functional.silu(x[:, :half].float()) * x[:, half:].float()
-    return (h @ weight.float().T + residual.float()).to(x.dtype)
+    half, acc = x.shape[1] // 2, _acc(wide)
+    h = torch.nn.functional.silu(x[:, :half].to(acc)) * x[:, half:].to(acc)
+    return _once(h @ weight.to(acc).T + residual.to(acc), x.dtype, wide)
 
 
 def argmax_partial(logits: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:

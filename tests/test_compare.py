@@ -542,3 +542,56 @@ def test_a_memo_of_the_reference_gives_the_metrics_measuring_afresh_gives(dtype)
     bad = e.clone()
     bad[0] = bad[0] + 1
     assert compare.measure(bad, e, tol, chunk_elems=50, memo=memo).n_mismatch == 1
+
+
+# ---------------------------------------------------------------- the precision lens
+def test_correctly_rounded_rounds_float64_once_where_torch_rounds_twice():
+    e = torch.tensor([1 + 2**-8 + 2**-30, 1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8 + 2**-30),
+                      -0.0, math.inf, math.nan], dtype=torch.float64)
+    assert e[:1].to(torch.bfloat16).item() == 1.0  # torch: through float32, a tie, to even
+    got = compare.correctly_rounded(e, torch.bfloat16).double()
+    assert got[:4].tolist() == [1 + 2**-7, 1.0, 1 + 2**-6, -(1 + 2**-7)]
+    assert torch.signbit(got[4]) and got[5] == math.inf and torch.isnan(got[6])
+    half = torch.tensor([1 + 2**-11 + 2**-40], dtype=torch.float64)
+    assert compare.correctly_rounded(half, torch.float16).item() == 1 + 2**-10
+
+
+def _orders(x32, w32):
+    """float32 GEMM results in orders correct kernels use: BLAS, split-K 4, 64-wide K tiles."""
+    split = sum((xp @ wp.T for xp, wp in zip(x32.chunk(4, 1), w32.chunk(4, 1), strict=True)),
+                torch.zeros(x32.shape[0], w32.shape[0]))
+    tiles = torch.zeros(x32.shape[0], w32.shape[0])
+    for s in range(0, x32.shape[1], 64):
+        tiles = tiles + x32[:, s : s + 64] @ w32[:, s : s + 64].T
+    return [x32 @ w32.T, split, tiles]
+
+
+def test_the_lens_passes_any_float32_order_and_fails_a_second_rounding():
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(8, 1344, generator=g) * 2 - 1).bfloat16()
+    w = ((torch.rand(96, 1344, generator=g) * 2 - 1) * (3 / 1344) ** 0.5).bfloat16()
+    r = (torch.rand(8, 96, generator=g) * 2 - 1).bfloat16()
+    exact = x.double() @ w.double().T + r.double()
+    lens = compare.rounding(0.02)
+    for acc in _orders(x.float(), w.float()):
+        assert compare.check((acc + r.float()).bfloat16(), exact, lens).passed
+    twice = ((x.float() @ w.float().T).bfloat16().float() + r.float()).bfloat16()
+    bad = compare.check(twice, exact, lens)
+    assert not bad.passed and "rounded once" in bad.reason
+    # the same output passes the GEMM tolerance the op had before the lens
+    gemm = compare.all_of(compare.cos_diff(1e-5), compare.allclose(rtol=1.6e-2, atol=8e-3))
+    assert compare.check(twice, exact.bfloat16(), gemm).passed
+
+
+def test_the_lens_fails_a_float32_output_computed_through_bf16_and_one_off_by_two_ulps():
+    g = torch.Generator().manual_seed(4)
+    e = torch.randn(4096, generator=g, dtype=torch.float64)
+    assert compare.check(e.float(), e, compare.rounding(0.02)).passed
+    through = compare.check(e.bfloat16().float(), e, compare.rounding(0.02))
+    assert not through.passed and "4096/4096" in through.reason
+    once = compare.correctly_rounded(e, torch.bfloat16)
+    assert compare.check(once, e, compare.rounding(0.0)).passed
+    nudged = once.clone()
+    nudged[7] = (nudged[7].view(torch.int16) + 2).view(torch.bfloat16)  # 2 ulp: none beyond 1
+    beyond = compare.check(nudged, e, compare.rounding(0.02))
+    assert not beyond.passed and "ulp from the float64 value" in beyond.reason

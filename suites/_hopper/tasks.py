@@ -109,10 +109,18 @@ def rmsnorm_rms_of_weighted(x: torch.Tensor, weight: torch.Tensor) -> torch.Tens
     return (y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + ref.EPS)).to(x.dtype)
 
 
+def rmsnorm_rounded_twice(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Bug: the normalised value is stored as bf16 before the weight multiplies it (two
+    roundings; within the tolerance, caught by the precision lens)."""
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + ref.EPS)).to(x.dtype)
+    return (normed.float() * weight.float()).to(x.dtype)
+
+
 RMSNORM = OpSpec(
     name="hopper_tasks.rmsnorm", family=FAMILY, reference=ref.rmsnorm,
     description="RMSNorm over the hidden dim, eps 1e-6, one rounding (H % 256 == 0 on Hopper).",
-    make_inputs=rmsnorm_inputs,
+    make_inputs=rmsnorm_inputs, exact=lambda x, weight: {"out": ref.rmsnorm(x, weight, wide=True)},
     work=lambda p, w: Work(bytes=2.0 * (2 * p["b"] * p["hidden"] + p["hidden"])),
     # hidden 768 and 1280: multiples of 256 that are not powers of two, where a kernel that
     # divides by its padded block (1024, 2048) instead of the row length is wrong
@@ -123,6 +131,7 @@ RMSNORM = OpSpec(
           + [{"b": 16, "hidden": 5120, "rows": "zero"}]},
     implementations={"torch": rmsnorm_torch, "triton": triton_impl("hopper:rmsnorm")},
     negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted,
+                       "rounded_twice": rmsnorm_rounded_twice,
                        "triton_eps_outside_rsqrt":
                            triton_impl("hopper:rmsnorm_eps_outside_rsqrt")},
 )
@@ -158,6 +167,13 @@ def linear_with_residual_bf16_acc(x: torch.Tensor, weight: torch.Tensor,
     return (linear_bf16_accumulation(x, weight).float() + residual.float()).to(x.dtype)
 
 
+def linear_with_residual_rounded_twice(x: torch.Tensor, weight: torch.Tensor,
+                                       residual: torch.Tensor) -> torch.Tensor:
+    """Bug: the bf16 GEMM's result is rounded before the residual add (two roundings; within
+    the tolerance, caught by the precision lens)."""
+    return (F.linear(x, weight).float() + residual.float()).to(x.dtype)
+
+
 def _linear_grid(residual: bool) -> dict[str, list[dict]]:
     # K of 1024 and more: the bf16-accumulation control's error grows with K, and below that
     # it hides under the GEMM tolerance
@@ -177,6 +193,7 @@ LINEAR = OpSpec(
     name="hopper_tasks.linear", family=FAMILY, reference=ref.linear,
     description="x @ W.T, float32 accumulation.",
     make_inputs=linear_inputs, tolerance=GEMM_TOLERANCE,
+    exact=lambda x, weight: {"out": ref.linear(x, weight, wide=True)},
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"]), grid=_linear_grid(False),
     implementations={"torch": linear_torch},
     negative_controls={"bf16_accumulation": linear_bf16_acc},
@@ -186,10 +203,13 @@ LINEAR_WITH_RESIDUAL = OpSpec(
     name="hopper_tasks.linear_with_residual", family=FAMILY, reference=ref.linear_with_residual,
     description="x @ W.T + residual, float32 accumulation.",
     make_inputs=linear_inputs, tolerance=GEMM_TOLERANCE,
+    exact=lambda x, weight, residual: {
+        "out": ref.linear_with_residual(x, weight, residual, wide=True)},
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"], 2 * p["b"] * p["n"]),
     grid=_linear_grid(True),
     implementations={"torch": linear_with_residual_torch},
-    negative_controls={"bf16_accumulation": linear_with_residual_bf16_acc},
+    negative_controls={"bf16_accumulation": linear_with_residual_bf16_acc,
+                       "rounded_twice": linear_with_residual_rounded_twice},
 )
 
 
@@ -218,6 +238,8 @@ RMSNORM_LINEAR = OpSpec(
     name="hopper_tasks.rmsnorm_linear", family=FAMILY, reference=ref.rmsnorm_linear,
     description="RMSNorm fused into the following linear.",
     make_inputs=rmsnorm_linear_inputs, tolerance=GEMM_TOLERANCE,
+    exact=lambda x, norm_weight, weight: {
+        "out": ref.rmsnorm_linear(x, norm_weight, weight, wide=True)},
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"]),
     grid={"smoke": [{"b": 4, "n": 384, "k": 256}, {"b": 3, "n": 200, "k": 768},
                     {"b": 2, "n": 64, "k": 1280}],
@@ -287,6 +309,8 @@ SILU_MUL_LINEAR = OpSpec(
     reference=ref.silu_mul_linear_with_residual,
     description="(silu(gate) * up) @ W.T + residual, fused.",
     make_inputs=silu_mul_linear_inputs, tolerance=GEMM_TOLERANCE,
+    exact=lambda x, weight, residual: {
+        "out": ref.silu_mul_linear_with_residual(x, weight, residual, wide=True)},
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["inter"], 2 * p["b"] * p["inter"]),
     grid={"smoke": [{"b": 4, "inter": 1024, "n": 128}, {"b": 2, "inter": 1344, "n": 96}],
           "nightly": [{"b": b, "inter": i, "n": h} for b in BATCHES

@@ -81,11 +81,28 @@ def _case(tokens, experts, topk, renormalize, **extra) -> dict:
             **extra}
 
 
+def router_probs_through_bf16(logits: torch.Tensor, topk: int, renormalize: bool
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bug: float32 probabilities computed through a bf16 buffer (within float32's tolerance
+    where they are small; caught by the precision lens)."""
+    probs, routemap = router_torch(logits, topk, renormalize)
+    return probs.to(torch.bfloat16).float(), routemap
+
+
+def router_exact(logits: torch.Tensor, topk: int, renormalize: bool) -> dict[str, torch.Tensor]:
+    """The probabilities in float64, for the precision lens: float32 probs computed through
+    bf16 fail it."""
+    _, order = ref.router(logits, topk, renormalize)
+    p = torch.softmax(logits.double(), dim=1).gather(1, order.long())
+    return {"probs": p / p.sum(dim=1, keepdim=True) if renormalize else p}
+
+
 ROUTER = OpSpec(
     name="moe.router", family=FAMILY, reference=ref.router,
     description="softmax over expert logits, top-k (descending), optional renormalisation.",
     make_inputs=router_inputs, outputs=("probs", "routemap"),
     tolerance={"probs": compare.default_for(torch.float32), "routemap": compare.exact()},
+    exact=router_exact,
     work=lambda p, w: Work(bytes=p["tokens"] * (p["experts"] * 4 + p["topk"] * 8)),
     grid={"smoke": [_case(300, 8, 4, True), _case(300, 8, 4, False), _case(77, 64, 8, True),
                     _case(77, 64, 8, False), _case(64, 8, 4, True, values="ties"),
@@ -100,7 +117,8 @@ ROUTER = OpSpec(
     implementations={"torch": router_torch},
     negative_controls={"softmax_after_topk": router_softmax_after_topk,
                        "ties_higher_first": router_ties_higher_first,
-                       "unstable_sort": router_unstable_sort},
+                       "unstable_sort": router_unstable_sort,
+                       "probs_through_bf16": router_probs_through_bf16},
 )
 
 SPECS = [ROUTER]
