@@ -10,7 +10,9 @@ add, rmsnorm's normalised value rounded before the weight, a float32 output comp
 bf16. For each it prints the lens's two figures against the float64 value: the fraction of
 elements that are not that value correctly rounded (``off``), and the largest distance in
 bf16 ulps. The tolerance ``harness.compare.rounding`` uses (ROUNDING_OFF below) sits between
-the correct orders' worst ``off`` and the double roundings' least.
+the correct orders' worst ``off`` and the double roundings' least. The distance is not
+bounded by default: where a K = 4096 dot product nearly cancels, correct orders land up to
+20 ulps of the small result away.
 
     python benchmarks/precision_lens.py [--quick]     # writes benchmarks/results/precision_lens.json
 """

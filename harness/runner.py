@@ -97,7 +97,7 @@ def tolerances(case: Case, expected: Mapping[str, torch.Tensor]) -> dict[str, co
 def _interpreted_lens(tols: Mapping[str, compare.Tolerance]) -> dict[str, compare.Tolerance]:
     """The precision lens for a kernel run by Triton's interpreter, which converts float32 to
     bf16 by truncation (suites/_triton/hopper.py): the share of elements off the value rounded
-    once says nothing of the compiled kernel, so only "none beyond ``ulps``" holds."""
+    once says nothing of the compiled kernel, so only an explicit ``ulps`` bound holds."""
     return {name: compare.rounding(1.0, t.ulps)
             if name.endswith(EXACT_SUFFIX) and t.kind == "rounding" else t
             for name, t in tols.items()}
