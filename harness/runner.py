@@ -46,7 +46,15 @@ from harness.memory import NOT_MEASURED, PeakMemory
 from harness.results import CaseResult
 from harness.runtime import World
 from harness.spec import Case, OpSpec
-from harness.timing import TimingConfig, derived, percent_of_peak, time_call
+from harness.timing import (
+    TimingConfig,
+    clock_tampering,
+    derived,
+    impossible,
+    llc_bytes,
+    percent_of_peak,
+    time_call,
+)
 
 
 class CaseError(Exception):
@@ -65,6 +73,11 @@ def normalize_outputs(value: Any, names: tuple[str, ...]) -> dict[str, torch.Ten
         return dict(zip(names, value, strict=True))
     raise CaseError(f"returned a {type(value).__name__}; expected a tensor, tuple or dict")
 
+
+#: the parameter that reseeds a case's inputs for the check after timing (CaseSetup.twin)
+TWIN_PARAM = "twin"
+#: how long outputs must stay as the call left them, at least (besides 3 median calls)
+SETTLE_S = 0.005
 
 #: the name suffix of an output's float64 value before its rounding (OpSpec.exact)
 EXACT_SUFFIX = ":exact"
@@ -144,6 +157,16 @@ class CaseSetup:
             for name, value in spec.exact(**made).items():
                 self.expected[f"{name}{EXACT_SUFFIX}"] = value
         self._first: dict[str, Any] | None = made if self.pristine is None else None
+        self._twin: CaseSetup | None = None
+
+    def twin(self) -> CaseSetup:
+        """The same case with other input values (``TWIN_PARAM`` in its params reseeds every
+        input keyed on them) and their reference: what an implementation is checked on, in
+        buffers it has seen, after its timing. Made once for all the case's implementations."""
+        if self._twin is None:
+            twin = Case(self.case.spec, {**self.case.params, TWIN_PARAM: 1}, self.case.world_size)
+            self._twin = CaseSetup(twin, self.rank)
+        return self._twin
 
     def inputs(self, device: torch.device, shift_bytes: int = 0) -> dict[str, Any]:
         """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory."""
@@ -196,6 +219,10 @@ _STAGE_PREFIX = {
     "call": "",
     "shifted": "with the inputs moved to fresh shifted memory and the old buffers poisoned: ",
     "after_timing": "after the timed repeats (on shifted buffer copies): ",
+    "reused_buffers": ("on new input values written into buffers it had seen while timed "
+                       "(a result cached by buffer or by call?): "),
+    "settled": ("its outputs changed after the call returned (work left running on another "
+                "thread or stream, outside the timed interval): "),
 }
 
 
@@ -389,6 +416,7 @@ def run_case(
     result.interpreter = triton_impl.interpreter_of(impl, world.device.type)
     mem = PeakMemory(world.device)
     checks = ["poisoned_outputs"] if spec.out_buffers else []
+    clock_tampering()  # an untimed implementation before this one may have left a patch
     try:
         setup = (setups or SetupCache()).get(case, world.rank)
         inputs = setup.inputs(world.device)
@@ -445,7 +473,7 @@ def run_case(
         if result.interpreter:
             cfg = cfg.interpreted(result.interpreter)
         _time_and_recheck(world, case, impl, inputs, writable, expected, tols, result,
-                          cfg, checks, calibration, setup.memos, setup.magnitudes)
+                          cfg, checks, calibration, setup.memos, setup.magnitudes, setup)
     result.checks = checks
     result.peak_memory_bytes, result.peak_memory_kind = _gather_peak(world, mem.bytes, mem.kind)
     result.duration_s = time.perf_counter() - t0
@@ -519,8 +547,12 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                       cfg: TimingConfig, checks: list[str],
                       calibration: Mapping[str, Any] | None = None,
                       memos: dict[str, dict[Any, Any]] | None = None,
-                      magnitudes: Mapping[str, torch.Tensor] | None = None) -> None:
-    """Time over rotating shifted copies of the inputs, then check the last output again."""
+                      magnitudes: Mapping[str, torch.Tensor] | None = None,
+                      setup: CaseSetup | None = None) -> None:
+    """Time over rotating shifted copies of the inputs, then check the last output again;
+    then, where the timing was real, check that the time could be honest: not below the
+    calibrated limits, no clock replaced, right on new values in buffers seen before (a
+    cache), and outputs that stay put after the call returns (work left running)."""
     spec = case.spec
     out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
     # in-place cases change their inputs on every repeat: their last output is not checkable
@@ -546,15 +578,22 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
         last["value"] = impl(world, **args) if spec.distributed else impl(**args)
 
     local_error = ""
+    tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
     try:
         result.timing = time_call(call, world, spec.distributed, cfg)
     except Exception as exc:
         local_error = f"failed while timing: {type(exc).__name__}: {exc}"
+    tampered += clock_tampering()
+    real = bool(result.timing) and not cfg.minimal and not cfg.interpreter
+    impossible_why = ""
     if result.timing and spec.work is not None and not cfg.interpreter:
         # (an interpreter's time gives no bandwidth or FLOP rate of the kernel)
         work = spec.work(case.params, case.world_size)
         result.derived = derived(work, result.timing.get("median"))
         result.derived.update(percent_of_peak(result.derived, calibration, work.flops_dtype))
+        if real:
+            impossible_why = impossible(work, result.timing.get("median"), calibration,
+                                        llc_bytes(world.device), cfg.l2_flush)
     # every rank takes part in this verdict, so a timing error on one rank reaches them all
     stages: dict[str, dict[str, Any]] = {}
     if recheck and not local_error:
@@ -563,12 +602,65 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
             stages["after_timing"] = _measure(outputs, expected, tols, world.rank, memos,
                                               magnitudes)
             checks.append("after_timing")
+            if real and setup is not None and nbytes(inputs) <= RELOCATE_CAP_BYTES:
+                _recheck_in_seen_buffers(world, case, impl, slots[0], setup.twin(),
+                                         result.timing.get("median") or 0.0, stages)
+                checks += ["reused_buffers", "settled"]
+                tampered += clock_tampering()
         except Exception as exc:
             local_error = f"after timing: {type(exc).__name__}: {exc}"
     status, reason, outputs_report, wrong = _gather_verdict(world, case, local_error, stages)
     if status != "pass":
         result.status, result.reason = status, reason
         result.outputs, result.wrong = outputs_report, wrong
+        return
+    # the same on every rank: the clock check is per rank, the times are every rank's maximum
+    tampered_anywhere = world.allreduce_max(1.0 if tampered else 0.0) > 0 if world.size > 1 \
+        else bool(tampered)
+    if tampered_anywhere:
+        names = ", ".join(sorted(set(tampered))) or "on another rank"
+        result.timing["tampered"] = tampered
+        result.status = "fail"
+        result.reason = (f"a clock was replaced while the call was timed ({names}): an "
+                         "implementation may not patch the timer; restored for later cases")
+    elif impossible_why:
+        result.timing["impossible"] = impossible_why
+        result.status, result.reason = "fail", impossible_why
+
+
+def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
+                             slot: dict[str, Any], twin: CaseSetup, median_ns: float,
+                             stages: dict[str, dict[str, Any]]) -> None:
+    """One more call, on the twin case's values copied into ``slot`` (buffers the timed calls
+    used): its outputs, read the moment it returns, must match the twin's reference (a result
+    kept by buffer address or call count is stale), and must still be what they were after the
+    device is synchronised and a few calls' time has passed (work finishing later)."""
+    spec = case.spec
+    fresh = twin.inputs(world.device)
+    written = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
+    for name, new in fresh.items():
+        old = slot.get(name)
+        if (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
+                and old.shape == new.shape and old.dtype == new.dtype):
+            if name in written:
+                poison_(old)
+            else:
+                old.copy_(new)
+        else:  # a count or a shape that the new values change: take it as it is
+            slot[name] = poison_(new) if name in written and new is not None else new
+    value = impl(world, **slot) if spec.distributed else impl(**slot)
+    outputs = normalize_outputs(value, spec.outputs)
+    seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+    world.synchronize()
+    time.sleep(max(SETTLE_S, 3 * median_ns * 1e-9))
+    world.synchronize()
+    twin_tols = tolerances(twin.case, twin.expected)
+    stages["reused_buffers"] = _measure(seen, twin.expected, twin_tols, world.rank, twin.memos,
+                                        twin.magnitudes)
+    stages["settled"] = _measure(outputs, {k: v for k, v in seen.items()
+                                           if isinstance(v, torch.Tensor)},
+                                 {k: compare.exact() for k, v in seen.items()
+                                  if isinstance(v, torch.Tensor)}, world.rank)
 
 
 def _judge(gathered: list[tuple[str, dict[str, Any]]], case: Case

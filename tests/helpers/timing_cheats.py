@@ -1,0 +1,61 @@
+"""Implementations of hopper_tasks.rmsnorm that return right answers with times that lie
+(loaded with --impl timing_cheats:NAME): each must fail its case."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+
+from reference_kernels import hopper_tasks as ref
+
+_calls: dict[str, int] = {}
+_kept: dict[object, torch.Tensor] = {}
+
+
+def _honest(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return ref.rmsnorm(x, weight)
+
+
+def by_address(x, weight):
+    """Keeps each result by the inputs' addresses: repeats over the same buffers are free."""
+    key = (x.data_ptr(), weight.data_ptr(), tuple(x.shape))
+    if key not in _kept:
+        _kept[key] = _honest(x, weight)
+    return _kept[key].clone()
+
+
+def by_call(x, weight):
+    """Computes the first calls of a case, then returns the last result: the timed calls."""
+    key = tuple(x.shape)
+    _calls[key] = _calls.get(key, 0) + 1
+    if _calls[key] <= 3 or key not in _kept:
+        _kept[key] = _honest(x, weight)
+    return _kept[key].clone()
+
+
+def late_thread(x, weight):
+    """Returns its output buffer at once and fills it from a thread a little later, once the
+    checks of the first calls are behind it."""
+    key = ("late",) + tuple(x.shape)
+    _calls[key] = _calls.get(key, 0) + 1
+    if _calls[key] <= 2:
+        return _honest(x, weight)
+    out = torch.zeros(x.shape, dtype=x.dtype)
+    x, weight = x.clone(), weight.clone()
+
+    def fill() -> None:
+        time.sleep(0.002)
+        out.copy_(_honest(x, weight))
+
+    threading.Thread(target=fill, daemon=True).start()
+    return out
+
+
+def patched_clock(x, weight):
+    """Replaces the harness's clock on its first call, so that every call takes 1 ns."""
+    import harness.timing
+
+    harness.timing.Clock.time = lambda self, fn: (fn(), 1.0)[1]
+    return _honest(x, weight)

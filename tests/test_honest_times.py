@@ -1,0 +1,113 @@
+"""Times that cannot be faked: a time below the calibrated limits, a replaced clock, a result
+cached by buffer or by call, and work left running after the call returns each fail the case
+(harness/timing.py ``impossible`` and ``clock_tampering``, harness/runner.py's checks after
+timing). The cheats are in tests/helpers/timing_cheats.py."""
+
+from __future__ import annotations
+
+import sqlite3
+import textwrap
+import time
+
+import pytest
+
+from harness import timing
+from harness.spec import Work
+
+from test_cli_integration import harness
+
+CAL = {"copy_gbps": 32.0, "matmul_tflops": {"fp32": 0.2, "bf16": 0.4}}
+
+
+def test_a_rate_past_twice_the_calibrated_peak_is_impossible():
+    work = Work(flops=1e12, flops_dtype="fp32")
+    assert "5.0x this device's calibrated fp32 matmul peak" in timing.impossible(
+        work, 1e9, CAL, llc=32 << 20, cold=False)  # 1 TFLOP/s against 0.2
+    assert timing.impossible(work, 2.6e9, CAL, llc=32 << 20, cold=False) == ""  # 0.38 TFLOP/s
+    assert timing.impossible(work, 1e9, None, llc=32 << 20, cold=False) == ""  # uncalibrated
+    big = Work(bytes=float(1 << 30))
+    assert "GB/s" in timing.impossible(big, 1e6, CAL, llc=32 << 20, cold=False)  # 1074 GB/s
+    small = Work(bytes=float(1 << 20))  # cache-resident: its bandwidth is the cache's
+    assert timing.impossible(small, 1e3, CAL, llc=32 << 20, cold=False) == ""
+    assert "copy bandwidth" in timing.impossible(small, 1e3, CAL, llc=32 << 20, cold=True)
+    collective = Work(bytes=float(1 << 30), bus_bytes=float(1 << 30))
+    assert timing.impossible(collective, 1e6, CAL, llc=32 << 20, cold=False) == ""
+
+
+def test_a_replaced_clock_is_named_and_restored():
+    trusted = time.perf_counter_ns
+    assert timing.clock_tampering() == []
+    time.perf_counter_ns = lambda: 0
+    timing.Clock.time = lambda self, fn: 1.0
+    try:
+        assert sorted(timing.clock_tampering()) == ["harness.timing.Clock.time",
+                                                    "time.perf_counter_ns"]
+    finally:
+        time.perf_counter_ns = trusted
+    assert time.perf_counter_ns is trusted and timing.clock_tampering() == []
+
+
+def _statuses(db):
+    with sqlite3.connect(db) as conn:
+        return {(impl, case): (status, reason) for impl, case, status, reason in conn.execute(
+            "SELECT impl, case_id, status, reason FROM results")}
+
+
+@pytest.mark.mpi
+def test_cached_late_and_clock_patching_implementations_fail_and_torch_passes(tmp_path):
+    cheats = ("by_address", "by_call", "late_thread", "patched_clock")
+    args = [a for c in cheats for a in ("--impl", f"timing_cheats:{c}")]
+    out = harness(tmp_path, "run", "hopper_tasks.rmsnorm", "--world-sizes", "1",
+                  "--impl", "torch", *args, timeout=300)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    got = _statuses(tmp_path / "h.db")
+    assert {s for (impl, _), (s, _) in got.items() if impl == "torch"} == {"pass"}
+    late = ("buffers it had seen", "after the call returned", "after the timed repeats")
+    why = {"by_address": ("buffers it had seen",), "by_call": ("buffers it had seen",),
+           "late_thread": late, "patched_clock": ("a clock was replaced",)}
+    for cheat, words in why.items():
+        results = [v for (impl, _), v in got.items() if impl == f"timing_cheats:{cheat}"]
+        assert results and all(s == "fail" and any(w in r for w in words)
+                               for s, r in results), (cheat, results)
+
+
+SUITE = textwrap.dedent('''
+    import torch
+    from harness.api import OpSpec, allclose, case_tensor
+    from harness.spec import Work
+
+    def inputs(p, rank, world_size):
+        n = p["n"]
+        return {"a": case_tensor("mm", p, "a", (n, n), torch.float32),
+                "b": case_tensor("mm", p, "b", (n, n), torch.float32)}
+
+    _kept = {}
+
+    def sampled_cache(a, b):
+        """Right answers, kept by a sample of the values: the timed repeats cost a lookup."""
+        key = (tuple(a.shape), tuple(a[0, :4].tolist()), tuple(b[0, :4].tolist()))
+        if key not in _kept:
+            _kept[key] = a @ b
+        return _kept[key].clone()
+
+    SPECS = [OpSpec(name="cheat.matmul", family="cheat", reference=lambda a, b: a @ b,
+                    make_inputs=inputs, grid={"smoke": [{"n": 384}]},
+                    tolerance=allclose(1e-4, 1e-4),
+                    work=lambda p, w: Work(flops=2.0 * p["n"] ** 3, flops_dtype="fp32"),
+                    implementations={"honest": lambda a, b: a @ b},
+                    negative_controls={"sampled_cache": sampled_cache})]
+''')
+
+
+@pytest.mark.mpi
+def test_a_time_past_the_calibrated_peak_fails_as_impossible(tmp_path):
+    (tmp_path / "mm_suite.py").write_text(SUITE)
+    cal = harness(tmp_path, "calibrate", "--quick", timeout=300)
+    assert cal.returncode == 0, cal.stderr
+    out = harness(tmp_path, "run", "cheat.matmul", "--suite", "mm_suite.py", "--world-sizes",
+                  "1", "--impl", "honest", "--impl", "sampled_cache", timeout=300)
+    got = {impl: v for (impl, _), v in _statuses(tmp_path / "h.db").items()}
+    assert got["honest"][0] == "pass", got
+    status, reason = got["sampled_cache"]
+    assert status == "fail" and reason.startswith("impossible time:"), got
+    assert out.returncode == 1
