@@ -231,10 +231,12 @@ def test_detect_on_a_csv_with_samples_and_commits(tmp_path, capsys):
     code, out, _ = cli(capsys, "detect", str(path))
     assert "kernel  index 18 (order 18 commit c018)" in out
     assert "1 change point(s) in 2 series" in out
+    # --min-change 0 would show the +0.2% stretch as well, but the level model finds no change
+    # near it (the trend model's change points are those it confirms: changepoints._agreed),
+    # and the draw has none there: its level is 100 until run 18
     code, out, _ = cli(capsys, "detect", str(path), "--json", "--min-change", "0")
-    small, step = json.loads(out)
-    assert (small["index"], small["direction"], step["index"]) == (11, "up", 18)
-    assert 0 < small["change_pct"] < 1
+    (step,) = json.loads(out)
+    assert step["index"] == 18
     code, out, _ = cli(capsys, "detect", str(path), "--min-change", "15", "--json")
     assert json.loads(out) == []
 
