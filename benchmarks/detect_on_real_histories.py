@@ -1,5 +1,5 @@
 """``harness detect`` against Perfherder's rule on labelled histories, split for tuning and
-held out (issue: detect on real performance histories).
+held out.
 
 Each series is scored as TCPD scores it (benchmarks/tcpd_changepoints.py, imported, not
 copied): F1 with a margin of 5 and covering, index 0 added to both sides. Every series falls

@@ -23,6 +23,18 @@ Families (the bugs a kernel writer makes):
 - ``mask``: ``torch.where(m, a, b)`` to ``torch.where(m, b, a)`` is a swap_args; a float
   constant set to 0 (an epsilon, a clamp floor, a fill value) or 1 if it was 0
 
+Kernel families (the bugs of tiled, padded, mixed-precision kernels; each reaches a helper of
+this module through ``__import__("mutants")``):
+
+- ``padded_block``: a mean, softmax or rms_norm over the dimension padded to the next power of
+  two (divided by the padded block; zeros in the softmax's padding)
+- ``extra_rounding``: a float32 matmul or sum rounded to bf16 and back, then used
+- ``narrow_output``: a returned float32 tensor computed through bf16; a 16-bit one through the
+  other 16-bit type (bf16 <-> fp16: range or mantissa lost)
+- ``tail_mask``: the bound of a ``<``, ``<=``, ``>``, ``>=`` against a non-constant one less
+- ``drop_last``: ``range(n)`` to ``range(n - 1)``; the last piece left out of ``torch.cat`` or
+  ``torch.stack``
+
 Not mutated: docstrings, annotations, ``raise`` and ``assert`` statements (argument
 validation), keyword-only switches that plant a negative control's bug (``*, bug=False``,
 ``*, bug: str = ""``) and the branch they take only when set (and what only it calls);
@@ -191,6 +203,7 @@ def _sites(tree: ast.FunctionDef) -> Iterator[tuple[ast.AST, str, str, Callable[
         if id(node) in skip or not hasattr(node, "lineno"):
             continue
         yield from _node_sites(node)
+        yield from _kernel_sites(node, ast.unparse(node))
 
 
 def _dead_nodes(tree: ast.FunctionDef) -> set[int]:
@@ -328,6 +341,158 @@ def _node_sites(node: ast.AST) -> Iterator[tuple[ast.AST, str, str, Callable[[An
             yield node, "dtype", f"torch.{node.attr}->torch.{new_attr}", _set_attr(new_attr)
     elif isinstance(node, (ast.Expr, ast.AugAssign, ast.Assign)) and _is_effect(node):
         yield node, "drop_term", "drop statement", _make_pass
+
+
+PADDED_CALLS = {"mean": "k_mean_padded", "softmax": "k_softmax_padded",
+                "rms_norm": "k_rms_norm_padded"}
+ROUNDED_CALLS = {"matmul", "mm", "bmm", "linear", "addmm", "einsum", "sum"}
+
+
+def _helper(name: str) -> ast.expr:
+    return ast.Attribute(value=ast.Call(func=ast.Name(id="__import__", ctx=ast.Load()),
+                                        args=[ast.Constant(value="mutants")], keywords=[]),
+                         attr=name, ctx=ast.Load())
+
+
+def _wrap(helper: str) -> Callable[[Any], None]:
+    """Turn the node (an expression) into ``helper(node)`` in place."""
+    def apply(n: Any) -> None:
+        inner = copy.copy(n)
+        n.__class__ = ast.Call
+        n.func, n.args, n.keywords = _helper(helper), [inner], []
+    return apply
+
+
+def _padded(helper: str) -> Callable[[Any], None]:
+    """``x.mean(...)`` / ``torch.mean(x, ...)`` to ``helper(x, ...)``."""
+    def apply(n: Any) -> None:
+        func = n.func
+        is_method = (isinstance(func, ast.Attribute) and not (
+            isinstance(func.value, ast.Name) and func.value.id in ("torch", "F")))
+        if is_method:
+            n.args = [func.value, *n.args]
+        n.func = _helper(helper)
+    return apply
+
+
+def _kernel_sites(node: ast.AST, text: str) -> Iterator[tuple[ast.AST, str, str, Callable]]:
+    """The kernel families' sites at ``node`` (``text``: its source)."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else (
+            func.id if isinstance(func, ast.Name) else None)
+        if name in PADDED_CALLS:
+            yield node, "padded_block", f"{name} over a power-of-two block", \
+                _padded(PADDED_CALLS[name])
+        if name in ROUNDED_CALLS and "float" in text:
+            yield node, "extra_rounding", f"{name} rounded to bf16", _wrap("k_round_bf16")
+        if name == "range" and 1 <= len(node.args) <= 2 and not isinstance(node.args[-1],
+                                                                           ast.Constant):
+            yield node, "drop_last", "range(..., n - 1)", _shrink_last_arg
+        if name in ("cat", "stack") and node.args and not isinstance(node.args[0], ast.Starred):
+            yield node, "drop_last", f"{name} without its last piece", _drop_last_piece
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and "float" in text:
+        yield node, "extra_rounding", "@ rounded to bf16", _wrap("k_round_bf16")
+    elif isinstance(node, ast.Return) and node.value is not None:
+        yield node, "narrow_output", "output through a narrower type", _narrow_return
+    elif (isinstance(node, ast.Compare) and len(node.ops) == 1
+          and isinstance(node.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE))
+          and not isinstance(node.comparators[0], ast.Constant)):
+        yield node, "tail_mask", f"{_op(node.ops[0])} bound - 1", _shrink_bound
+
+
+def _one_less(e: ast.expr) -> ast.expr:
+    return ast.BinOp(left=e, op=ast.Sub(), right=ast.Constant(value=1))
+
+
+def _shrink_last_arg(n: Any) -> None:
+    n.args[-1] = _one_less(n.args[-1])
+
+
+def _shrink_bound(n: Any) -> None:
+    n.comparators[0] = _one_less(n.comparators[0])
+
+
+def _drop_last_piece(n: Any) -> None:
+    n.args[0] = ast.Subscript(value=n.args[0], slice=ast.Slice(upper=ast.Constant(value=-1)),
+                              ctx=ast.Load())
+
+
+def _narrow_return(n: Any) -> None:
+    n.value = ast.Call(func=_helper("k_narrow"), args=[n.value], keywords=[])
+
+
+# the kernel families' helpers, called from mutated code -------------------------------------
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _dims(x: Any, dim: Any) -> tuple[int, ...]:
+    if dim is None:
+        return tuple(range(x.dim()))
+    return tuple(dim) if isinstance(dim, (tuple, list)) else (dim,)
+
+
+def k_mean_padded(x: Any, dim: Any = None, keepdim: bool = False, **kw: Any) -> Any:
+    """The mean over ``dim`` divided by the padded block, not the length."""
+    n = 1
+    for d in _dims(x, dim):
+        n *= x.shape[d]
+    return x.sum(dim=dim, keepdim=keepdim, **kw) / _next_pow2(n) if dim is not None else \
+        x.sum(**kw) / _next_pow2(n)
+
+
+def k_softmax_padded(x: Any, dim: int = -1, *args: Any, **kw: Any) -> Any:
+    """softmax over ``dim`` padded with zeros (not -inf) up to a power of two."""
+    import torch
+
+    pad = _next_pow2(x.shape[dim]) - x.shape[dim]
+    if pad == 0:
+        return torch.softmax(x, dim, *args, **kw)
+    shape = list(x.shape)
+    shape[dim] = pad
+    full = torch.cat([x, torch.zeros(shape, dtype=x.dtype, device=x.device)], dim=dim)
+    return torch.softmax(full, dim, *args, **kw).narrow(dim, 0, x.shape[dim])
+
+
+def k_rms_norm_padded(x: Any, normalized_shape: Any, weight: Any = None, eps: Any = None) -> Any:
+    """rms_norm whose mean square is divided by the padded block."""
+    import torch
+
+    dims = tuple(range(-len(tuple(normalized_shape)), 0))
+    ms = k_mean_padded(x.float().pow(2), dims, keepdim=True)
+    y = x.float() * torch.rsqrt(ms + (eps if eps is not None else torch.finfo(x.dtype).eps))
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+def k_round_bf16(t: Any) -> Any:
+    """A float32/64 tensor rounded to bf16 and back (other values as they are)."""
+    import torch
+
+    if isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.float64):
+        return t.to(torch.bfloat16).to(t.dtype)
+    return t
+
+
+def k_narrow(value: Any) -> Any:
+    """Every float tensor in ``value`` through a narrower type: float32/64 through bf16, bf16
+    through fp16 and fp16 through bf16, back to its own dtype."""
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.dtype.is_floating_point:
+        via = {torch.float32: torch.bfloat16, torch.float64: torch.bfloat16,
+               torch.bfloat16: torch.float16, torch.float16: torch.bfloat16}.get(value.dtype)
+        return value if via is None else value.to(via).to(value.dtype)
+    if isinstance(value, tuple):
+        return tuple(k_narrow(v) for v in value)
+    if isinstance(value, list):
+        return [k_narrow(v) for v in value]
+    if isinstance(value, dict):
+        return {k: k_narrow(v) for k, v in value.items()}
+    return value
 
 
 def _constant_sites(node: ast.Constant) -> Iterator[tuple[ast.AST, str, str, Callable]]:

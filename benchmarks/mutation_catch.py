@@ -3,6 +3,7 @@ implementation (benchmarks/mutants.py), each run through ``harness run --impl`` 
 candidate, with every check and the golden comparison.
 
     python benchmarks/mutation_catch.py [OPS...] [--json out.json] [--show-survivors]
+                                        [--families F,G]
 
 Each project function is mutated once, for the op with the smallest call tree that reaches it
 (``route`` belongs to moe.router, not moe.layer); one ``harness run`` per op and world size
@@ -47,9 +48,10 @@ _IMPL = registry().specs[{op!r}].implementations["torch"]
 '''
 
 
-def plan(selected: list[str]) -> tuple[dict[str, list[mut.Mutant]], dict[str, list[str]],
-                                       dict[str, bool]]:
-    """({op: its own mutants}, {function key: every op that reaches it}, {op: distributed})."""
+def plan(selected: list[str], families: list[str] | None = None
+         ) -> tuple[dict[str, list[mut.Mutant]], dict[str, list[str]], dict[str, bool]]:
+    """({op: its own mutants}, {function key: every op that reaches it}, {op: distributed}),
+    of the ``families`` given (default: all)."""
     from harness.spec import registry
 
     specs = registry().specs
@@ -67,7 +69,8 @@ def plan(selected: list[str]) -> tuple[dict[str, list[mut.Mutant]], dict[str, li
             if key in taken:
                 continue
             taken.add(key)
-            owned[name].extend(mut.mutants_of(fn))
+            owned[name].extend(m for m in mut.mutants_of(fn)
+                               if not families or m.family in families)
     ops = [n for n in sorted(owned) if not selected or n in selected]
     return ({n: owned[n] for n in ops}, dict(reach),
             {n: specs[n].distributed for n in specs})
@@ -129,8 +132,10 @@ def main() -> int:
                         help="keep the outcomes --json holds and skip the ops it covers")
     parser.add_argument("--show-survivors", action="store_true",
                         help="print each survivor's key and the lines it changed")
+    parser.add_argument("--families", help="comma-separated families only (e.g. "
+                        "padded_block,extra_rounding,narrow_output,tail_mask,drop_last)")
     args = parser.parse_args()
-    owned, reach, distributed = plan(args.ops)
+    owned, reach, distributed = plan(args.ops, args.families.split(",") if args.families else None)
     equivalent = json.loads(EQUIVALENT_FILE.read_text()) if EQUIVALENT_FILE.is_file() else {}
     outcome: dict[str, dict] = {}
     if args.resume and args.json and Path(args.json).is_file():

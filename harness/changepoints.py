@@ -685,12 +685,11 @@ def _agreed(points: list[ChangePoint], level: list[ChangePoint],
     AGREE_NEAR runs, either direction), and its turns (``_jump`` under TURN_SIGMAS sigmas).
     Two models that read noise differently (a line and its residuals; levels with excursions
     set aside) seldom cut the same noise at the same place; a step both see is kept where the
-    trend model put it. Measured on labelled series split by name
-    (benchmarks/detect_on_real_histories.py), chosen on the tuning half over a minimum of runs
-    after a change at a series' end and over votes with Perfherder's rule; held out: TCPD F1
-    0.759 -> 0.781 and cover 0.697 -> 0.725, otava-test-data 0.904 -> 0.922 and
-    0.902 -> 0.908 (without the turns 0.787 and 0.731 on TCPD, but a series that rises and
-    then falls would have no change point)."""
+    trend model put it. Chosen on the tuning half of labelled series split by name
+    (benchmarks/detect_on_real_histories.py) over a minimum of runs after a change at a
+    series' end and over votes with Perfherder's rule, and kept for what it does on the
+    held-out half. The turns cost a little there, but without them a series that rises and
+    then falls would have no change point."""
     at = [cp.index for cp in level]
     finite = np.flatnonzero(np.isfinite(values))
     sigma = noise_sigma(values[finite], floor, spikes=False)
