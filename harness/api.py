@@ -65,10 +65,18 @@ def case_tensor(op: str, params: Mapping[str, Any], name: str, shape: tuple[int,
                     region=region)
 
 
-def shard(total: int, rank: int, world_size: int) -> slice:
+def shard(total: int, rank: int, world_size: int, *, uneven: bool = False) -> slice:
     """Rank ``rank``'s equal slice of a dimension of ``total``; a ValueError when it does not
-    split evenly (say so in the grid rather than pad silently)."""
+    split evenly (say so in the grid rather than pad silently). ``uneven=True`` takes
+    torch.chunk's rule instead: chunks of ceil(total / world_size), the last ranks' shorter or
+    empty (5 over 4 ranks: 2, 2, 1, 0), as DTensor's Shard places them."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a world of {world_size}")
+    if uneven:
+        size = -(-total // world_size)
+        return slice(min(total, rank * size), min(total, (rank + 1) * size))
     if total % world_size:
-        raise ValueError(f"a dimension of {total} does not split over {world_size} ranks")
+        raise ValueError(f"a dimension of {total} does not split over {world_size} ranks; "
+                         "shard(..., uneven=True) takes torch.chunk's rule")
     size = total // world_size
     return slice(rank * size, (rank + 1) * size)

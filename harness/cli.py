@@ -475,6 +475,7 @@ def print_results(results: Sequence[Any]) -> None:
     print_contention(results)
     print_interpreted(results)
     print_absent_goldens(results)
+    print_uncaught_controls(results)
     bound = [r for r in results if (r.timing or {}).get("launch_bound")]
     if bound:
         console.print(f"* {len(bound)} time(s) launch-bound: the host took most of the interval "
@@ -502,6 +503,25 @@ def _print_table(others: Sequence[Any]) -> None:
                       _fmt_pct(r.derived), peak,
                       str(r.wrong) if r.status in ("pass", "fail") else "-")
     console.print(table)
+
+
+def print_uncaught_controls(results: Sequence[Any]) -> None:
+    """A warning for each negative control that passed every case it ran: its bug is not
+    caught by this selection (the cases, the tolerance or the world sizes miss it)."""
+    from harness.spec import registry
+
+    specs = registry().specs
+    ran: dict[tuple[str, str], set[str]] = {}
+    for r in results:
+        spec = specs.get(r.case_id.split("[")[0])
+        if spec is not None and r.impl in spec.negative_controls:
+            ran.setdefault((spec.name, r.impl), set()).add(r.status)
+    for (op, impl), statuses in sorted(ran.items()):
+        if statuses <= {"pass", "skip"} and "pass" in statuses:
+            console.print(f"[yellow]warning[/yellow]: negative control {escape(op)}@"
+                          f"{escape(impl)} passed every case it ran: this selection does not "
+                          "catch its bug (another case, tier or world size may)",
+                          highlight=False, soft_wrap=True)
 
 
 def print_absent_goldens(results: Sequence[Any]) -> None:

@@ -122,6 +122,7 @@ def _use_suites(ctx: click.Context, _param: click.Parameter, value: tuple[str, .
     from harness.spec import use_suites
 
     project = project_of(ctx)
+    ctx.meta["harness.suites"] = tuple(value)  # for a command that launches another
     if value:
         # their goldens: by the project file of each suite's own repository (see discovery)
         use_suites([resolve_source(v, Path.cwd()) for v in value])

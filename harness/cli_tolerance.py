@@ -29,12 +29,16 @@ def _fmt(use: float | None) -> str:
 @click.option("--tier", default="smoke", show_default=True,
               type=click.Choice(["smoke", "nightly", "stress"]))
 @click.option("--case", "case_glob", default=None, help="Only cases whose id matches this glob.")
+@click.option("--world-sizes", default="1", show_default=True,
+              help="World sizes to measure a distributed op at: 1 runs in this process; others "
+                   "launch the ranks as `harness run` does (its multi-rank bugs show there).")
 @click.option("--json", "as_json", is_flag=True, help="Every measurement, machine-readable.")
 @click.pass_context
 def tolerance(ctx: click.Context, op: str, impls: tuple[str, ...], tier: str,
-              case_glob: str | None, as_json: bool) -> None:
+              case_glob: str | None, world_sizes: str, as_json: bool) -> None:
     """Measure how much of OP's tolerances each implementation uses (1x is the edge) and how
-    far out each negative control lands, on every case at world size 1 in this process.
+    far out each negative control lands, on every case (at world size 1 in this process;
+    --world-sizes 4 launches 4 ranks).
 
     A legitimate variant of your kernel (another summation order, another rounding) goes in
     with --impl module:callable. Exit 1 when a correct implementation fails or a control
@@ -49,19 +53,26 @@ def tolerance(ctx: click.Context, op: str, impls: tuple[str, ...], tier: str,
         if not spec.grid.get(tier):
             raise SpecError(f"{op} has no case in tier {tier!r}")
         chosen = list(impls) or list(spec.all_impls())
-        rows = tolerance_use.measure(
-            spec, chosen, tier, (lambda c: glob_match(case_glob, c.id)) if case_glob
-            else (lambda c: True))
+        # a single-device op runs at world size 1 only, whatever the sizes asked for
+        sizes = _world_sizes(world_sizes) if spec.distributed else [1]
+        keep = (lambda c: glob_match(case_glob, c.id)) if case_glob else (lambda c: True)
+        rows = tolerance_use.measure(spec, chosen, tier, keep) if 1 in sizes else []
+        launched = [w for w in sizes if w != 1]
+        if launched:
+            results = _launched(op, chosen, tier, launched, ctx)
+            rows += tolerance_use.uses(spec, [r for r in results
+                                              if not case_glob or glob_match(case_glob, r.case_id)])
     except SpecError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     if not rows:
         raise HarnessExit(f"no case of {op} in tier {tier!r} matches {case_glob!r} at world "
-                          "size 1", EXIT_USAGE)
+                          f"sizes {world_sizes}", EXIT_USAGE)
     worst = tolerance_use.worst_uses(rows)
     caught = tolerance_use.controls_caught(rows)
     wrong = sorted({r.impl for r in rows if not r.control and r.status != "pass"})
     # a multi-rank bug cannot show at the one rank this command runs: a note, not a verdict
-    missed = [c for c, ok in caught.items() if not ok and not spec.distributed]
+    multi_rank = spec.distributed and any(w != 1 for w in _world_sizes(world_sizes))
+    missed = [c for c, ok in caught.items() if not ok and (multi_rank or not spec.distributed)]
     if as_json:
         click.echo(json.dumps({"rows": [asdict(r) for r in rows],
                                "worst": [asdict(w) for w in worst],
@@ -71,6 +82,42 @@ def tolerance(ctx: click.Context, op: str, impls: tuple[str, ...], tier: str,
         _print(op, rows, worst, caught, wrong, spec.distributed)
     if wrong or missed:
         ctx.exit(EXIT_FAIL)
+
+
+def _world_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(w) for w in text.split(",") if w.strip()})
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise HarnessExit(f"--world-sizes {text!r}: give positive integers, e.g. 1,4", EXIT_USAGE)
+    return sizes
+
+
+def _launched(op: str, impls: list[str], tier: str, sizes: list[int], ctx: click.Context):
+    """The results of `harness run OP` at ``sizes`` (no timing, every rank launched as a run
+    launches them), in a scratch directory: what each output measured, merged over ranks."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from harness.results import read_run_dir
+
+    suites = [a for s in ctx.meta.get("harness.suites", ()) for a in ("--suite", s)]
+    with tempfile.TemporaryDirectory(prefix="harness-tolerance-") as tmp:
+        cmd = [sys.executable, "-m", "harness", "run", op, "--tier", tier, "--world-sizes",
+               ",".join(map(str, sizes)), "--no-bench", "--fail-on", "never", "--db",
+               str(Path(tmp) / "h.db"), "--out-dir", str(Path(tmp) / "runs"), *suites]
+        for impl in impls:
+            cmd += ["--impl", impl]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        runs = sorted(p for p in (Path(tmp) / "runs").glob("*") if p.is_dir())
+        if not runs:
+            raise HarnessExit(f"harness run {op} at world sizes {sizes} left no results "
+                              f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}",
+                              EXIT_FAIL)
+        return [r for run in runs for r in read_run_dir(run)[1]]
 
 
 def _print(op: str, rows, worst, caught, wrong, distributed: bool) -> None:

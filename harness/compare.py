@@ -451,7 +451,8 @@ def _measure_chunk(
     finite = ~special
     diff = torch.where(finite, (a - e).abs(), torch.zeros_like(a))
     diff = torch.where(bad_special, torch.full_like(a, math.inf), diff)
-    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    # against an expected 0 any difference is infinitely relative (not |a| / tiny = 1e308)
+    rel = torch.where(e == 0, torch.where(diff > 0, math.inf, 0.0), diff / e.abs())
     rel = torch.where(finite, rel, diff)  # non-finite positions: 0 if they match, else inf
     rel = torch.where(finite & (diff == 0), torch.zeros_like(rel), rel)
     if diff.numel():

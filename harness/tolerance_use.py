@@ -48,6 +48,10 @@ def part_uses(tolerance: Mapping[str, Any], metrics: Mapping[str, Any]
         return [(tolerance["text"], math.inf if special else float(metrics["max_tol_ratio"]))]
     if kind == "ulp":
         return [(tolerance["text"], float(metrics["max_ulp"]) / max(tolerance["ulps"], 1))]
+    if kind == "rounding":  # the share of elements not rounded once, of the share allowed
+        off = metrics["n_mismatch"] / max(metrics["numel"], 1)
+        allowed = float(tolerance["max_mismatch_frac"])
+        return [(tolerance["text"], off / allowed if allowed else (0.0 if off == 0 else math.inf))]
     bound = float(tolerance["bound"])
     value = float(metrics[kind])
     return [(tolerance["text"], value / bound if bound else (0.0 if value == 0 else math.inf))]
@@ -55,18 +59,25 @@ def part_uses(tolerance: Mapping[str, Any], metrics: Mapping[str, Any]
 
 def measure(spec: OpSpec, impls: Sequence[str | Callable[..., Any]], tier: str = "smoke",
             keep: Callable[[Any], bool] = lambda case: True) -> list[Use]:
-    """The use of every tolerance part, for every implementation on every case."""
+    """The use of every tolerance part, for every implementation on every case at world size
+    1, in this process."""
+    return uses(spec, [r for impl in impls for r in run_cases(spec, impl, tier, keep)])
+
+
+def uses(spec: OpSpec, results: Sequence[Any]) -> list[Use]:
+    """The use of every tolerance part in run results (``CaseResult``: this process's, or a
+    launched run's at several ranks, where each output's metrics are merged over ranks)."""
     rows: list[Use] = []
-    for impl in impls:
-        for r in run_cases(spec, impl, tier, keep):
-            control = r.impl in spec.negative_controls
-            if not r.outputs:  # raised, or broke a contract: no metrics, it did not pass
-                rows.append(Use(r.case_id, r.impl, control, "-", r.reason.split("\n")[0][:80],
-                                math.inf, r.status))
-                continue
-            for name, out in r.outputs.items():
-                for part, use in part_uses(out["tolerance"], out["metrics"]):
-                    rows.append(Use(r.case_id, r.impl, control, name, part, use, r.status))
+    for r in results:
+        control = r.impl in spec.negative_controls
+        label = r.case_id if getattr(r, "world_size", 1) == 1 else f"w{r.world_size}:{r.case_id}"
+        if not r.outputs:  # raised, or broke a contract: no metrics, it did not pass
+            rows.append(Use(label, r.impl, control, "-", r.reason.split("\n")[0][:80],
+                            math.inf, r.status))
+            continue
+        for name, out in r.outputs.items():
+            for part, use in part_uses(out["tolerance"], out["metrics"]):
+                rows.append(Use(label, r.impl, control, name, part, use, r.status))
     return rows
 
 

@@ -596,3 +596,10 @@ def test_the_lens_fails_a_float32_output_computed_through_bf16_and_one_off_by_tw
     assert compare.check(nudged, e, compare.rounding(0.02)).passed  # no ulps bound by default
     beyond = compare.check(nudged, e, compare.rounding(0.02, ulps=1))
     assert not beyond.passed and "ulp from the float64 value" in beyond.reason
+
+
+def test_max_rel_against_an_expected_zero_is_infinite_not_a_huge_number():
+    m = compare.measure(torch.tensor([1e-3, 2.0]), torch.tensor([0.0, 1.0]), compare.exact())
+    assert m.max_rel == math.inf and m.max_abs == 1.0
+    same = compare.measure(torch.tensor([0.0, 2.0]), torch.tensor([0.0, 1.0]), compare.exact())
+    assert same.max_rel == 1.0

@@ -402,6 +402,17 @@ def test_tolerance_fails_a_correct_looking_variant_that_crosses_the_edge(monkeyp
     assert q["use"] > 1
 
 
+@pytest.mark.mpi
+def test_tolerance_at_four_ranks_measures_a_distributed_op_where_its_bugs_show(monkeypatch):
+    out = invoke(monkeypatch, EXAMPLE, "tolerance", "example.tp_argmax", "--world-sizes", "4",
+                 "--json")
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["rows"] and all(r["case_id"].startswith("w4:") for r in data["rows"])
+    assert data["controls_caught"] and all(data["controls_caught"].values())
+    assert all(w["use"] < 1 for w in data["worst"] if not w["control"])
+
+
 def test_registry_is_back_to_the_built_in_suites():
     assert {registry().suite_of[s.name] for s in registry().select([], "smoke")} == {
         "kernel-harness"}

@@ -293,3 +293,15 @@ def test_run_of_a_single_device_op_at_4_ranks_says_it_runs_at_1_only(tmp_path, c
               str(tmp_path / "h.db")])
     assert exit_info.value.code == 2
     assert "hopper_tasks.rmsnorm runs at world size 1 only" in capfd.readouterr().err
+
+
+def test_shard_splits_evenly_or_by_torch_chunk_rule_on_request():
+    from harness.api import shard
+
+    assert [shard(8, r, 4) for r in range(4)] == [slice(0, 2), slice(2, 4), slice(4, 6),
+                                                   slice(6, 8)]
+    with pytest.raises(ValueError, match="uneven=True"):
+        shard(5, 0, 4)
+    got = [shard(5, r, 4, uneven=True) for r in range(4)]
+    assert [s.stop - s.start for s in got] == [2, 2, 1, 0]  # torch.chunk(arange(5), 4)
+    assert got == [slice(0, 2), slice(2, 4), slice(4, 5), slice(5, 5)]
