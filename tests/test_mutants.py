@@ -68,3 +68,35 @@ def test_a_mutant_replaces_its_function_only_while_it_runs():
     _, experts = fn(logits=logits, topk=2, renormalize=False)
     assert experts.tolist() == [[0, 2]]  # ascending: the two smallest
     assert torch_ops.route(logits, 2, False)[1].tolist() == [[1, 3]]  # restored
+
+
+def kernel_toy(x: torch.Tensor, n: int) -> torch.Tensor:
+    parts = [x[i : i + 1] for i in range(n)]
+    y = torch.cat(parts).float()
+    z = (y @ y.float().T).sum(-1) + y.mean(-1)
+    keep = torch.arange(y.shape[0]) < n
+    return torch.where(keep, torch.softmax(z, dim=0), 0.0)
+
+
+def test_the_kernel_families_are_generated_and_their_helpers_do_the_kernel_bugs():
+    found = {m.description: m for m in mutants.mutants_of(kernel_toy)}
+    families = {m.family for m in found.values()}
+    assert {"padded_block", "extra_rounding", "narrow_output", "tail_mask", "drop_last"} <= families
+    assert {"mean over a power-of-two block", "softmax over a power-of-two block",
+            "@ rounded to bf16", "sum rounded to bf16", "output through a narrower type",
+            "< bound - 1", "range(..., n - 1)", "cat without its last piece"} <= set(found)
+    x = torch.tensor([[1.0, 2.0, 3.0]])
+    assert mutants.k_mean_padded(x, -1).item() == 1.5  # 6 / 4, not 6 / 3
+    p = mutants.k_softmax_padded(torch.zeros(3), 0)
+    assert torch.allclose(p, torch.full((3,), 0.25))  # a zero pad took a quarter
+    assert mutants.k_round_bf16(torch.tensor([1 + 2**-10])).item() == 1.0
+    f16 = torch.tensor([70000.0]).bfloat16()
+    assert mutants.k_narrow((f16,))[0].float().isinf().all()  # bf16 through fp16 overflows
+    # each mutant runs, and differs from the original on this input
+    xs = torch.arange(12.0).reshape(4, 3) / 10
+    want = kernel_toy(xs, 3)
+    for desc in ("mean over a power-of-two block", "@ rounded to bf16",
+                 "range(..., n - 1)", "< bound - 1"):
+        m = found[desc]
+        got = mutants.mutant_callable(kernel_toy, __name__, "kernel_toy", m.source)(xs, 3)
+        assert got.shape != want.shape or not torch.equal(got, want), desc
