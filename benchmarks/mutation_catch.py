@@ -69,8 +69,11 @@ def plan(selected: list[str], families: list[str] | None = None
             if key in taken:
                 continue
             taken.add(key)
+            # an output narrowed where the op returns it: the root's return (a helper's
+            # return may be a flag or a dict, where narrowing changes nothing)
             owned[name].extend(m for m in mut.mutants_of(fn)
-                               if not families or m.family in families)
+                               if (not families or m.family in families)
+                               and (m.family != "narrow_output" or fn is trees[name][0]))
     ops = [n for n in sorted(owned) if not selected or n in selected]
     return ({n: owned[n] for n in ops}, dict(reach),
             {n: specs[n].distributed for n in specs})
