@@ -176,6 +176,14 @@ def reduce_low_precision(rows: torch.Tensor, op: str, dtype: torch.dtype) -> tor
     return result / rows.shape[0] if op == "avg" else result
 
 
+def allreduce_zero_started(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
+                           ) -> torch.Tensor:
+    """Bug: the sum starts from a zeroed accumulator (0.0 + x, as torch.sum does): -0.0 on
+    every rank comes back +0.0; every other value is right."""
+    allreduce_torch(world, x, out, op)
+    return out.add_(0) if op == "sum" and out.dtype.is_floating_point else out
+
+
 def allreduce_low_precision(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
                             ) -> torch.Tensor:
     """Bug: partial results are kept in a narrower type than the data (bf16 for float32,
@@ -246,6 +254,7 @@ ALLREDUCE = OpSpec(
                      "tile_triton": triton_impl("tile_reduce:allreduce_tile",
                                                 unsupported=tile_unsupported)},
     negative_controls={"drop_rank": allreduce_drop_rank, "low_precision": allreduce_low_precision,
+                       "zero_started": allreduce_zero_started,
                        "tile_triton_partials_in_bf16":
                            triton_impl("tile_reduce:allreduce_tile_partials_in_bf16",
                                        unsupported=tile_unsupported)},

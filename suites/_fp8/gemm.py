@@ -206,6 +206,15 @@ def blockwise_scales_transposed(a, scale_a, b, scale_b, out_dtype):
     return (dequant(a, scale_a, 1, 128) @ dequant(b, wrong, 128, 128).T).to(out_dtype)
 
 
+def blockwise_partial_group_scale(a, scale_a, b, scale_b, out_dtype):
+    """Bug: the activation's last, partial K group (K not a multiple of 128) takes the scale of
+    the group before it: the scales are indexed by K // 128 groups, rounding down."""
+    full = max(a.shape[1] // 128, 1)
+    groups = (torch.arange(a.shape[1]) // 128).clamp_max(full - 1)
+    sa = scale_a.float()[:, groups]
+    return ((a.float() * sa) @ dequant(b, scale_b, 128, 128).T).to(out_dtype)
+
+
 def blockwise_block_off_by_one(a, scale_a, b, scale_b, out_dtype):
     """Bug: the activation scale of column k is taken from group k // 127."""
     groups = torch.arange(a.shape[1]) // 127
@@ -240,6 +249,7 @@ GEMM_BLOCKWISE = OpSpec(
     implementations={"torch": blockwise_torch},
     negative_controls={"scales_transposed": blockwise_scales_transposed,
                        "block_off_by_one": blockwise_block_off_by_one,
+                       "partial_group_scale": blockwise_partial_group_scale,
                        "bf16_accumulation": blockwise_bf16_accumulation},
 )
 

@@ -132,6 +132,13 @@ def paged_attention_visibility_off_by_one(**inputs: Any) -> dict[str, torch.Tens
     return torch_paged_attention(**inputs, see_self=False)
 
 
+def paged_attention_full_last_page_empty(**inputs: Any) -> dict[str, torch.Tensor]:
+    """Bug: the tokens of the last page are taken as last_page_len % page_size, so a full last
+    page counts as empty: the sequence is a page short and every position shifts."""
+    size = inputs["k_cache"].shape[1]
+    return torch_paged_attention(**{**inputs, "last_page_len": inputs["last_page_len"] % size})
+
+
 def paged_attention_work(params: Mapping[str, Any], world_size: int) -> Work:
     """Keys read per token: the mean sequence length; 4*S*Hq*D flops per token (qk and pv)."""
     indptr, _, last, _ = paged_layout(params)
@@ -166,7 +173,8 @@ PAGED_ATTENTION = OpSpec(
           + [_attention_case(4, t, 32, 8, 128, 64, 64, last="edges") for t in (1, 4)]},
     implementations={"torch": paged_attention_torch},
     negative_controls={"rope_before_norm": paged_attention_rope_before_norm,
-                       "visibility_off_by_one": paged_attention_visibility_off_by_one},
+                       "visibility_off_by_one": paged_attention_visibility_off_by_one,
+                       "full_last_page_empty": paged_attention_full_last_page_empty},
 )
 
 

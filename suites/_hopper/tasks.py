@@ -117,6 +117,15 @@ def rmsnorm_rounded_twice(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return (normed.float() * weight.float()).to(x.dtype)
 
 
+def rmsnorm_padded_block_mean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Bug: the mean square divides by the kernel's power-of-two block (1024 for a row of
+    768), not the row length: exact where the row is a power of two."""
+    x32 = x.float()
+    block = 1 << (x.shape[-1] - 1).bit_length()
+    ms = x32.pow(2).sum(-1, keepdim=True) / block
+    return (x32 * torch.rsqrt(ms + ref.EPS) * weight.float()).to(x.dtype)
+
+
 RMSNORM = OpSpec(
     name="hopper_tasks.rmsnorm", family=FAMILY, reference=ref.rmsnorm,
     description="RMSNorm over the hidden dim, eps 1e-6, one rounding (H % 256 == 0 on Hopper).",
@@ -132,6 +141,7 @@ RMSNORM = OpSpec(
     implementations={"torch": rmsnorm_torch, "triton": triton_impl("hopper:rmsnorm")},
     negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted,
                        "rounded_twice": rmsnorm_rounded_twice,
+                       "padded_block_mean": rmsnorm_padded_block_mean,
                        "triton_eps_outside_rsqrt":
                            triton_impl("hopper:rmsnorm_eps_outside_rsqrt")},
 )
@@ -174,6 +184,13 @@ def linear_with_residual_rounded_twice(x: torch.Tensor, weight: torch.Tensor,
     return (F.linear(x, weight).float() + residual.float()).to(x.dtype)
 
 
+def linear_k_tail_dropped(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Bug: the K loop runs over whole 64-wide tiles only (K // 64 of them): the tail of a K
+    that is not a multiple of 64 is never added."""
+    k = x.shape[1] // 64 * 64
+    return (x[:, :k].float() @ weight[:, :k].float().T).to(x.dtype)
+
+
 def _linear_grid(residual: bool) -> dict[str, list[dict]]:
     # K of 1024 and more: the bf16-accumulation control's error grows with K, and below that
     # it hides under the GEMM tolerance
@@ -196,7 +213,8 @@ LINEAR = OpSpec(
     exact=lambda x, weight: {"out": ref.linear(x, weight, wide=True)},
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"]), grid=_linear_grid(False),
     implementations={"torch": linear_torch},
-    negative_controls={"bf16_accumulation": linear_bf16_acc},
+    negative_controls={"bf16_accumulation": linear_bf16_acc,
+                       "k_tail_dropped": linear_k_tail_dropped},
 )
 
 LINEAR_WITH_RESIDUAL = OpSpec(

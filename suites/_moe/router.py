@@ -81,6 +81,20 @@ def _case(tokens, experts, topk, renormalize, **extra) -> dict:
             **extra}
 
 
+def router_padded_softmax(logits: torch.Tensor, topk: int, renormalize: bool
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bug: the softmax runs over a block padded to a power of two with zeros, not -inf
+    (60 experts in a block of 64): the padding takes probability from every expert."""
+    _, routemap = router_torch(logits, topk, renormalize)
+    x = logits.float()
+    block = 1 << (x.shape[-1] - 1).bit_length()
+    padded = torch.nn.functional.pad(x, (0, block - x.shape[-1]))
+    probs = torch.softmax(padded, dim=-1)[:, : x.shape[-1]].gather(1, routemap.long())
+    if renormalize:
+        probs = probs / probs.sum(dim=1, keepdim=True)
+    return probs, routemap
+
+
 def router_probs_through_bf16(logits: torch.Tensor, topk: int, renormalize: bool
                               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Bug: float32 probabilities computed through a bf16 buffer (within float32's tolerance
@@ -118,7 +132,8 @@ ROUTER = OpSpec(
     negative_controls={"softmax_after_topk": router_softmax_after_topk,
                        "ties_higher_first": router_ties_higher_first,
                        "unstable_sort": router_unstable_sort,
-                       "probs_through_bf16": router_probs_through_bf16},
+                       "probs_through_bf16": router_probs_through_bf16,
+                       "padded_softmax": router_padded_softmax},
 )
 
 SPECS = [ROUTER]
