@@ -199,6 +199,8 @@ def _sites(tree: ast.FunctionDef) -> Iterator[tuple[ast.AST, str, str, Callable[
     skip = _skipped_nodes(tree)
     for i, node in enumerate(ast.walk(tree)):
         node._walk_index = i  # type: ignore[attr-defined]
+        for child in ast.iter_child_nodes(node):
+            child._parent = node  # type: ignore[attr-defined]
     for node in ast.walk(tree):
         if id(node) in skip or not hasattr(node, "lineno"):
             continue
@@ -384,14 +386,15 @@ def _kernel_sites(node: ast.AST, text: str) -> Iterator[tuple[ast.AST, str, str,
         if name in PADDED_CALLS:
             yield node, "padded_block", f"{name} over a power-of-two block", \
                 _padded(PADDED_CALLS[name])
-        if name in ROUNDED_CALLS and "float" in text:
+        if name in ROUNDED_CALLS and "float" in text and not _cast_next(node):
             yield node, "extra_rounding", f"{name} rounded to bf16", _wrap("k_round_bf16")
         if name == "range" and 1 <= len(node.args) <= 2 and not isinstance(node.args[-1],
                                                                            ast.Constant):
             yield node, "drop_last", "range(..., n - 1)", _shrink_last_arg
         if name in ("cat", "stack") and node.args and not isinstance(node.args[0], ast.Starred):
             yield node, "drop_last", f"{name} without its last piece", _drop_last_piece
-    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and "float" in text:
+    elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult) and "float" in text
+          and not _cast_next(node)):
         yield node, "extra_rounding", "@ rounded to bf16", _wrap("k_round_bf16")
     elif isinstance(node, ast.Return) and node.value is not None:
         yield node, "narrow_output", "output through a narrower type", _narrow_return
@@ -399,6 +402,13 @@ def _kernel_sites(node: ast.AST, text: str) -> Iterator[tuple[ast.AST, str, str,
           and isinstance(node.ops[0], (ast.Lt, ast.LtE, ast.Gt, ast.GtE))
           and not isinstance(node.comparators[0], ast.Constant)):
         yield node, "tail_mask", f"{_op(node.ops[0])} bound - 1", _shrink_bound
+
+
+def _cast_next(node: ast.AST) -> bool:
+    """Whether ``node`` is cast right away (``node.to(...)``): a bf16 rounding there is the
+    output's own, and rounding twice to the same type rounds once."""
+    parent = getattr(node, "_parent", None)
+    return isinstance(parent, ast.Attribute) and parent.attr == "to"
 
 
 def _one_less(e: ast.expr) -> ast.expr:

@@ -58,11 +58,15 @@ def tp_mlp_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
             "w2": weight("tp_mlp", params, "w2", h, i, region=(slice(None), cols))}
 
 
-def tp_mlp_expected(params: Mapping[str, Any], rank: int, world_size: int) -> torch.Tensor:
-    """The single-device layer: linear, then linear_with_residual, on the full weights."""
+def tp_mlp_expected(params: Mapping[str, Any], rank: int, world_size: int
+                    ) -> dict[str, torch.Tensor]:
+    """The single-device layer: linear, then linear_with_residual, on the full weights; and
+    for the precision lens the second's float64 value before its one rounding (the partial
+    sums travel as float32: rounding them to bf16 first is a second rounding)."""
     full = tp_mlp_inputs(params, 0, 1)
-    return ref.linear_with_residual(ref.linear(full["x"], full["w1"]), full["w2"],
-                                    full["residual"])
+    h = ref.linear(full["x"], full["w1"])
+    return {"out": ref.linear_with_residual(h, full["w2"], full["residual"]),
+            "out:exact": ref.linear_with_residual(h, full["w2"], full["residual"], wide=True)}
 
 
 def tp_mlp_torch(world: Any, x: torch.Tensor, residual: torch.Tensor, w1: torch.Tensor,
@@ -81,6 +85,17 @@ def tp_mlp_residual_every_rank(world: Any, x: torch.Tensor, residual: torch.Tens
     return _allreduce_sum(world, partial).to(x.dtype)
 
 
+def tp_mlp_partials_in_bf16(world: Any, x: torch.Tensor, residual: torch.Tensor,
+                            w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Bug: each rank's partial sum is rounded to bf16 before the allreduce (an allreduce in
+    the activation dtype): a second rounding, within the GEMM tolerance, caught by the
+    precision lens wherever there are two ranks or more."""
+    partial = (F.linear(x, w1).float() @ w2.float().T).to(x.dtype).float()
+    if world.rank == 0:
+        partial += residual.float()
+    return _allreduce_sum(world, partial).to(x.dtype)
+
+
 TP_MLP = OpSpec(
     name="hopper_tasks.tp_mlp", family=FAMILY, reference=ref.linear_with_residual,
     description="Column-parallel then row-parallel linear, sum allreduce, residual on rank 0.",
@@ -91,7 +106,8 @@ TP_MLP = OpSpec(
           "nightly": [{"b": b, "hidden": h, "inter": i} for b in (1, 4, 16)
                       for h, i in ((4096, 12288), (5120, 14336), (7168, 18432))]},
     implementations={"torch": tp_mlp_torch},
-    negative_controls={"residual_every_rank": tp_mlp_residual_every_rank},
+    negative_controls={"residual_every_rank": tp_mlp_residual_every_rank,
+                       "partials_in_bf16": tp_mlp_partials_in_bf16},
     distributed=True,
 )
 
