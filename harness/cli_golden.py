@@ -92,10 +92,12 @@ def derive(case: Any, tier: str) -> Derived:
     import torch
 
     from harness import golden, inputs
-    from harness.runner import expected_outputs
+    from harness.runner import EXACT_SUFFIX, expected_outputs
 
     key = golden.entry_key(case.id, case.world_size)
-    outputs = {rank: expected_outputs(case, rank) for rank in range(case.world_size)}
+    # the precision lens's float64 values are recomputed at every check, never stored
+    outputs = {rank: {k: v for k, v in expected_outputs(case, rank).items()
+                      if not k.endswith(EXACT_SUFFIX)} for rank in range(case.world_size)}
     tensors, meta = golden.encode(outputs, key)
     spec = case.spec
     entry = {"op": spec.name, "family": spec.family, "case_id": case.id,
