@@ -229,11 +229,21 @@ def split_kv_min_shift(q, k, v, chunk) -> dict[str, torch.Tensor]:
     return _split_kv(q, k, v, chunk, shift_by_max=False)
 
 
+def split_kv_exact(q, k, v, chunk) -> dict[str, torch.Tensor]:
+    """The float64 attention (a log-sum-exp merge of chunks is exact arithmetic): the
+    precision lens's value of ``out`` before its one rounding, and of ``lse``."""
+    scores = torch.einsum("hd,shd->hs", q.double(), k.double()) / math.sqrt(q.shape[-1])
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("hs,shd->hd", torch.exp(scores - lse[:, None]), v.double())
+    return {"out": out, "lse": lse}
+
+
 SPLIT_KV = OpSpec(
     name="hopper_tasks.attention_split_kv", family=FAMILY, reference=ref.attention_split_kv,
     description="One token's attention in KV chunks, merged by log-sum-exp.",
     make_inputs=split_kv_inputs, outputs=("out", "lse"),
     tolerance={"out": ATTENTION_TOLERANCE, "lse": compare.allclose(rtol=1e-5, atol=1e-4)},
+    exact=split_kv_exact,
     work=lambda p, w: Work(flops=4.0 * p["seq"] * p["heads"] * p["d"],
                            bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"], flops_dtype="bf16"),
     grid={"smoke": [{"heads": 4, "d": 64, "seq": 300, "chunk": 64},
