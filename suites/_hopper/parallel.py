@@ -202,6 +202,11 @@ def decoder_layer_expected(params: Mapping[str, Any], rank: int, world_size: int
         out[name] = full[name][:, s[name]]
     for name in ("k_cache", "v_cache"):
         out[name] = full[name][:, :, s["kv_heads"]]
+    # the precision lens on the two row-parallel sums, whose partials travel as float32
+    w = _layer_weights(params)
+    out["attn_out:exact"] = ref.linear_with_residual(full["attn"], w["wo"], w["x"], wide=True)
+    out["out:exact"] = ref.linear_with_residual(full["act"], w["wdown"], full["attn_out"],
+                                                wide=True)
     return out
 
 
