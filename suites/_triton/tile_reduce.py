@@ -48,6 +48,17 @@ def _combine(acc, v, OP: tl.constexpr):
 
 
 @triton.jit
+def _load_f32(ptr, mask, KIND: tl.constexpr):
+    """float32 values of float32/fp16 elements, or of bf16 ones read as int16 bits (KIND 1):
+    shifting the bits up is exact for every value, subnormals included, where Triton's
+    interpreter converts bf16 to float32 with its subnormals flushed to zero."""
+    if KIND == 1:
+        bits = tl.load(ptr, mask=mask, other=0).to(tl.uint16, bitcast=True).to(tl.uint32)
+        return (bits << 16).to(tl.float32, bitcast=True)
+    return tl.load(ptr, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _tile_reduce(rows_ptr, out_ptr, n, world, OP: tl.constexpr, KIND: tl.constexpr,
                  PARTIALS_IN_BF16: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
@@ -59,9 +70,9 @@ def _tile_reduce(rows_ptr, out_ptr, n, world, OP: tl.constexpr, KIND: tl.constex
                            OP)
         tl.store(out_ptr + i, acc.to(tl.int32), mask=mask)
     else:
-        acc = tl.load(rows_ptr + i, mask=mask, other=0.0).to(tl.float32)
+        acc = _load_f32(rows_ptr + i, mask, KIND)
         for w in range(1, world):
-            v = tl.load(rows_ptr + w * n + i, mask=mask, other=0.0).to(tl.float32)
+            v = _load_f32(rows_ptr + w * n + i, mask, KIND)
             acc = _combine(acc, v, OP)
             if PARTIALS_IN_BF16:  # the control
                 acc = _round_bf16(acc)
@@ -82,10 +93,12 @@ def _allreduce(world: Any, x: torch.Tensor, out: torch.Tensor, op: str, partials
     rows = gather_rows(world, x).reshape(world.size, -1).contiguous()
     n = rows.shape[1]
     kind = KINDS[x.dtype]
+    # bf16 travels as its int16 bits both ways (_load_f32, and the store below)
     target = out.view(torch.int16) if kind == 1 else out
+    source = rows.view(torch.int16) if kind == 1 else rows
     if n:
         _tile_reduce[(triton.cdiv(n, BLOCK),)](
-            rows, target, n, world.size, OP=OPS[op], KIND=kind,
+            source, target, n, world.size, OP=OPS[op], KIND=kind,
             PARTIALS_IN_BF16=partials_in_bf16, BLOCK=BLOCK)
     return out
 
