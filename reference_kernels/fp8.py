@@ -7,6 +7,12 @@ saturate(x / scale) rounded to nearest even: values beyond the format's max beco
 Groupings: per tensor; per token (1 x 128 along K, scales [M, ceil(K/128)]); per block
 (128 x 128, scales [ceil(N/128), ceil(K/128)]); a ragged last group is zero padded.
 GEMMs dequantize (scales repeated over their blocks), multiply in float32 and cast once.
+
+Non-finite inputs (torch's amax, which propagates NaN, and IEEE division): a group holding a
+NaN has amax NaN, so its scale is NaN and every value of the group quantizes to NaN; a group
+holding an infinity (and no NaN) has scale +inf, so its finite values quantize to 0 (with
+their sign) and its infinities to NaN (inf / inf). A kernel whose max skips NaN (fmaxf,
+Triton's max) gives the group a finite scale instead, and fails.
 """
 
 from __future__ import annotations

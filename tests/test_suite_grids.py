@@ -56,6 +56,8 @@ EDGES = {
                             "a padded last chunk": lambda p: p["vocab"] % p["chunk"]},
     "hopper_tasks.paged_attention": {"a full last page": lambda p: p.get("last") == "edges"},
     "fp8_gemm.blockwise": {"K not a multiple of 128": lambda p: p["k"] % 128},
+    "fp8_gemm.quantize": {"NaN and infinities": lambda p: p.get("dist") == "nan",
+                          "K not a multiple of 128": lambda p: p["k"] % 128},
     "moe.layer": {"renormalize=false": lambda p: not p["renormalize"]},
     "moe.router": {"ties": lambda p: p.get("values") == "ties",
                    "experts not a power of two": lambda p: not _pow2(p["experts"]),

@@ -10,6 +10,8 @@ for a static scale of 1 (saturation)."""
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,11 +42,17 @@ def values(tag: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...
         exponent = hash32(rows * 4096 + cols, seed + 2) % 17 - 8
         base = generate(shape, torch.float32, seed=seed, low=-1.0, high=1.0)
         return (base * torch.exp2(exponent.float())).to(BF16)
-    if dist not in ("logmag", "edge"):
-        raise ValueError(f"dist {dist!r}: use uniform, blocky, logmag, edge or wide")
+    if dist not in ("logmag", "edge", "nan"):
+        raise ValueError(f"dist {dist!r}: use uniform, blocky, logmag, edge, nan or wide")
     exponent = generate(shape, torch.float64, seed=seed, low=-3.0, high=3.0)
     sign = generate(shape, torch.float64, seed=seed + 1, dist="sign")
     x = (sign * torch.pow(10.0, exponent)).to(BF16)
+    if dist == "nan":
+        # non-finite values in three groups of the first rows (reference_kernels.fp8 says
+        # what each makes): a NaN, a +inf, and a -inf beside a NaN
+        x[0, 5] = math.nan
+        x[1, min(130, shape[1] - 1)] = math.inf
+        x[2, 3], x[2, 9] = -math.inf, math.nan
     if dist == "edge":
         x[:128, :128] = 0  # an all-zero group
         # groups below it whose amax is 56 = 448 / 2**3 = 57344 / 2**10: the scale is a

@@ -120,10 +120,15 @@ QUANTIZE = OpSpec(
             _qcase("e4m3", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e5m2", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e4m3", "token", 7, 128, dist="uniform"),
+            # NaN and infinities: their groups' scales and values (reference_kernels.fp8)
+            _qcase("e4m3", "token", 5, 300, dist="nan"),
+            _qcase("e5m2", "block", 130, 200, ue8m0=True, dist="nan"),
         ],
         "nightly": [_qcase(f, g, m, k, ue8m0=u) for f in ("e4m3", "e5m2")
                     for g in ("token", "block") for m, k in ((4096, 7168), (16384, 2048))
-                    for u in (False, True)],
+                    for u in (False, True)]
+        + [_qcase("e4m3", "token", 4096, 7168, dist="nan"),
+           _qcase("e4m3", "block", 4096, 7000)],  # a partial last group
     },
     implementations={"torch": quantize_torch,
                      "cuda": from_source(source("fp8_quant.cu"), launch_quantize_per_token),

@@ -70,6 +70,13 @@ def _round_to_fp8(y, MANT: tl.constexpr, SMALLEST_NORMAL: tl.constexpr,
 
 
 @triton.jit
+def _nan_max(a, b):
+    """max that keeps a NaN from either side (tl.max's compare skips it), as torch's amax and
+    torch._inductor's triton_helpers.maximum have it."""
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
 def _pow2_at_least(s):
     """The smallest power of two >= s, for positive normal float32 s, exactly."""
     bits = s.to(tl.uint32, bitcast=True)
@@ -89,15 +96,20 @@ def _quantize_1x128(x_ptr, q_ptr, s_ptr, m, k, groups, floor, FMAX: tl.constexpr
     mask = (row < m)[:, None] & (cols < k - TAIL)[None, :]  # TAIL = 1: the control
     offsets = row[:, None] * k + cols[None, :]
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), floor)
+    # a NaN in the group makes its amax, scale and values NaN; an infinity makes the scale
+    # inf (reference_kernels.fp8): every max and clamp here keeps NaN
+    amax = _nan_max(tl.reduce(tl.abs(x), 1, _nan_max), floor)
     scale = tl.math.div_rn(amax, tl.full(amax.shape, FMAX, tl.float32))
     if UE8M0:
-        scale = _pow2_at_least(scale)
+        finite = (scale == scale) & (scale < float("inf"))
+        scale = tl.where(finite, _pow2_at_least(scale), scale)
     y = tl.math.div_rn(x, tl.broadcast_to(scale[:, None], x.shape))
-    y = tl.minimum(tl.maximum(y, -FMAX), FMAX)
-    tl.store(q_ptr + offsets,
-             _round_to_fp8(y, MANT, SMALLEST_NORMAL, SUBNORMAL_MAGIC).to(q_ptr.dtype.element_ty),
-             mask=mask)
+    y = tl.where(y != y, y, tl.minimum(tl.maximum(y, -FMAX), FMAX))
+    q = _round_to_fp8(y, MANT, SMALLEST_NORMAL, SUBNORMAL_MAGIC).to(q_ptr.dtype.element_ty)
+    # NaN stored by its bits (0x7F is NaN in e4m3fn and e5m2): the interpreter's float32 to
+    # fp8 conversion does not keep it
+    nan = tl.full(q.shape, 0x7F, tl.uint8).to(q_ptr.dtype.element_ty, bitcast=True)
+    tl.store(q_ptr + offsets, tl.where(y != y, nan, q), mask=mask)
     tl.store(s_ptr + row * groups + g, scale, mask=row < m)
 
 
