@@ -31,13 +31,15 @@ def router(logits: torch.Tensor, topk: int, renormalize: bool = False
     probs = softmax(logits) in float32, the topk largest per token in descending order;
     equal logits are taken lower expert first. Softmax is monotonic, so the choice is made on
     the logits themselves: it never depends on how the softmax rounds. ``renormalize``
-    divides the k probabilities by their sum (DeepSeek's norm_topk_prob)."""
+    divides the k probabilities by their sum (DeepSeek's norm_topk_prob). A NaN logit counts
+    as the largest (torch.sort's and torch.topk's order, and argmax's): its expert comes first
+    (NaNs lower expert first), and the token's softmax, so each of its k probs, is NaN."""
     s, e = logits.shape
     if not 1 <= topk <= e:
         raise ValueError(f"topk={topk} must be in [1, num_experts={e}]")
     x = logits.float()
-    # stable sort of -x: descending, ties by ascending expert index
-    order = torch.sort(-x, dim=1, stable=True).indices[:, :topk]
+    # a stable descending sort: ties by ascending expert index, NaN before every number
+    order = torch.sort(x, dim=1, descending=True, stable=True).indices[:, :topk]
     probs = torch.softmax(x, dim=1).gather(1, order)
     if renormalize:
         probs = probs / probs.sum(dim=1, keepdim=True)

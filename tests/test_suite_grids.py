@@ -60,6 +60,7 @@ EDGES = {
                           "K not a multiple of 128": lambda p: p["k"] % 128},
     "moe.layer": {"renormalize=false": lambda p: not p["renormalize"]},
     "moe.router": {"ties": lambda p: p.get("values") == "ties",
+                   "NaN logits": lambda p: p.get("values") == "nan",
                    "experts not a power of two": lambda p: not _pow2(p["experts"]),
                    "renormalize=false": lambda p: not p["renormalize"]},
     **{op: {"-0.0, subnormals, NaN, infinities": _special}

@@ -27,6 +27,13 @@ def router_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
     x = logits("router", params, params["tokens"])
     if params.get("values") == "ties":
         x = torch.round(x * 2) / 2
+    if params.get("values") == "nan":
+        # a NaN logit in every third token, at an expert that moves along: it is chosen
+        # first and makes the token's probs NaN (reference_kernels.moe.router); two NaNs in
+        # token 1, the lower expert first
+        rows = torch.arange(0, x.shape[0], 3)
+        x[rows, (rows * 5) % x.shape[1]] = float("nan")
+        x[1, [x.shape[1] - 1, 2]] = float("nan")
     return {"logits": x, "topk": params["topk"], "renormalize": params["renormalize"]}
 
 
@@ -124,10 +131,12 @@ ROUTER = OpSpec(
                     _case(48, 64, 8, False, values="ties"),
                     # 60 experts (Qwen1.5-MoE): a softmax over a block padded to 64 with
                     # zeros instead of -inf spreads probability to the padding
-                    _case(50, 60, 4, True), _case(50, 60, 4, False)],
+                    _case(50, 60, 4, True), _case(50, 60, 4, False),
+                    _case(48, 64, 8, False, values="nan"), _case(30, 8, 4, True, values="nan")],
           "nightly": [_case(16384, e, k, r) for e in (8, 60, 64, 256) for k in (4, 8)
                       for r in (True, False)]
-          + [_case(16384, e, 8, False, values="ties") for e in (64, 256)]},
+          + [_case(16384, e, 8, False, values="ties") for e in (64, 256)]
+          + [_case(16384, 256, 8, True, values="nan")]},
     implementations={"torch": router_torch},
     negative_controls={"softmax_after_topk": router_softmax_after_topk,
                        "ties_higher_first": router_ties_higher_first,
