@@ -59,7 +59,7 @@ def tolerance(ctx: click.Context, op: str, impls: tuple[str, ...], tier: str,
         rows = tolerance_use.measure(spec, chosen, tier, keep) if 1 in sizes else []
         launched = [w for w in sizes if w != 1]
         if launched:
-            results = _launched(op, chosen, tier, launched, ctx)
+            results = _launched(case_glob or op, chosen, tier, launched, ctx)
             rows += tolerance_use.uses(spec, [r for r in results
                                               if not case_glob or glob_match(case_glob, r.case_id)])
     except SpecError as exc:
@@ -94,9 +94,11 @@ def _world_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _launched(op: str, impls: list[str], tier: str, sizes: list[int], ctx: click.Context):
-    """The results of `harness run OP` at ``sizes`` (no timing, every rank launched as a run
-    launches them), in a scratch directory: what each output measured, merged over ranks."""
+def _launched(selector: str, impls: list[str], tier: str, sizes: list[int],
+              ctx: click.Context):
+    """The results of `harness run SELECTOR` (the op, or the --case glob) at ``sizes`` (no
+    timing, every rank launched as a run launches them), in a scratch directory: what each
+    output measured, merged over ranks."""
     import subprocess
     import sys
     import tempfile
@@ -106,7 +108,7 @@ def _launched(op: str, impls: list[str], tier: str, sizes: list[int], ctx: click
 
     suites = [a for s in ctx.meta.get("harness.suites", ()) for a in ("--suite", s)]
     with tempfile.TemporaryDirectory(prefix="harness-tolerance-") as tmp:
-        cmd = [sys.executable, "-m", "harness", "run", op, "--tier", tier, "--world-sizes",
+        cmd = [sys.executable, "-m", "harness", "run", selector, "--tier", tier, "--world-sizes",
                ",".join(map(str, sizes)), "--no-bench", "--fail-on", "never", "--db",
                str(Path(tmp) / "h.db"), "--out-dir", str(Path(tmp) / "runs"), *suites]
         for impl in impls:
@@ -114,7 +116,7 @@ def _launched(op: str, impls: list[str], tier: str, sizes: list[int], ctx: click
         proc = subprocess.run(cmd, capture_output=True, text=True)
         runs = sorted(p for p in (Path(tmp) / "runs").glob("*") if p.is_dir())
         if not runs:
-            raise HarnessExit(f"harness run {op} at world sizes {sizes} left no results "
+            raise HarnessExit(f"harness run {selector} at world sizes {sizes} left no results "
                               f"(exit {proc.returncode}): {proc.stderr.strip()[-500:]}",
                               EXIT_FAIL)
         return [r for run in runs for r in read_run_dir(run)[1]]

@@ -111,3 +111,22 @@ def test_a_time_past_the_calibrated_peak_fails_as_impossible(tmp_path):
     status, reason = got["sampled_cache"]
     assert status == "fail" and reason.startswith("impossible time:"), got
     assert out.returncode == 1
+
+
+def test_a_control_that_passes_every_case_it_ran_is_called_out(capsys):
+    from harness.cli import print_uncaught_controls
+    from harness.results import CaseResult
+
+    def result(case, impl, status):
+        return CaseResult(run_id="r", case_id=f"hopper_tasks.argmax[{case}]",
+                          op="hopper_tasks.argmax", family="hopper_tasks", impl=impl,
+                          world_size=1, params={}, status=status)
+
+    print_uncaught_controls([result("b=3", "nan_skipped", "pass"),  # NaN-free: right
+                             result("b=4", "nan_skipped", "pass"),
+                             result("b=3", "last_on_ties", "pass"),
+                             result("b=6", "last_on_ties", "fail"),
+                             result("b=3", "torch", "pass")])
+    said = " ".join(capsys.readouterr().out.split())
+    assert "negative control hopper_tasks.argmax@nan_skipped passed every case" in said
+    assert "last_on_ties" not in said and "@torch" not in said
