@@ -11,7 +11,14 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from harness.cli_common import EXIT_FAIL, EXIT_USAGE, HarnessExit, console, suite_option
+from harness.cli_common import (
+    EXIT_FAIL,
+    EXIT_USAGE,
+    HarnessExit,
+    console,
+    parse_world_sizes,
+    suite_option,
+)
 
 
 def _fmt(use: float | None) -> str:
@@ -54,7 +61,7 @@ def tolerance(ctx: click.Context, op: str, impls: tuple[str, ...], tier: str,
             raise SpecError(f"{op} has no case in tier {tier!r}")
         chosen = list(impls) or list(spec.all_impls())
         # a single-device op runs at world size 1 only, whatever the sizes asked for
-        sizes = _world_sizes(world_sizes) if spec.distributed else [1]
+        sizes = parse_world_sizes(world_sizes) if spec.distributed else [1]
         keep = (lambda c: glob_match(case_glob, c.id)) if case_glob else (lambda c: True)
         rows = tolerance_use.measure(spec, chosen, tier, keep) if 1 in sizes else []
         launched = [w for w in sizes if w != 1]
@@ -70,28 +77,18 @@ def tolerance(ctx: click.Context, op: str, impls: tuple[str, ...], tier: str,
     worst = tolerance_use.worst_uses(rows)
     caught = tolerance_use.controls_caught(rows)
     wrong = sorted({r.impl for r in rows if not r.control and r.status != "pass"})
-    # a multi-rank bug cannot show at the one rank this command runs: a note, not a verdict
-    multi_rank = spec.distributed and any(w != 1 for w in _world_sizes(world_sizes))
-    missed = [c for c, ok in caught.items() if not ok and (multi_rank or not spec.distributed)]
+    # a distributed op's multi-rank bug cannot show at one rank alone: a note, not a verdict
+    one_rank_only = spec.distributed and sizes == [1]
+    missed = [c for c, ok in caught.items() if not ok and not one_rank_only]
     if as_json:
         click.echo(json.dumps({"rows": [asdict(r) for r in rows],
                                "worst": [asdict(w) for w in worst],
                                "controls_caught": caught, "failing_implementations": wrong},
                               indent=1, default=str))
     else:
-        _print(op, rows, worst, caught, wrong, spec.distributed)
+        _print(op, rows, worst, caught, wrong, one_rank_only)
     if wrong or missed:
         ctx.exit(EXIT_FAIL)
-
-
-def _world_sizes(text: str) -> list[int]:
-    try:
-        sizes = sorted({int(w) for w in text.split(",") if w.strip()})
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise HarnessExit(f"--world-sizes {text!r}: give positive integers, e.g. 1,4", EXIT_USAGE)
-    return sizes
 
 
 def _launched(selector: str, impls: list[str], tier: str, sizes: list[int],
@@ -122,7 +119,9 @@ def _launched(selector: str, impls: list[str], tier: str, sizes: list[int],
         return [r for run in runs for r in read_run_dir(run)[1]]
 
 
-def _print(op: str, rows, worst, caught, wrong, distributed: bool) -> None:
+def _print(op: str, rows, worst, caught, wrong, one_rank_only: bool) -> None:
+    """The table and verdict lines; ``one_rank_only``: a distributed op measured at one rank,
+    where a control's multi-rank bug cannot show."""
     table = Table(title=f"{op}: tolerance used (1x is the edge)", header_style="bold")
     for col in ("case", "impl", "output", "tolerance part", "use", "status"):
         table.add_column(col, overflow="fold")
@@ -147,7 +146,7 @@ def _print(op: str, rows, worst, caught, wrong, distributed: bool) -> None:
         console.print(f"room: correct implementations use at most {_fmt(impl_max)} of a "
                       f"tolerance; every control lands {_fmt(min(reach))} or further out")
     for name, ok in caught.items():
-        if not ok and distributed:
+        if not ok and one_rank_only:
             console.print(f"[yellow]control {escape(name)} passes every case at world size 1"
                           f"[/yellow]: this command runs one rank; a multi-rank bug shows "
                           f"under `harness run {escape(op)} --world-sizes 4 --impl "

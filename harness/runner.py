@@ -592,7 +592,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
         result.derived = derived(work, result.timing.get("median"))
         result.derived.update(percent_of_peak(result.derived, calibration, work.flops_dtype))
         if real:
-            impossible_why = impossible(work, result.timing.get("median"), calibration,
+            impossible_why = impossible(work, result.derived, calibration,
                                         llc_bytes(world.device), cfg.l2_flush)
     # every rank takes part in this verdict, so a timing error on one rank reaches them all
     stages: dict[str, dict[str, Any]] = {}
@@ -658,10 +658,9 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     twin_tols = tolerances(twin.case, twin.expected)
     stages["reused_buffers"] = _measure(seen, twin.expected, twin_tols, world.rank, twin.memos,
                                         twin.magnitudes)
-    stages["settled"] = _measure(outputs, {k: v for k, v in seen.items()
-                                           if isinstance(v, torch.Tensor)},
-                                 {k: compare.exact() for k, v in seen.items()
-                                  if isinstance(v, torch.Tensor)}, world.rank)
+    snapshot = {k: v for k, v in seen.items() if isinstance(v, torch.Tensor)}
+    stages["settled"] = _measure(outputs, snapshot, {k: compare.exact() for k in snapshot},
+                                 world.rank)
 
 
 def _judge(gathered: list[tuple[str, dict[str, Any]]], case: Case

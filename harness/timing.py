@@ -180,28 +180,28 @@ def launch_bound(host_median_ns: float | None, device_median_ns: float | None) -
 IMPOSSIBLE_FACTOR = 2.0
 
 
-def impossible(work: Work | None, median_ns: float | None,
+def impossible(work: Work | None, rates: Mapping[str, float],
                calibration: Mapping[str, Any] | None, llc: int, cold: bool) -> str:
-    """Why a time is below the physical limit, or "": FLOP/s past ``IMPOSSIBLE_FACTOR`` times
-    the calibrated matmul peak of the work's dtype, or GB/s past that times the calibrated
-    copy bandwidth where the bytes cannot sit in cache (more than twice the last-level cache
-    ``llc``, or the cache flushed before each repeat: ``cold``). A result cached across calls,
-    work left running after the call returns, or a doctored clock land here. Collectives'
-    bytes cross the interconnect, which calibration does not measure: not judged."""
-    if not work or not median_ns or not calibration:
+    """Why a time is below the physical limit, or "": its ``derived`` ``rates`` past
+    ``IMPOSSIBLE_FACTOR`` times the calibrated peak (``percent_of_peak``): the matmul peak of
+    the work's dtype, or the copy bandwidth where the bytes cannot sit in cache (more than
+    twice the last-level cache ``llc``, or the cache flushed before each repeat: ``cold``). A
+    result cached across calls, work left running after the call returns, or a doctored
+    clock land here. Collectives' bytes cross the interconnect, which calibration does not
+    measure: not judged (``percent_of_peak`` leaves them out)."""
+    if not work or not calibration:
         return ""
-    seconds = median_ns * 1e-9
-    peak = (calibration.get("matmul_tflops") or {}).get(work.flops_dtype or "")
-    if work.flops and peak and work.flops / seconds / 1e12 > IMPOSSIBLE_FACTOR * peak:
-        rate = work.flops / seconds / 1e12
-        return (f"impossible time: {rate:.3g} TFLOP/s is {rate / peak:.1f}x this device's "
-                f"calibrated {work.flops_dtype} matmul peak ({peak:.3g})")
-    copy = calibration.get("copy_gbps")
-    if (work.bytes and copy and work.bus_bytes is None and (cold or work.bytes > 2 * llc)
-            and work.bytes / seconds / 1e9 > IMPOSSIBLE_FACTOR * copy):
-        rate = work.bytes / seconds / 1e9
-        return (f"impossible time: {rate:.4g} GB/s over {work.bytes / 2**20:.0f} MiB is "
-                f"{rate / copy:.1f}x this device's calibrated copy bandwidth ({copy:.4g} GB/s)")
+    pct = percent_of_peak(rates, calibration, work.flops_dtype)
+    limit = 100.0 * IMPOSSIBLE_FACTOR
+    if pct.get("pct_peak_flops", 0.0) > limit:
+        return (f"impossible time: {rates['tflops']:.3g} TFLOP/s is "
+                f"{pct['pct_peak_flops'] / 100:.1f}x this device's calibrated "
+                f"{work.flops_dtype} matmul peak "
+                f"({calibration['matmul_tflops'][work.flops_dtype]:.3g})")
+    if pct.get("pct_peak_bw", 0.0) > limit and (cold or (work.bytes or 0) > 2 * llc):
+        return (f"impossible time: {rates['gbps']:.4g} GB/s over {work.bytes / 2**20:.0f} MiB "
+                f"is {pct['pct_peak_bw'] / 100:.1f}x this device's calibrated copy bandwidth "
+                f"({calibration['copy_gbps']:.4g} GB/s)")
     return ""
 
 
