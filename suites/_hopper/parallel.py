@@ -174,9 +174,12 @@ def decoder_layer_inputs(params: Mapping[str, Any], rank: int, world_size: int
     }
 
 
-def decoder_layer_reference(params: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """Every stage of the single-device layer, each from the previous reference stage."""
-    w = _layer_weights(params)
+def decoder_layer_reference(params: Mapping[str, Any],
+                            w: Mapping[str, torch.Tensor] | None = None
+                            ) -> dict[str, torch.Tensor]:
+    """Every stage of the single-device layer, each from the previous reference stage (``w``:
+    the layer's weights, if the caller made them already)."""
+    w = _layer_weights(params) if w is None else w
     indptr, indices, last, pool = paged_layout(params)
     cos, sin = ref.rope_tables(pool * params["page_size"], params["d"])
     stages: dict[str, torch.Tensor] = {"norm1": ref.rmsnorm(w["x"], w["w_in"])}
@@ -195,7 +198,8 @@ def decoder_layer_reference(params: Mapping[str, Any]) -> dict[str, torch.Tensor
 
 def decoder_layer_expected(params: Mapping[str, Any], rank: int, world_size: int
                            ) -> dict[str, torch.Tensor]:
-    full = decoder_layer_reference(params)
+    w = _layer_weights(params)
+    full = decoder_layer_reference(params, w)
     s = _rank_slices(params, rank, world_size)
     out = dict(full)
     for name in ("qkv", "attn", "gate_up", "act"):
@@ -203,7 +207,6 @@ def decoder_layer_expected(params: Mapping[str, Any], rank: int, world_size: int
     for name in ("k_cache", "v_cache"):
         out[name] = full[name][:, :, s["kv_heads"]]
     # the precision lens on the two row-parallel sums, whose partials travel as float32
-    w = _layer_weights(params)
     out["attn_out:exact"] = ref.linear_with_residual(full["attn"], w["wo"], w["x"], wide=True)
     out["out:exact"] = ref.linear_with_residual(full["act"], w["wdown"], full["attn_out"],
                                                 wide=True)

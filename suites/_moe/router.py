@@ -51,6 +51,12 @@ def router_softmax_after_topk(logits, topk, renormalize):
     return torch.softmax(x.gather(-1, experts), dim=-1), experts.to(torch.int32)
 
 
+def _chosen(softmax: torch.Tensor, experts: torch.Tensor, renormalize: bool) -> torch.Tensor:
+    """The chosen experts' probabilities, divided by their sum when renormalised."""
+    probs = softmax.gather(-1, experts)
+    return probs / probs.sum(dim=-1, keepdim=True) if renormalize else probs
+
+
 def router_ties_higher_first(logits, topk, renormalize):
     """Bug: equal logits go to the higher expert first (a sort keyed on (logit, expert) in
     one descending order); the probs are the same values, in another order."""
@@ -58,10 +64,7 @@ def router_ties_higher_first(logits, topk, renormalize):
     num_experts = x.shape[-1]
     flipped = torch.sort(x.flip(-1), dim=-1, descending=True, stable=True).indices[:, :topk]
     experts = num_experts - 1 - flipped
-    probs = torch.softmax(x, dim=-1).gather(-1, experts)
-    if renormalize:
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs, experts.to(torch.int32)
+    return _chosen(torch.softmax(x, dim=-1), experts, renormalize), experts.to(torch.int32)
 
 
 def router_unstable_sort(logits, topk, renormalize):
@@ -77,10 +80,7 @@ def router_unstable_sort(logits, topk, renormalize):
     # a stable sort of the scrambled columns keeps ties in the scramble's order
     picked = torch.sort(x[:, scramble], dim=-1, descending=True, stable=True).indices[:, :topk]
     experts = scramble[picked]
-    probs = torch.softmax(x, dim=-1).gather(-1, experts)
-    if renormalize:
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs, experts.to(torch.int32)
+    return _chosen(torch.softmax(x, dim=-1), experts, renormalize), experts.to(torch.int32)
 
 
 def _case(tokens, experts, topk, renormalize, **extra) -> dict:
@@ -96,10 +96,8 @@ def router_padded_softmax(logits: torch.Tensor, topk: int, renormalize: bool
     x = logits.float()
     block = 1 << (x.shape[-1] - 1).bit_length()
     padded = torch.nn.functional.pad(x, (0, block - x.shape[-1]))
-    probs = torch.softmax(padded, dim=-1)[:, : x.shape[-1]].gather(1, routemap.long())
-    if renormalize:
-        probs = probs / probs.sum(dim=1, keepdim=True)
-    return probs, routemap
+    softmax = torch.softmax(padded, dim=-1)[:, : x.shape[-1]]
+    return _chosen(softmax, routemap.long(), renormalize), routemap
 
 
 def router_probs_through_bf16(logits: torch.Tensor, topk: int, renormalize: bool
@@ -114,8 +112,7 @@ def router_exact(logits: torch.Tensor, topk: int, renormalize: bool) -> dict[str
     """The probabilities in float64, for the precision lens: float32 probs computed through
     bf16 fail it."""
     _, order = ref.router(logits, topk, renormalize)
-    p = torch.softmax(logits.double(), dim=1).gather(1, order.long())
-    return {"probs": p / p.sum(dim=1, keepdim=True) if renormalize else p}
+    return {"probs": _chosen(torch.softmax(logits.double(), dim=-1), order.long(), renormalize)}
 
 
 ROUTER = OpSpec(
