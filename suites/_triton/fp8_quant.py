@@ -103,7 +103,8 @@ def _quantize_1x128(x_ptr, q_ptr, s_ptr, m, k, groups, floor, FMAX: tl.constexpr
     y = tl.where(y != y, y, tl.minimum(tl.maximum(y, -FMAX), FMAX))
     q = _round_to_fp8(y, MANT, SMALLEST_NORMAL, SUBNORMAL_MAGIC).to(q_ptr.dtype.element_ty)
     # NaN stored by its bits (0x7F is NaN in e4m3fn and e5m2): the interpreter's float32 to
-    # fp8 conversion does not keep it
+    # fp8 conversion does not keep it. A uint8 <-> fp8 bitcast is one Triton's own library
+    # makes (triton/language/extra/hip/utils.py, convert_fp8e4b15_to_float16)
     nan = tl.full(q.shape, 0x7F, tl.uint8).to(q_ptr.dtype.element_ty, bitcast=True)
     tl.store(q_ptr + offsets, tl.where(y != y, nan, q), mask=mask)
     tl.store(s_ptr + row * groups + g, scale, mask=row < m)
