@@ -3,6 +3,12 @@
 - ``poison_`` fills a buffer with a value no correct kernel leaves behind (NaN for floats, the
   most negative integer for signed types), so an element an implementation forgot to write
   fails the check (nccl-tests initialises its receive buffers the same way).
+- ``fresh_memory_poisoned`` makes the memory an implementation allocates during a checked
+  call start as poison, so an element it never writes in an output it allocates itself cannot
+  hold the right value left there by the reference or an earlier call (allocators hand the
+  block just freed straight back). On CUDA the caching allocator's free blocks are filled
+  with 0xFF first (NaN in every float format); on a glibc CPU, malloc fills what it hands out
+  with 0xFE (``M_PERTURB``: -1.7e38 in f32 and bf16, NaN in f16 and e5m2, -448 in e4m3).
 - ``relocate`` copies a set of inputs to fresh memory at a byte offset, keeping which inputs
   are the same tensor or views of one buffer (an in-place case passes ``out`` as ``x``, or
   ``x`` as a slice of ``out``). Calling an implementation on relocated inputs after poisoning
@@ -12,11 +18,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
+
+from harness.memory import libc
 
 #: offsets are multiples of this, so every dtype stays aligned as cudaMalloc would align it
 ALIGN_BYTES = 256
@@ -35,6 +44,77 @@ def poison_value(dtype: torch.dtype) -> float | int | bool:
 def poison_(t: torch.Tensor) -> torch.Tensor:
     """Fill ``t`` with its dtype's poison value, in place."""
     return t.fill_(poison_value(t.dtype))
+
+
+#: the byte free device memory is filled with: 0xFF is a NaN in f32, bf16, f16 and both fp8s
+FREE_POISON_BYTE = 0xFF
+
+
+def free_blocks_to_poison(segments: list[Mapping[str, Any]], device_index: int
+                          ) -> list[tuple[int, int]]:
+    """(address, size) of every free block of the caching allocator's default pool on
+    ``device_index``, from ``torch.cuda.memory_snapshot()``'s segments (their keys as
+    torch/csrc/cuda/memory_snapshot.cpp writes them). None of an expandable segment (a free
+    range there may be unmapped: a write would be an illegal address) and none of a CUDA
+    graph's private pool (its replays own that memory)."""
+    blocks = []
+    for seg in segments:
+        if (seg.get("device") != device_index or seg.get("is_expandable", True)
+                or tuple(seg.get("segment_pool_id", (-1, -1))) != (0, 0)):
+            continue
+        blocks += [(b["address"], b["size"]) for b in seg.get("blocks", ())
+                   if b.get("state") == "inactive" and b.get("size", 0) > 0]
+    return blocks
+
+
+class _DeviceBytes:
+    """Raw device memory as a uint8 array for ``torch.as_tensor`` (CUDA array interface v2:
+    torch wraps the pointer with ``at::from_blob``, copying nothing)."""
+
+    def __init__(self, address: int, size: int):
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1",
+                                         "data": (address, False), "version": 2}
+
+
+def poison_free_device_memory(device: torch.device) -> int:
+    """Fill the caching allocator's free blocks on CUDA ``device`` with ``FREE_POISON_BYTE``
+    and wait for it; the bytes filled (0 on another device)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    blocks = free_blocks_to_poison(torch.cuda.memory_snapshot(), index)
+    with torch.cuda.device(index):
+        for address, size in blocks:
+            torch.as_tensor(_DeviceBytes(address, size), device=device).fill_(FREE_POISON_BYTE)
+        # before an allocation on another stream reuses a block this stream is filling
+        torch.cuda.synchronize(index)
+    return sum(size for _, size in blocks)
+
+
+#: glibc's mallopt parameter (malloc.h): malloc fills what it returns with the complement of
+#: the byte given, free fills what it takes back with the byte; 0 turns it off
+M_PERTURB = -6
+HEAP_PERTURB_BYTE = 0x01
+
+
+@contextlib.contextmanager
+def fresh_memory_poisoned(device: torch.device) -> Iterator[None]:
+    """Memory allocated inside the block starts as poison (see the module's docstring): on
+    CUDA the free blocks are filled on entry; on the CPU glibc perturbs every allocation until
+    the block ends (the ranks run without glibc's per-thread cache, which skips it:
+    ``launch.rank_environment``). Nothing where neither applies (another C library)."""
+    if device.type == "cuda":
+        poison_free_device_memory(device)
+        yield
+        return
+    lib = libc() if device.type == "cpu" else None
+    if lib is None or not hasattr(lib, "mallopt") or not lib.mallopt(M_PERTURB, HEAP_PERTURB_BYTE):
+        yield
+        return
+    try:
+        yield
+    finally:
+        lib.mallopt(M_PERTURB, 0)
 
 
 def poisoned(shape: int | tuple[int, ...], dtype: torch.dtype,

@@ -24,8 +24,8 @@ NOT_MEASURED = "not_measured"
 _libc: Any = None
 
 
-def _malloc_trim() -> None:
-    """Give free heap pages back, so that reusing them during the call counts as touching."""
+def libc() -> Any:
+    """The C library through ctypes, or None where it cannot be loaded."""
     global _libc
     if _libc is None:
         name = ctypes.util.find_library("c")
@@ -33,8 +33,14 @@ def _malloc_trim() -> None:
             _libc = ctypes.CDLL(name) if name else False
         except OSError:
             _libc = False
-    if _libc and hasattr(_libc, "malloc_trim"):
-        _libc.malloc_trim(0)
+    return _libc or None
+
+
+def _malloc_trim() -> None:
+    """Give free heap pages back, so that reusing them during the call counts as touching."""
+    lib = libc()
+    if lib is not None and hasattr(lib, "malloc_trim"):
+        lib.malloc_trim(0)
 
 
 def _status_bytes(status: Path, field: str) -> int | None:

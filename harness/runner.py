@@ -36,6 +36,7 @@ from harness.buffers import (
     lies_within,
     nbytes,
     overlaps,
+    fresh_memory_poisoned,
     poison_,
     relocate,
     same_bits,
@@ -241,8 +242,9 @@ def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
 def _call(world: World, case: Case, impl: Callable[..., Any],
           inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     try:
-        raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
-        world.synchronize()
+        with fresh_memory_poisoned(world.device):  # an output it allocates starts as poison
+            raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
+            world.synchronize()
     except Exception as exc:
         raise CaseError(f"implementation raised {type(exc).__name__}: {exc}") from exc
     return normalize_outputs(raw, case.spec.outputs)
@@ -647,7 +649,8 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
                 old.copy_(new)
         else:  # a count or a shape that the new values change: take it as it is
             slot[name] = poison_(new) if name in written and new is not None else new
-    value = impl(world, **slot) if spec.distributed else impl(**slot)
+    with fresh_memory_poisoned(world.device):
+        value = impl(world, **slot) if spec.distributed else impl(**slot)
     outputs = normalize_outputs(value, spec.outputs)
     seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
     # work still running on the device finishes at the synchronise; a host thread gets a

@@ -1,18 +1,23 @@
-"""Poison, overlap and relocation of input buffers."""
+"""Poison, overlap and relocation of input buffers; poison in free device memory."""
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from harness.buffers import (
     ALIGN_BYTES,
+    free_blocks_to_poison,
     lies_within,
     nbytes,
     overlaps,
     poison_,
+    poison_free_device_memory,
     poison_value,
     poisoned,
     relocate,
@@ -70,3 +75,72 @@ def test_relocate_rejects_unaligned_shifts_and_counts_storage_bytes():
         relocate({"x": torch.zeros(3)}, shift_bytes=4)
     base = torch.zeros(10)
     assert nbytes({"a": base, "b": base[2:5], "c": torch.zeros(2, dtype=torch.float64)}) == 56
+
+
+def _segment(device=0, expandable=False, pool=(0, 0), blocks=()):
+    return {"device": device, "address": 4096, "total_size": 1 << 20, "stream": 0,
+            "segment_type": "large", "segment_pool_id": pool, "is_expandable": expandable,
+            "blocks": [{"address": a, "size": n, "requested_size": n, "state": st}
+                       for a, n, st in blocks]}
+
+
+def test_only_the_default_pools_free_blocks_on_this_device_are_poisoned():
+    blocks = [(4096, 512, "active_allocated"), (4608, 1024, "inactive"),
+              (5632, 256, "active_pending_free"), (5888, 2048, "inactive"), (7936, 0, "inactive")]
+    segments = [_segment(blocks=blocks),
+                _segment(device=1, blocks=[(1 << 30, 512, "inactive")]),
+                _segment(expandable=True, blocks=[(1 << 31, 512, "inactive")]),  # maybe unmapped
+                _segment(pool=(1, 0), blocks=[(1 << 32, 512, "inactive")])]  # a graph's pool
+    assert free_blocks_to_poison(segments, 0) == [(4608, 1024), (5888, 2048)]
+    assert free_blocks_to_poison(segments, 1) == [(1 << 30, 512)]
+    assert free_blocks_to_poison([], 0) == []
+    assert poison_free_device_memory(torch.device("cpu")) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_freed_right_answer_is_poison_when_the_allocator_hands_it_back():
+    """On CUDA the caching allocator returns the block just freed: an output allocated and
+    never written would hold the last result of that size, often the right one."""
+    right = torch.arange(4096, dtype=torch.float32, device="cuda")
+    address = right.data_ptr()
+    del right
+    poisoned_bytes = poison_free_device_memory(torch.device("cuda"))
+    again = torch.empty(4096, dtype=torch.float32, device="cuda")
+    assert again.data_ptr() == address and poisoned_bytes >= again.nbytes
+    assert again.view(torch.uint8).eq(0xFF).all() and again.isnan().all()
+
+
+_HEAP = """
+import torch
+from harness.buffers import fresh_memory_poisoned
+for n in (3, 300, 70000, 3000000):  # small bins, large bins, past the mmap threshold
+    torch.full((n,), 1.5)
+    with fresh_memory_poisoned(torch.device("cpu")):
+        fresh = torch.empty(n)
+    after = torch.empty(n)
+    print(int(fresh.view(torch.uint8).eq(0xFE).all()), int(after.view(torch.uint8).eq(0xFE).all()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's M_PERTURB")
+def test_on_the_cpu_what_a_checked_call_allocates_is_poison_not_the_freed_block():
+    from harness.launch import rank_environment
+
+    env = rank_environment(os.environ, "r1")  # the ranks' glibc, without its per-thread cache
+    out = subprocess.run([sys.executable, "-c", _HEAP], env=env, capture_output=True,
+                         text=True, timeout=120)
+    # poison inside the block, at every size; outside it malloc is left as it was
+    assert out.stdout.split() == ["1", "0"] * 4, out.stdout + out.stderr
+
+
+@pytest.mark.mpi
+def test_an_output_left_partly_unwritten_fails_where_the_freed_block_held_the_answer(tmp_path):
+    from test_cli_integration import harness, rows
+
+    out = harness(tmp_path, "run", "hopper_tasks.rmsnorm", "--world-sizes", "1", "--no-bench",
+                  "--impl", "torch", "--impl", "unwritten:tail", timeout=300)
+    got = rows(tmp_path / "h.db", "SELECT impl, status, reason FROM results")
+    assert {r["status"] for r in got if r["impl"] == "torch"} == {"pass"}, got
+    tail = [r for r in got if r["impl"] == "unwritten:tail"]
+    assert tail and all(r["status"] == "fail" and "e+38" in r["reason"] for r in tail), tail
+    assert out.returncode == 1
