@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 
 from harness import timing
 from harness.spec import Work
@@ -75,6 +76,23 @@ def test_cached_late_and_clock_patching_implementations_fail_and_torch_passes(tm
         assert results and all(s == "fail" and any(w in r for w in words)
                                for s, r in results), (cheat, results)
 
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_side_stream_cached_and_clock_cheats_fail_and_torch_passes(tmp_path):
+    """On CUDA: work left on a side stream the events never wait for, results cached by
+    buffer or call, a replaced clock."""
+    cheats = ("by_address", "by_call", "side_stream", "patched_clock")
+    args = [a for c in cheats for a in ("--impl", f"timing_cheats:{c}")]
+    out = harness(tmp_path, "run", "hopper_tasks.rmsnorm", "--world-sizes", "1", "--device",
+                  "cuda", "--impl", "torch", *args, timeout=300)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    got = _statuses(tmp_path / "h.db")
+    assert {s for (impl, _), (s, _) in got.items() if impl == "torch"} == {"pass"}, got
+    for cheat in cheats:
+        results = [v for (impl, _), v in got.items() if impl == f"timing_cheats:{cheat}"]
+        assert results and all(s == "fail" for s, _ in results), (cheat, results)
 
 SUITE = textwrap.dedent('''
     import torch
