@@ -98,8 +98,7 @@ class WorldOutcome:
 def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
     """The ranks' environment: ``base`` plus the run id, where harness was started (relative
     ``--impl`` paths resolve there; ranks run in the run directory), unbuffered output, and
-    ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it, and no glibc tcache
-    (``NO_TCACHE_TUNABLE``) unless the user sized it. A GPU-enabled MPICH initialises CUDA in
+    ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it. A GPU-enabled MPICH initialises CUDA in
     every rank at MPI_Init (MPICH 4.0's yaksa makes a context on every visible GPU, which an
     exclusive compute mode refuses); the harness never hands MPI device memory (its ``mpi``
     implementations stage through the host), so it turns that off. An implementation that
@@ -113,16 +112,8 @@ def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
            "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd()),
            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
-    tunables = env.get("GLIBC_TUNABLES", "")
-    if "tcache_count" not in tunables:
-        env["GLIBC_TUNABLES"] = ":".join(t for t in (tunables, NO_TCACHE_TUNABLE) if t)
     return env
 
-
-#: glibc's per-thread cache hands small blocks back without the perturbation that poisons what
-#: a checked call allocates (``tcache_get`` in malloc.c skips ``alloc_perturb``;
-#: buffers.fresh_memory_poisoned), so the ranks run without it
-NO_TCACHE_TUNABLE = "glibc.malloc.tcache_count=0"
 
 #: MPICH: ranks waiting in MPI sleep briefly between polls instead of calling sched_yield.
 #: mpi4py initialises MPI_THREAD_MULTIPLE, so a waiting rank's progress loop yields MPICH's

@@ -242,7 +242,8 @@ def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
 def _call(world: World, case: Case, impl: Callable[..., Any],
           inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     try:
-        with fresh_memory_poisoned(world.device):  # an output it allocates starts as poison
+        # an output it allocates starts as poison
+        with fresh_memory_poisoned(world.device, nbytes(inputs)):
             raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
             world.synchronize()
     except Exception as exc:
@@ -649,7 +650,7 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
                 old.copy_(new)
         else:  # a count or a shape that the new values change: take it as it is
             slot[name] = poison_(new) if name in written and new is not None else new
-    with fresh_memory_poisoned(world.device):
+    with fresh_memory_poisoned(world.device, nbytes(slot)):
         value = impl(world, **slot) if spec.distributed else impl(**slot)
     outputs = normalize_outputs(value, spec.outputs)
     seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}

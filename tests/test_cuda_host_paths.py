@@ -180,11 +180,6 @@ def test_gpu_free_memory_counts_what_torchs_cache_holds_unused():
 def test_the_ranks_run_with_mpichs_gpu_support_off_unless_the_user_says():
     env = launch.rank_environment({"PATH": "/bin"}, "r1")
     assert env["MPIR_CVAR_ENABLE_GPU"] == "0" and env["HARNESS_RUN_ID"] == "r1"
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=0"
-    assert launch.rank_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, "r1")[
-        "GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.tcache_count=0"
-    assert launch.rank_environment({"GLIBC_TUNABLES": "glibc.malloc.tcache_count=7"}, "r1")[
-        "GLIBC_TUNABLES"] == "glibc.malloc.tcache_count=7"
     assert launch.rank_environment({"MPIR_CVAR_ENABLE_GPU": "1"}, "r1")[
         "MPIR_CVAR_ENABLE_GPU"] == "1"
 
