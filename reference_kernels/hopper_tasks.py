@@ -235,7 +235,12 @@ def merge_attention(outs: list[torch.Tensor], lses: list[torch.Tensor]
 def attention_split_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk: int
                        ) -> dict[str, torch.Tensor]:
     """Split-KV attention of one token over S keys in chunks of ``chunk``, merged by
-    log-sum-exp: {"out": (Hq, D) in q's dtype, "lse": (Hq,) float32}."""
+    log-sum-exp: {"out": (Hq, D) in q's dtype, "lse": (Hq,) float32}.
+
+    Special values follow softmax's IEEE arithmetic, as torch.softmax does: a NaN score (a NaN
+    in q or in a key) makes its head's every output and its lse NaN, in whichever chunk it
+    sits; a NaN in v reaches only the output column it is in (its probability times NaN), the
+    lse stays finite. A kernel that treats a NaN score as masked is wrong."""
     parts = [attention_partial(q, k[s : s + chunk], v[s : s + chunk])
              for s in range(0, k.shape[0], chunk)]
     out, lse = merge_attention([p[0] for p in parts], [p[1] for p in parts])

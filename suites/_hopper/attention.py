@@ -189,17 +189,25 @@ def split_kv_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> di
         # q * 32 (exact in bf16): scores spread over ~200, so exp(score - anything but the
         # max) overflows float32: only the max-subtracted softmax stays finite
         q = q * 32
-    return {"q": q,
-            "k": tensor("split_kv", params, "k", (s, h, d), -2.0, 2.0),
-            "v": tensor("split_kv", params, "v", (s, h, d)), "chunk": params["chunk"]}
+    k = tensor("split_kv", params, "k", (s, h, d), -2.0, 2.0)
+    v = tensor("split_kv", params, "v", (s, h, d))
+    if params.get("scores") == "nan":
+        # a NaN key in head 0 (its every score NaN: out and lse NaN for the head) in the last
+        # chunk, and a NaN value in head 1 (out[1, 3] NaN, its lse finite)
+        k, v = k.clone(), v.clone()
+        k[s - 1, 0, 0] = math.nan
+        v[s // 3, 1, 3] = math.nan
+    return {"q": q, "k": k, "v": v, "chunk": params["chunk"]}
 
 
-def _split_kv(q, k, v, chunk, *, rescale: bool = True, shift_by_max: bool = True
-              ) -> dict[str, torch.Tensor]:
+def _split_kv(q, k, v, chunk, *, rescale: bool = True, shift_by_max: bool = True,
+              nan_as_masked: bool = False) -> dict[str, torch.Tensor]:
     scale = 1.0 / math.sqrt(q.shape[-1])
     outs, lses = [], []
     for start in range(0, k.shape[0], chunk):
         scores = torch.einsum("hd,shd->hs", q.float(), k[start : start + chunk].float()) * scale
+        if nan_as_masked:
+            scores = scores.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)
         top = scores.amax(-1, keepdim=True) if shift_by_max else scores.amin(-1, keepdim=True)
         p = torch.exp(scores - top)
         total = p.sum(-1, keepdim=True)
@@ -229,6 +237,12 @@ def split_kv_min_shift(q, k, v, chunk) -> dict[str, torch.Tensor]:
     return _split_kv(q, k, v, chunk, shift_by_max=False)
 
 
+def split_kv_nan_as_masked(q, k, v, chunk) -> dict[str, torch.Tensor]:
+    """Bug: a NaN score is taken for a masked one (-inf), as a kernel that guards its running
+    max against NaN does: the head's output stays finite."""
+    return _split_kv(q, k, v, chunk, nan_as_masked=True)
+
+
 def split_kv_exact(q, k, v, chunk) -> dict[str, torch.Tensor]:
     """The float64 attention (a log-sum-exp merge of chunks is exact arithmetic): the
     precision lens's value of ``out`` before its one rounding, and of ``lse``."""
@@ -248,12 +262,16 @@ SPLIT_KV = OpSpec(
                            bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"], flops_dtype="bf16"),
     grid={"smoke": [{"heads": 4, "d": 64, "seq": 300, "chunk": 64},
                     {"heads": 2, "d": 32, "seq": 77, "chunk": 32},
-                    {"heads": 2, "d": 32, "seq": 100, "chunk": 32, "scores": "wide"}],
+                    {"heads": 2, "d": 32, "seq": 100, "chunk": 32, "scores": "wide"},
+                    {"heads": 2, "d": 32, "seq": 77, "chunk": 32, "scores": "nan"},
+                    {"heads": 4, "d": 64, "seq": 130, "chunk": 64, "scores": "nan"}],
           "nightly": [{"heads": 32, "d": 128, "seq": s, "chunk": 512}
-                      for s in (4096, 32768, 131072)]},
+                      for s in (4096, 32768, 131072)]
+          + [{"heads": 32, "d": 128, "seq": 4100, "chunk": 512, "scores": "nan"}]},
     implementations={"torch": split_kv_torch},
     negative_controls={"merge_without_rescale": split_kv_merge_without_rescale,
-                       "min_shift": split_kv_min_shift},
+                       "min_shift": split_kv_min_shift,
+                       "nan_as_masked": split_kv_nan_as_masked},
 )
 
 SPECS = [PAGED_ATTENTION, SPLIT_KV]
