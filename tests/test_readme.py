@@ -1,4 +1,5 @@
-"""The README's first two commands are the ones CI and users run: keep them true."""
+"""The README's first two commands are the ones CI and users run: keep them true. The README
+stays a short guide, its depth in the guides under docs/, and every link among them resolves."""
 
 import re
 from pathlib import Path
@@ -60,3 +61,62 @@ def test_the_cuda_example_in_the_guide_is_the_one_in_examples():
     command = next(b for b in _sh_blocks(guide) if "embedding.cu:launch_embedding" in b)
     assert "--impl examples/cuda_embedding/embedding.cu:launch_embedding" in command
 
+
+def test_the_readme_is_a_ten_minute_read():
+    text = README.read_text()
+    assert len(text) <= 25_000, f"README.md is {len(text)} characters: move depth to docs/"
+
+
+def test_the_headline_figures_stay_in_the_readme():
+    """The benchmarks update these rows; the table is the README's, not a guide's."""
+    text = README.read_text()
+    table = text.split("## Headline figures\n", 1)[1]
+    rows = [line for line in table.split("\n") if line.startswith("| ")]
+    assert rows[0] == "| figure | value | command |"
+    assert any(r.startswith("| smoke tier at world sizes 1, 4, 8:") for r in rows)
+    assert len(rows) >= 20
+
+
+def test_every_guide_is_linked_from_the_readme():
+    assert GUIDES, "no docs/*.md"
+    linked = {target.split("#", 1)[0] for target in _links(README)}
+    missing = [g.name for g in GUIDES if f"docs/{g.name}" not in linked]
+    assert not missing, f"docs/ guides the README's Guides list does not link: {missing}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _outside_code(text: str) -> str:
+    text = re.sub(r"^```.*?^```$", "", text, flags=re.S | re.M)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def _links(path: Path) -> list[str]:
+    return re.findall(r"\]\(([^)\s]+)\)", _outside_code(path.read_text()))
+
+
+def _anchors(path: Path) -> set[str]:
+    return {_slug(h) for h in re.findall(r"^#{1,6} (.+)$", _outside_code(path.read_text()),
+                                         re.M)}
+
+
+def test_every_relative_link_in_the_readme_and_the_guides_resolves():
+    """A moved section leaves no link behind: each relative link names a file that exists and,
+    into a Markdown file, a heading it has."""
+    broken = []
+    for path in (README, *GUIDES):
+        for target in _links(path):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            if not dest.exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{path.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
