@@ -205,8 +205,7 @@ def load(ref: str) -> CudaSourceImplementation:
     py = source.with_suffix(".py")
     if not py.is_file():
         raise CudaImplError(f"--impl {ref!r}: no launch description {py}; write "
-                            f"`def {fn_name}(kernels, ...)` there (README: CUDA C++ "
-                            "implementations)")
+                            f"`def {fn_name}(kernels, ...)` there (docs/cuda-and-triton.md)")
     try:
         module = import_file(py.resolve())
     except Exception as exc:

@@ -1,7 +1,8 @@
 """The CUDA C++ implementations on a real GPU: each built-in kernel against its op's reference
 (the same checks as every implementation, through `harness run --device cuda`), the int32
 control failing past 2**31, CUDA-graph timing of a kernel launched through cuda.core, and the
-README's example. Skipped, with the reason, on a machine without a GPU or NVRTC."""
+example of docs/cuda-and-triton.md. Skipped, with the reason, on a machine without a GPU or
+NVRTC."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def test_graph_timing_captures_a_kernel_launched_through_cuda_core(tmp_path):
     assert timed and all(t.get("mode") == "graph" for t in timed), timed[:1]
 
 
-def test_the_readme_example_runs(tmp_path):
+def test_the_guide_example_runs(tmp_path):
     out = harness(tmp_path, "run", "hopper_tasks.embedding", "--device", "cuda",
                   "--world-sizes", "1",
                   "--impl", "examples/cuda_embedding/embedding.cu:launch_embedding")

@@ -283,7 +283,7 @@ def test_registering_the_cuda_implementations_touches_nothing_of_cuda():
 
 
 @needs_nvrtc
-def test_the_readme_example_compiles_for_sm_90(private_cache):
+def test_the_guide_example_compiles_for_sm_90(private_cache):
     impl = load_callable(f"{EXAMPLE / 'embedding.cu'}:launch_embedding")
     assert "embedding" in elf_symbols(impl.compile("sm_90").cubin)
 

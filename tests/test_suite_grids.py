@@ -41,8 +41,8 @@ def _special(p) -> bool:
     return p.get("mode") == "special"
 
 
-#: the edge classes each op's semantics name (README's op tables): a bug that lives in one
-#: shows only where a case holds it, so each is in two smoke cases and in the nightly tier
+#: the edge classes each op's semantics name (docs/concepts.md's op tables): a bug that lives in
+#: one shows only where a case holds it, so each is in two smoke cases and in the nightly tier
 EDGES = {
     "hopper_tasks.rmsnorm": {"hidden not a power of two": lambda p: not _pow2(p["hidden"]),
                              "an all-zero row": lambda p: p.get("rows") == "zero"},

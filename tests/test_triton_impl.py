@@ -1,8 +1,8 @@
 """Triton implementations (harness.triton_impl): the decisions as plain functions, and the
-README's example through a real `harness run` with `--impl path.py:fn`, beside a wrong kernel
-of the kind a new user writes. The built-in kernels pass and their controls fail in the real
-runs of tests/test_cli_integration.py (the controls run, the collectives' controls, the strided
-copy's smoke and stress runs)."""
+example of docs/cuda-and-triton.md through a real `harness run` with `--impl path.py:fn`,
+beside a wrong kernel of the kind a new user writes. The built-in kernels pass and their
+controls fail in the real runs of tests/test_cli_integration.py (the controls run, the
+collectives' controls, the strided copy's smoke and stress runs)."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_an_impl_path_that_is_wrong_says_what_to_fix(tmp_path):
 
 @needs_triton
 @pytest.mark.mpi
-def test_the_readme_example_passes_and_a_wrong_kernel_fails_through_harness_run(tmp_path):
+def test_the_guide_example_passes_and_a_wrong_kernel_fails_through_harness_run(tmp_path):
     example = ROOT / "examples" / "triton_rmsnorm" / "rmsnorm.py"
     # a new user's slip: eps added outside the rsqrt; a path relative to where harness runs
     (tmp_path / "wrong_rmsnorm.py").write_text(example.read_text().replace(
