@@ -60,11 +60,12 @@ def _statuses(db):
 
 
 @pytest.mark.mpi
-def test_cached_late_and_clock_patching_implementations_fail_and_torch_passes(tmp_path):
+def test_cached_late_clock_patching_and_unwritten_implementations_fail_and_torch_passes(tmp_path):
     cheats = ("by_address", "by_call", "late_thread", "patched_clock")
     args = [a for c in cheats for a in ("--impl", f"timing_cheats:{c}")]
+    # in the same launch: an output left partly unwritten, in a block that held the answer
     out = harness(tmp_path, "run", "hopper_tasks.rmsnorm", "--world-sizes", "1",
-                  "--impl", "torch", *args, timeout=300)
+                  "--impl", "torch", *args, "--impl", "unwritten:tail", timeout=300)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     got = _statuses(tmp_path / "h.db")
     assert {s for (impl, _), (s, _) in got.items() if impl == "torch"} == {"pass"}
@@ -75,6 +76,9 @@ def test_cached_late_and_clock_patching_implementations_fail_and_torch_passes(tm
         results = [v for (impl, _), v in got.items() if impl == f"timing_cheats:{cheat}"]
         assert results and all(s == "fail" and any(w in r for w in words)
                                for s, r in results), (cheat, results)
+    # harness/buffers.py fresh_memory_poisoned: the unwritten tail holds 0xFE bytes, -1.7e38
+    tail = [v for (impl, _), v in got.items() if impl == "unwritten:tail"]
+    assert tail and all(s == "fail" and "e+38" in r for s, r in tail), tail
 
 
 
