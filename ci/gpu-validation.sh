@@ -95,6 +95,13 @@ run_step() {
     stress) harness run strided_copy --tier stress --world-sizes 1 --device cuda \
               --impl cuda --impl cuda_int32_index --impl torch --no-bench --fail-on never ;;
     nightly1) harness run --tier nightly --world-sizes 1 --device cuda --fail-on never ;;
+    # every negative control and the Triton kernels at 1 rank: a control that passes every
+    # case on a GPU (named by the run's warning) is a bug the GPU hides from a check
+    controls1) mapfile -t impls < <(python3 -c 'from harness.spec import registry
+for c in sorted({c for s in registry().select([], "smoke") for c in s.negative_controls}):
+    print("--impl", c, sep="\n")')
+               harness run --world-sizes 1 --device cuda --no-bench --fail-on never \
+                 --impl triton --impl tile_triton "${impls[@]}" ;;
     timers) python benchmarks/timer_agreement.py ;;
     # runs a time limit stopped are in OUT_DIR/runs only; ingesting again updates, never
     # duplicates

@@ -42,6 +42,8 @@ STEPS = [
     Step("calibrate", "proven", 15, "5-8 s (H200)", "copy and matmul peaks for % of peak"),
     Step("smoke1", "proven", 90, "45-48 s (H100, every verdict check and the free-memory "
          "poison)", "every op on one GPU, with every verdict check"),
+    Step("controls1", "proven", 90, "59.5 s (H100)", "every negative control and the Triton "
+         "kernels at 1 rank: none passing every case but those needing more ranks"),
     Step("stress", "unfinished", 150, "the three int8 cases, then stopped at 150 s before the "
          "2**31-element f32 case (H100)", "the int32 control failing, not erroring, "
          "past 2**31 elements"),
