@@ -19,6 +19,7 @@ A case is checked up to three times, each check catching a class of bug the othe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import itertools
@@ -33,10 +34,10 @@ from harness import compare, triton_impl
 from harness.buffers import (
     ALIGN_BYTES,
     flat_bytes,
+    fresh_memory_poisoned,
     lies_within,
     nbytes,
     overlaps,
-    fresh_memory_poisoned,
     poison_,
     relocate,
     same_bits,
@@ -239,11 +240,14 @@ def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
             and (k in roots or any(overlaps(v, t) for t in root_tensors))}
 
 
-def _call(world: World, case: Case, impl: Callable[..., Any],
-          inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[str, Any],
+          fresh_poison: bool = False) -> dict[str, torch.Tensor]:
+    """One checked call; ``fresh_poison``: what it allocates starts as poison (the first call
+    of a case: a later one reuses the blocks of an earlier one's outputs, which the first
+    call's check has already judged)."""
     try:
-        # an output it allocates starts as poison
-        with fresh_memory_poisoned(world.device, nbytes(inputs)):
+        with (fresh_memory_poisoned(world.device, nbytes(inputs)) if fresh_poison
+              else contextlib.nullcontext()):
             raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
             world.synchronize()
     except Exception as exc:
@@ -431,7 +435,7 @@ def run_case(
         if result.interpreter:
             tols = _interpreted_lens(tols)
         with mem:
-            outputs = _call(world, case, impl, inputs)
+            outputs = _call(world, case, impl, inputs, fresh_poison=True)
         _check_contract(case, inputs, outputs, guards)
         stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos,
                                   setup.magnitudes)
@@ -650,8 +654,7 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
                 old.copy_(new)
         else:  # a count or a shape that the new values change: take it as it is
             slot[name] = poison_(new) if name in written and new is not None else new
-    with fresh_memory_poisoned(world.device, nbytes(slot)):
-        value = impl(world, **slot) if spec.distributed else impl(**slot)
+    value = impl(world, **slot) if spec.distributed else impl(**slot)
     outputs = normalize_outputs(value, spec.outputs)
     seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
     # work still running on the device finishes at the synchronise; a host thread gets a
