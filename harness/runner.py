@@ -33,10 +33,10 @@ from harness import compare, triton_impl
 from harness.buffers import (
     ALIGN_BYTES,
     flat_bytes,
+    fresh_memory_poisoned,
     lies_within,
     nbytes,
     overlaps,
-    fresh_memory_poisoned,
     poison_,
     relocate,
     same_bits,
