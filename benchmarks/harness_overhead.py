@@ -77,7 +77,7 @@ class NoopPlugin:
         self.items: list[tuple[int, int]] = []  # (item wall ns, implementation ns)
 
     def pytest_configure(self, config) -> None:
-        from harness.spec import registry
+        from harness.discovery import registry
 
         registry().add(_noop_spec(self.cases))
 

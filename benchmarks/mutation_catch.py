@@ -41,7 +41,7 @@ from harness.results import FAILING  # noqa: E402
 FIRST_CASES = 3
 EQUIVALENT_FILE = HERE / "data" / "mutation_equivalent.json"
 MODULE_TEMPLATE = '''\
-from harness.spec import registry
+from harness.discovery import registry
 from mutants import mutant_callable
 
 _IMPL = registry().specs[{op!r}].implementations["torch"]
@@ -52,7 +52,7 @@ def plan(selected: list[str], families: list[str] | None = None
          ) -> tuple[dict[str, list[mut.Mutant]], dict[str, list[str]], dict[str, bool]]:
     """({op: its own mutants}, {function key: every op that reaches it}, {op: distributed}),
     of the ``families`` given (default: all)."""
-    from harness.spec import registry
+    from harness.discovery import registry
 
     specs = registry().specs
     trees = {name: mut.project_functions(spec.implementations["torch"])
@@ -91,7 +91,7 @@ def write_module(folder: Path, tag: str, op: str, batch: list[mut.Mutant]) -> st
 
 
 def case_ids(op: str, world_size: int) -> list[str]:
-    from harness.spec import registry
+    from harness.discovery import registry
 
     return [c.id for c in registry().specs[op].cases("smoke", world_size)]
 

@@ -29,7 +29,7 @@ def main() -> int:
         print("timer_agreement: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
 
-    from harness.spec import registry
+    from harness.discovery import registry
     from harness.timing import TimingConfig, time_call
 
     device = torch.device("cuda", 0)

@@ -2,7 +2,8 @@
 
 Everything here keeps its name and meaning across minor releases; a change is announced in the
 changelog one release ahead. Suites import from here only (``from harness.api import OpSpec,
-case_tensor, allclose``), never from the harness's other modules, which may change.
+case_tensor, allclose``), never from the harness's other modules, which may change; the
+built-in suites too.
 
 - Describing an op: ``OpSpec``, ``Work``, ``SpecError``.
 - Tolerances (``harness.compare``): ``exact``, ``allclose``, ``ulp``, ``cos_diff``,
@@ -13,6 +14,13 @@ case_tensor, allclose``), never from the harness's other modules, which may chan
 - Testing an op in the suite's own tests: ``run_cases(spec, "impl or control")`` runs each
   case at world size 1 in this process, through every check of a run, and returns the
   results (``.status``, ``.reason``); multi-rank bugs need ``harness run --world-sizes 4``.
+- Buffers (``harness.buffers``): ``poisoned`` (a new buffer full of poison, for an op's
+  output buffers) and ``overlaps`` (whether two tensors share memory).
+- Memory: ``available_bytes`` (what a new tensor can use on a device, for a case's skip).
+- CUDA C++ and Triton implementations: ``from_source`` (a CUDA C++ file made an
+  implementation), ``cuda_launch`` (its launch, inside a launcher), ``TritonImplementation``
+  (a Triton kernel's wrapper, run by Triton's interpreter on the CPU).
+- ``DEFAULT_RTOL_ATOL``: the (rtol, atol) ``default_for`` takes per dtype.
 - Distributed ops: ``shard`` (a rank's slice of a dimension). Implementations receive the
   ``World`` first: ``world.rank``, ``world.size``, ``world.device``, ``world.group`` (a
   torch.distributed process group) and ``world.comm`` (an mpi4py communicator).
@@ -25,7 +33,9 @@ from typing import Any
 
 import torch
 
+from harness.buffers import overlaps, poisoned
 from harness.compare import (
+    DEFAULT_RTOL_ATOL,
     Tolerance,
     all_of,
     allclose,
@@ -35,6 +45,7 @@ from harness.compare import (
     rel_l2,
     ulp,
 )
+from harness.cuda_impl import cuda_launch, from_source
 from harness.inputs import (
     dtype_from_name,
     generate,
@@ -44,12 +55,16 @@ from harness.inputs import (
     special_values,
 )
 from harness.local import run_cases
+from harness.memory import available_bytes
 from harness.spec import OpSpec, SpecError, Work
+from harness.triton_impl import TritonImplementation
 
 __all__ = [
-    "OpSpec", "SpecError", "Tolerance", "Work", "all_of", "allclose", "case_tensor",
-    "cos_diff", "default_for", "dtype_from_name", "exact", "generate", "hash32",
-    "plant_specials", "rel_l2", "run_cases", "seed_from", "shard", "special_values", "ulp",
+    "DEFAULT_RTOL_ATOL", "OpSpec", "SpecError", "Tolerance", "TritonImplementation", "Work",
+    "all_of", "allclose", "available_bytes", "case_tensor", "cos_diff", "cuda_launch",
+    "default_for", "dtype_from_name", "exact", "from_source", "generate", "hash32", "overlaps",
+    "plant_specials", "poisoned", "rel_l2", "run_cases", "seed_from", "shard",
+    "special_values", "ulp",
 ]
 
 

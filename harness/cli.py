@@ -50,8 +50,9 @@ def resolve_plans(selectors: Sequence[str], tier: str, sizes: Sequence[int],
     is compiled here first, so that a compile error stops the run before any rank starts."""
     from torch import device as torch_device
 
+    from harness.discovery import registry
     from harness.runtime import RuntimeSetupError, resolve_device
-    from harness.spec import SpecError, registry
+    from harness.spec import SpecError
 
     try:
         resolved = torch_device(resolve_device(device).device)
@@ -71,7 +72,7 @@ def resolve_plans(selectors: Sequence[str], tier: str, sizes: Sequence[int],
 
 def note_shared_impls(specs: Sequence[Any], impls: Sequence[str]) -> None:
     """One stderr line per requested name that several selected ops have (it runs on all)."""
-    from harness.spec import registry
+    from harness.discovery import registry
 
     for name, ops in registry().shared_impl_names(specs, list(impls)).items():
         click.echo(f"note: --impl {name} is a name of {len(ops)} selected ops "
@@ -184,7 +185,7 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
         _run(ctx, resumed=None, kept=kept, **params)
         return
     from harness import envinfo, store
-    from harness.spec import use_suites
+    from harness.discovery import use_suites
 
     given = sorted(name for name in resume.KEPT
                    if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT,
@@ -226,9 +227,9 @@ def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, kept: dict[str, A
     import shlex
 
     from harness import envinfo, store
+    from harness.discovery import extra_suites
     from harness.launch import LaunchConfig, LauncherError, PlacementFailed, run_world_size
     from harness.results import RunInfo
-    from harness.spec import extra_suites
     sizes = parse_world_sizes(world_sizes)
     if timeout is not None and timeout <= 0:
         _fail(f"--timeout {timeout} must be a positive number of seconds", EXIT_USAGE)
@@ -454,7 +455,7 @@ def _fmt_pct(derived: dict[str, float]) -> str:
 
 
 def _work_of(op: str, params: Any, world_size: int) -> Any:
-    from harness.spec import registry
+    from harness.discovery import registry
 
     spec = registry().specs.get(op)
     return spec.work(params, world_size) if spec is not None and spec.work else None
@@ -508,7 +509,7 @@ def _print_table(others: Sequence[Any]) -> None:
 def print_uncaught_controls(results: Sequence[Any]) -> None:
     """A warning for each negative control that passed every case it ran: its bug is not
     caught by this selection (the cases, the tolerance or the world sizes miss it)."""
-    from harness.spec import registry
+    from harness.discovery import registry
 
     specs = registry().specs
     ran: dict[tuple[str, str], set[str]] = {}
@@ -614,7 +615,7 @@ def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tup
     """List the ops, implementations and cases a run would execute, and the suite each op
     comes from."""
     sizes = parse_world_sizes(world_sizes)
-    from harness.spec import registry
+    from harness.discovery import registry
 
     specs, plans, _ = resolve_plans(selectors, tier, sizes, impls, device)
     reg = registry()

@@ -118,8 +118,8 @@ def project_of(ctx: click.Context) -> Any:
 def _use_suites(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...]) -> None:
     from pathlib import Path
 
+    from harness.discovery import use_suites
     from harness.project import resolve_source
-    from harness.spec import use_suites
 
     project = project_of(ctx)
     ctx.meta["harness.suites"] = tuple(value)  # for a command that launches another

@@ -35,8 +35,9 @@ _TIERS = click.Choice(["smoke", "nightly"])
 
 def _shelf(golden_dir: str | None) -> Any:
     """Each op's golden store: its suite's directory, or ``golden_dir`` for all."""
+    from harness.discovery import registry
     from harness.golden import GoldenShelf
-    from harness.spec import SpecError, registry
+    from harness.spec import SpecError
 
     try:
         return GoldenShelf(registry().golden_dir_of, golden_dir)
@@ -58,7 +59,8 @@ def _store(shelf: Any, op: str) -> Any:
 
 def _cases(selectors: Sequence[str], tier: str, sizes: Sequence[int]) -> list[Any]:
     """The selected cases (not items: goldens do not depend on the implementation)."""
-    from harness.spec import SpecError, registry
+    from harness.discovery import registry
+    from harness.spec import SpecError
 
     try:
         reg = registry()
@@ -291,7 +293,8 @@ def _tier_of(entry: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def show(selectors: tuple[str, ...], golden_dir: str | None, as_json: bool) -> None:
     """List the stored goldens (SELECTORS: globs over op names, case ids or entry keys)."""
-    from harness.spec import glob_match, registry
+    from harness.discovery import registry
+    from harness.spec import glob_match
 
     shelf = _shelf(golden_dir)
     reg = registry()

@@ -51,7 +51,8 @@ def tolerance(ctx: click.Context, op: str, impls: tuple[str, ...], tier: str,
     with --impl module:callable. Exit 1 when a correct implementation fails or a control
     passes every case: the tolerance (or the cases) need another look."""
     from harness import tolerance_use
-    from harness.spec import SpecError, glob_match, registry
+    from harness.discovery import registry
+    from harness.spec import SpecError, glob_match
 
     try:
         spec = registry().specs.get(op)

@@ -161,7 +161,8 @@ def correctly_rounded(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _narrow(t: torch.Tensor) -> torch.Tensor:
     """Where a float32 value fits in bf16 or fp16 (finite, nonzero)."""
     f = t.to(torch.float32)
-    fits = (f.to(torch.bfloat16).to(torch.float32) == f) | (f.to(torch.float16).to(torch.float32) == f)
+    fits = ((f.to(torch.bfloat16).to(torch.float32) == f)
+            | (f.to(torch.float16).to(torch.float32) == f))
     return fits & torch.isfinite(f) & (f != 0)
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness.spec import OpSpec, SpecError
+from harness.spec import OpSpec, Registry, SpecError, add_entry_point_impls
 
 BUILTIN_SUITE = "kernel-harness"
 SUITES_PACKAGE = "suites"
@@ -45,6 +45,15 @@ class Suite:
     #: None: the built-in golden directory (``harness.golden.default_dir``)
     golden_dir: Path | None
     specs: list[OpSpec] = field(default_factory=list)
+
+
+def builtin_suite_dir() -> Path | None:
+    """The directory of the built-in ``suites`` package, found without importing it (None
+    where it is not importable): the one place the harness names that package."""
+    spec = importlib.util.find_spec(SUITES_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def builtin_suite() -> Suite:
@@ -130,12 +139,10 @@ def load_suite(source: str, golden_dir: Path | None = None, how: str = "--suite"
 
 
 def build_registry(sources: Sequence[str] = (), golden_dir: Path | None = None,
-                   how: str = "--suite") -> Any:
+                   how: str = "--suite") -> Registry:
     """The registry of the built-in suite, every installed suite plugin and ``sources`` (its
     focus: what a selection without selectors runs), with every installed implementation
     plugin added; clashing op names are a SpecError."""
-    from harness.spec import Registry, add_entry_point_impls
-
     reg = Registry()
     for suite in [builtin_suite(), *entry_point_suites()]:
         reg.add_suite(suite)
@@ -253,3 +260,33 @@ def _on_sys_path(directory: Path) -> None:
     text = str(directory)
     if text not in sys.path:
         sys.path.insert(0, text)
+
+
+_REGISTRY: Registry | None = None
+#: suites named by --suite or the project file, and the project's golden directory
+_EXTRA_SUITES: tuple[tuple[str, ...], Any, str] = ((), None, "--suite")
+
+
+def use_suites(sources: Sequence[str], golden_dir: Any = None, how: str = "--suite") -> None:
+    """Load these suites (paths or module names) besides the built-in and installed ones,
+    their goldens in ``golden_dir`` if given; ``how`` they were named ("--suite", "project
+    file PATH") is their origin in ``harness list``. The next ``registry()`` call rebuilds
+    the registry with them."""
+    global _EXTRA_SUITES, _REGISTRY
+    wanted = (tuple(sources), golden_dir, how)
+    if wanted != _EXTRA_SUITES:
+        _EXTRA_SUITES, _REGISTRY = wanted, None
+
+
+def extra_suites() -> tuple[tuple[str, ...], Any, str]:
+    """What ``use_suites`` was last given: (sources, golden_dir, how)."""
+    return _EXTRA_SUITES
+
+
+def registry(reload: bool = False) -> Registry:
+    """The registry of every suite (built-in, installed, and those of ``use_suites``) and
+    every entry-point implementation (built once)."""
+    global _REGISTRY
+    if _REGISTRY is None or reload:
+        _REGISTRY = build_registry(*_EXTRA_SUITES)
+    return _REGISTRY

@@ -17,7 +17,6 @@ that chunk (``_sum_bound``), plus float64 summation slack.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -31,6 +30,7 @@ import torch
 
 from harness import compare
 from harness.buffers import same_bits as same_bits_tensor
+from harness.discovery import builtin_suite_dir
 
 SCHEMA = 2  # 2: fingerprints count NaN/inf per chunk and sum finite elements only
 MANIFEST = "manifest.json"
@@ -57,10 +57,10 @@ def default_dir() -> Path:
     env = os.environ.get(ENV_VAR)
     if env:
         return Path(env).expanduser()
-    spec = importlib.util.find_spec("suites")
-    if spec is None or not spec.submodule_search_locations:
+    suites_dir = builtin_suite_dir()
+    if suites_dir is None:
         raise GoldenError(f"the suites package is not importable: set {ENV_VAR} to a golden dir")
-    return Path(next(iter(spec.submodule_search_locations))) / "golden"
+    return suites_dir / "golden"
 
 
 def entry_key(case_id: str, world_size: int) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from harness import cuda, sanitizer, triton_impl
 from harness import results as results_mod
+from harness.discovery import SUITES_PACKAGE
 from harness.placement import usable_cpus
 from harness.results import CaseResult
 from harness.spec import PlannedItem
@@ -174,7 +175,7 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
     if cfg.sanitizer:
         cmd += sanitizer.command_prefix(cfg.sanitizer, f"{w}.sanitizer")
     cmd += [
-        sys.executable, "-m", "pytest", "--pyargs", "suites", "-p", "harness.pytest_plugin",
+        sys.executable, "-m", "pytest", "--pyargs", SUITES_PACKAGE, "-p", "harness.pytest_plugin",
         "-p", "no:cacheprovider", "-p", "no:unraisableexception",
         "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
         "--harness-tier", cfg.tier, "--harness-device", cfg.device,

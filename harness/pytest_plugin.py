@@ -23,10 +23,10 @@ import pytest
 
 from harness import results as results_mod
 from harness import triton_impl
-from harness.discovery import BUILTIN_SUITE
+from harness.discovery import BUILTIN_SUITE, builtin_suite_dir, registry, use_suites
 from harness.golden import GoldenShelf
 from harness.results import CaseResult
-from harness.spec import TIERS, PlannedItem, Registry, SpecError, registry, use_suites
+from harness.spec import TIERS, PlannedItem, Registry, SpecError
 from harness.timing import TimingConfig
 
 _SESSION = pytest.StashKey["HarnessSession"]()
@@ -257,10 +257,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    import suites
-
-    suites_dir = Path(suites.__file__).parent.resolve()
-    if (file_path.suffix == ".py" and file_path.parent.resolve() == suites_dir
+    suites_dir = builtin_suite_dir()
+    if (suites_dir is not None and file_path.suffix == ".py"
+            and file_path.parent.resolve() == suites_dir.resolve()
             and not file_path.name.startswith("_")):
         return SuiteFile.from_parent(parent, path=file_path)
     return None

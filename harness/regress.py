@@ -14,7 +14,7 @@ Correctness: pass -> failure ("new_failure"), failure -> pass ("fixed"), an erro
 DRIFT_FACTOR x while still passing ("drift"), and a changed output hash of a deterministic op
 ("bits_changed").
 
-Ops are looked up through ``harness.spec.registry()`` only; results of ops it does not know
+Ops are looked up through ``harness.discovery.registry()`` only; results of ops it does not know
 (ingested from elsewhere) get the defaults.
 """
 
@@ -117,7 +117,7 @@ def pairwise(baseline: Sequence[float], current: Sequence[float], threshold: flo
 
 def _spec(op: str) -> Any:
     try:
-        from harness.spec import registry
+        from harness.discovery import registry
 
         return registry().specs.get(op)
     except Exception:  # noqa: BLE001 - a broken suite or plugin must not stop the analysis

@@ -482,35 +482,3 @@ def add_entry_point_impls(registry: Registry) -> None:
                             "{op name: callable} or a function returning one")
         for op, fn in mapping.items():
             registry.add_implementation(op, ep.name, fn)
-
-
-_REGISTRY: Registry | None = None
-#: suites named by --suite or the project file, and the project's golden directory
-_EXTRA_SUITES: tuple[tuple[str, ...], Any, str] = ((), None, "--suite")
-
-
-def use_suites(sources: Sequence[str], golden_dir: Any = None, how: str = "--suite") -> None:
-    """Load these suites (paths or module names) besides the built-in and installed ones,
-    their goldens in ``golden_dir`` if given; ``how`` they were named ("--suite", "project
-    file PATH") is their origin in ``harness list``. The next ``registry()`` call rebuilds
-    the registry with them."""
-    global _EXTRA_SUITES, _REGISTRY
-    wanted = (tuple(sources), golden_dir, how)
-    if wanted != _EXTRA_SUITES:
-        _EXTRA_SUITES, _REGISTRY = wanted, None
-
-
-def extra_suites() -> tuple[tuple[str, ...], Any, str]:
-    """What ``use_suites`` was last given: (sources, golden_dir, how)."""
-    return _EXTRA_SUITES
-
-
-def registry(reload: bool = False) -> Registry:
-    """The registry of every suite (built-in, installed, and those of ``use_suites``) and
-    every entry-point implementation (built once)."""
-    global _REGISTRY
-    if _REGISTRY is None or reload:
-        from harness.discovery import build_registry  # imports this module: import late
-
-        _REGISTRY = build_registry(*_EXTRA_SUITES)
-    return _REGISTRY

@@ -124,7 +124,7 @@ def analyze_missing(conn: sqlite3.Connection) -> list[str]:
 
 def _registry_view() -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
     try:
-        from harness.spec import registry
+        from harness.discovery import registry
 
         reg = registry()
     except Exception:  # noqa: BLE001 - a broken suite must not stop the report of the history

@@ -214,7 +214,7 @@ def _suite_order(row: dict[str, Any]) -> tuple[Any, ...]:
 def _size_of(history: History):
     """Message size per rank of a collective result: the work model's bytes (nccl-tests'
     size column) where the op is known, else algbw x time, which is the same number."""
-    from harness.spec import registry
+    from harness.discovery import registry
 
     try:
         specs = registry().specs

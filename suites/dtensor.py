@@ -20,9 +20,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.inputs import dtype_from_name, generate, seed_from
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, dtype_from_name, exact, generate, seed_from
 from reference_kernels import dtensor as ref
 from suites._grid import unique
 
@@ -291,7 +289,7 @@ REDISTRIBUTE = OpSpec(
     description="DTensor.redistribute(src -> dst placements): every rank's local tensor and "
                 "the gathered full tensor, bitwise.",
     make_inputs=redistribute_inputs, expected=redistribute_expected,
-    tolerance=compare.exact(), work=_work, outputs=("local", "full"),
+    tolerance=exact(), work=_work, outputs=("local", "full"),
     grid={"smoke": _smoke(), "nightly": _nightly()},
     implementations={"torch": redistribute_torch, "torch-graph": redistribute_torch_graph},
     negative_controls={"floor_chunks": redistribute_floor_chunks,

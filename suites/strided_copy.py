@@ -16,12 +16,18 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.buffers import poisoned
-from harness.cuda_impl import from_source
-from harness.inputs import dtype_from_name, generate, plant_specials, seed_from
-from harness.memory import available_bytes
-from harness.spec import OpSpec, Work
+from harness.api import (
+    OpSpec,
+    Work,
+    available_bytes,
+    dtype_from_name,
+    exact,
+    from_source,
+    generate,
+    plant_specials,
+    poisoned,
+    seed_from,
+)
 from reference_kernels import strided_copy as ref
 from suites._cuda import source
 from suites._cuda.strided_copy import launch_strided_copy, launch_strided_copy_int32
@@ -245,7 +251,7 @@ def _work(params: Mapping[str, Any], world_size: int) -> Work:
 STRIDED_COPY = OpSpec(
     name="strided_copy", family=FAMILY, reference=copy_reference,
     description="as_strided(size, stride, offset) -> contiguous, bitwise.",
-    make_inputs=copy_inputs, tolerance=compare.exact(), work=_work,
+    make_inputs=copy_inputs, tolerance=exact(), work=_work,
     grid={"smoke": _smoke(), "nightly": _nightly(), "stress": STRESS},
     out_buffers={"out": "out"},
     implementations={"torch": copy_torch,

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from harness import calibrate, envinfo, store
-from harness.spec import TIERS, registry
+from harness.discovery import registry
+from harness.spec import TIERS
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU to calibrate one")

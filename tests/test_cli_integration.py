@@ -181,7 +181,7 @@ def _registry_controls(family: str) -> set[tuple[str, str]]:
     tables below refine where some of them must fail; a control with no entry must fail at
     least one case, so a new op or control needs no edit here. Triton controls only where
     triton is installed (elsewhere they skip, saying how to install it)."""
-    from harness.spec import registry
+    from harness.discovery import registry
 
     has_triton = importlib.util.find_spec("triton") is not None
     return {(spec.name.removeprefix(f"{family}."), control)

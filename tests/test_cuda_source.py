@@ -18,7 +18,8 @@ import torch
 
 from harness import cuda
 from harness.cuda_impl import CudaSourceImplementation, load
-from harness.spec import SpecError, load_callable, registry
+from harness.discovery import registry
+from harness.spec import SpecError, load_callable
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples" / "cuda_embedding"
@@ -272,7 +273,7 @@ def test_registering_the_cuda_implementations_touches_nothing_of_cuda():
     # (torch itself imports cuda.bindings; cuda.core and the driver are ours to leave alone)
     code = ("import sys, harness, harness.cuda_impl\n"
             "from harness import cuda\n"
-            "from harness.spec import registry\n"
+            "from harness.discovery import registry\n"
             "registry().plan('smoke', 1, ['strided_copy'], ['cuda'], 'cpu')\n"
             "print(sorted(m for m in sys.modules if m.startswith('cuda.core')),\n"
             "      cuda.driver_state.cache_info().currsize)\n")

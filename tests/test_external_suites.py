@@ -22,7 +22,8 @@ from click.testing import CliRunner
 from harness import project as project_mod
 from harness.cli import cli
 from harness.cli_common import HarnessExit
-from harness.spec import SpecError, registry, use_suites
+from harness.discovery import registry, use_suites
+from harness.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "example_ops"
@@ -314,6 +315,16 @@ def test_external_suites_import_the_harness_only_through_harness_api(tmp_path):
         if not path.exists():
             path.write_text(text)
         assert _harness_imports(path) <= {"harness.api"}, path
+
+
+def test_the_built_in_suites_import_the_harness_only_through_harness_api():
+    """The built-in suites are written as a user's would be: what they need is on the public
+    surface, or it is not there for anyone."""
+    root = Path(__file__).resolve().parent.parent / "suites"
+    paths = sorted(root.rglob("*.py"))
+    assert len(paths) > 20
+    for path in paths:
+        assert _harness_imports(path) <= {"harness.api"}, (path, _harness_imports(path))
 
 
 def test_harness_api_names_what_it_exports():

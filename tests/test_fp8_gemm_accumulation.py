@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from harness import compare
+from harness.discovery import registry
 from harness.golden import GoldenShelf
 from harness.runner import CaseSetup, run_case
 from harness.runtime import World
-from harness.spec import Case, registry
+from harness.spec import Case
 
 SPEC = registry().specs["fp8_gemm.per_tensor"]
 CASES = SPEC.cases("smoke", 1)

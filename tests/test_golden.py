@@ -764,7 +764,7 @@ def test_committed_files_match_the_manifest(committed: dict) -> None:
 
 
 def test_every_smoke_case_has_a_golden(committed: dict) -> None:
-    from harness.spec import registry
+    from harness.discovery import registry
 
     cases = {golden.entry_key(c.id, w) for spec in registry().specs.values()
              for w in (1, 4, 8) for c in spec.cases("smoke", w)}
@@ -779,8 +779,8 @@ def test_every_smoke_case_has_a_golden(committed: dict) -> None:
 @pytest.mark.parametrize("world_size", [1, 4])
 def test_committed_allgather_goldens_are_what_the_reference_makes(committed: dict,
                                                                  world_size: int) -> None:
+    from harness.discovery import registry
     from harness.runner import expected_outputs
-    from harness.spec import registry
 
     spec = registry().specs["allgather"]
     store = GoldenStore(COMMITTED)

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from harness import changepoints, regress, store
+from harness.discovery import registry
 from harness.results import CaseResult, RunInfo
-from harness.spec import OpSpec, registry
+from harness.spec import OpSpec
 
 BASE_NS = 100_000.0
 NOISE = 0.02  # within-run spread (relative sd)

@@ -9,16 +9,9 @@ from collections import Counter
 import pytest
 import torch
 
+from harness.discovery import registry
 from harness.results import result_key
-from harness.spec import (
-    OpSpec,
-    Registry,
-    SpecError,
-    case_id,
-    glob_match,
-    load_callable,
-    registry,
-)
+from harness.spec import OpSpec, Registry, SpecError, case_id, glob_match, load_callable
 
 
 def _identity(x):

@@ -59,7 +59,7 @@ def test_the_facts_are_read_as_triton_reads_them(tmp_path):
 
 
 def test_a_triton_implementation_on_cuda_skips_naming_what_is_missing(monkeypatch):
-    from harness.spec import registry
+    from harness.discovery import registry
 
     if not triton_impl.available():
         pytest.skip("triton is not installed")

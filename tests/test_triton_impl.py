@@ -68,7 +68,7 @@ def test_only_triton_implementations_are_marked_interpreted():
 
 
 def test_each_op_the_issue_names_has_a_triton_kernel_and_a_triton_control():
-    from harness.spec import registry
+    from harness.discovery import registry
 
     specs = registry().specs
     for op, impl in (("hopper_tasks.rmsnorm", "triton"), ("hopper_tasks.silu_mul", "triton"),

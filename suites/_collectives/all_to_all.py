@@ -12,10 +12,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.buffers import poisoned
-from harness.inputs import dtype_from_name, hash32, seed_from
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, dtype_from_name, exact, hash32, poisoned, seed_from
 from reference_kernels import collectives as ref
 
 from .common import as_bytes, host, rank_values, sweep_counts, unique
@@ -151,7 +148,8 @@ def _smoke() -> list[dict]:
     return [_case("f32", 1031, "equal"), _case("f32", 1031, "uneven"), _case("bf16", 7, "equal"),
             _case("bf16", 65, "uneven"), _case("i32", 1031, "uneven"), _case("f16", 1, "equal"),
             _case("f32", 4099, "uneven", mode="random"),
-            _case("bf16", 1031, "uneven", mode="special"), _case("f32", 67, "equal", mode="special")]
+            _case("bf16", 1031, "uneven", mode="special"),
+            _case("f32", 67, "equal", mode="special")]
 
 
 def _nightly() -> list[dict]:
@@ -172,7 +170,7 @@ ALL_TO_ALL = OpSpec(
     reference=ref.all_to_all,
     make_inputs=all_to_all_inputs,
     expected=all_to_all_expected,
-    tolerance=compare.exact(),
+    tolerance=exact(),
     work=all_to_all_work,
     grid={"smoke": _smoke(), "nightly": _nightly()},
     implementations={"torch": all_to_all_torch, "mpi": all_to_all_mpi},

@@ -15,10 +15,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.buffers import overlaps, poisoned
-from harness.inputs import dtype_from_name
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, dtype_from_name, exact, overlaps, poisoned
 from reference_kernels import collectives as ref
 
 from .common import as_bytes, dist_fn, gather_rows, host, rank_values, sweep_counts, unique
@@ -202,7 +199,7 @@ ALLGATHER = OpSpec(
     reference=ref.allgather,
     make_inputs=allgather_inputs,
     expected=allgather_expected,
-    tolerance=compare.exact(),
+    tolerance=exact(),
     work=allgather_work,
     grid={"smoke": _smoke(), "nightly": _nightly()},
     implementations={"torch": allgather_torch, "mpi": allgather_mpi, "bulk": allgather_bulk,

@@ -15,10 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.buffers import poisoned
-from harness.cuda_impl import from_source
-from harness.inputs import dtype_from_name, generate, seed_from
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, dtype_from_name, from_source, generate, poisoned, seed_from
 from reference_kernels import collectives as ref
 from suites._cuda import source
 from suites._cuda.tile_reduce import DTYPES as TILE_DTYPES

@@ -10,10 +10,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.buffers import poisoned
-from harness.inputs import dtype_from_name
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, dtype_from_name, exact, poisoned
 from reference_kernels import collectives as ref
 
 from .common import as_bytes, host, is_same, rank_values, resolve_root, sweep_counts, unique
@@ -129,7 +126,7 @@ BROADCAST = OpSpec(
     reference=ref.broadcast,
     make_inputs=broadcast_inputs,
     expected=broadcast_expected,
-    tolerance=compare.exact(),
+    tolerance=exact(),
     work=broadcast_work,
     grid={"smoke": _smoke(), "nightly": _nightly()},
     implementations={"torch": broadcast_torch, "mpi": broadcast_mpi},

@@ -15,8 +15,17 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.inputs import dtype_from_name, generate, plant_specials, seed_from
+from harness.api import (
+    DEFAULT_RTOL_ATOL,
+    Tolerance,
+    allclose,
+    dtype_from_name,
+    exact,
+    generate,
+    plant_specials,
+    seed_from,
+    ulp,
+)
 from suites._grid import unique  # noqa: F401  (the collectives' grids import it here)
 
 
@@ -96,23 +105,23 @@ def resolve_root(root: int, world_size: int) -> int:
 
 
 # ---------------------------------------------------------------- checks
-def reduction_tolerance(params: Mapping[str, Any], world_size: int) -> compare.Tolerance:
+def reduction_tolerance(params: Mapping[str, Any], world_size: int) -> Tolerance:
     """Bitwise for exact inputs and for min/max (which never round); 2 ulp for float avg
     (nccl-tests); random sums within Higham's bound for recursive summation."""
     dtype = dtype_from_name(params["dtype"])
     op = params["op"]
     if op in ("min", "max"):
-        return compare.exact()
+        return exact()
     if params["mode"] == "random":
         unit_roundoff = torch.finfo(dtype).eps / 2
-        rtol, _ = compare.DEFAULT_RTOL_ATOL[dtype]
+        rtol, _ = DEFAULT_RTOL_ATOL[dtype]
         # inputs in [-1, 1): sum|x_i| <= W, so |err| <= (W-1) * u * W before the last rounding;
         # avg divides that error by W (a bound W times too loose let a dropped rank pass)
         scale = 1 if op == "avg" else world_size
-        return compare.allclose(rtol=rtol, atol=max(world_size - 1, 1) * unit_roundoff * scale)
+        return allclose(rtol=rtol, atol=max(world_size - 1, 1) * unit_roundoff * scale)
     if op == "avg":
-        return compare.ulp(2)
-    return compare.exact()
+        return ulp(2)
+    return exact()
 
 
 # ---------------------------------------------------------------- torch.distributed

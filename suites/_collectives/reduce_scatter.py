@@ -8,9 +8,7 @@ from typing import Any
 
 import torch
 
-from harness.buffers import poisoned
-from harness.inputs import dtype_from_name
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, dtype_from_name, poisoned
 from reference_kernels import collectives as ref
 
 from .allreduce import reduce_low_precision

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.cuda_impl import cuda_launch
+from harness.api import cuda_launch
 
 WARPS_PER_BLOCK = 8
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.cuda_impl import cuda_launch
+from harness.api import cuda_launch
 
 MAX_DIMS = 8
 BLOCK = 256

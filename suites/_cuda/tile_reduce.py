@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.cuda_impl import cuda_launch
+from harness.api import cuda_launch
 
 BLOCK = 256
 KERNELS = {torch.float32: "tile_reduce_f32", torch.bfloat16: "tile_reduce_bf16",

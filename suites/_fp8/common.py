@@ -11,14 +11,12 @@ for a static scale of 1 (saturation)."""
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from harness import compare
-from harness.inputs import generate, hash32, seed_from
+from harness.api import Tolerance, allclose, cos_diff, generate, hash32, seed_from
 from reference_kernels import fp8 as ref
 
 BF16 = torch.bfloat16
@@ -75,9 +73,9 @@ def unquantized_bound(fmt: str) -> float:
 ACCUMULATION_RTOL = 2.0**-14
 
 
-def gemm_tolerances(fmt: str = "e4m3") -> dict[str, compare.Tolerance]:
+def gemm_tolerances(fmt: str = "e4m3") -> dict[str, Tolerance]:
     """allclose against the dequantized reference (gpu-mode fp8-mm: rtol 2e-2, atol 1e-3, plus
     ``ACCUMULATION_RTOL`` of each element's magnitude) and calc_diff against the unquantized
     product."""
-    return {"out": compare.allclose(rtol=2e-2, atol=1e-3, magnitude_rtol=ACCUMULATION_RTOL),
-            "out:unquantized": compare.cos_diff(unquantized_bound(fmt))}
+    return {"out": allclose(rtol=2e-2, atol=1e-3, magnitude_rtol=ACCUMULATION_RTOL),
+            "out:unquantized": cos_diff(unquantized_bound(fmt))}

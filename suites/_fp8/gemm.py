@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 
-from harness.buffers import poisoned
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, poisoned
 from reference_kernels import fp8 as ref
 
 from .common import OUT_DTYPES, gemm_tolerances, values

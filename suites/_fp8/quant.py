@@ -10,9 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import compare
-from harness.cuda_impl import from_source
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, exact, from_source
 from reference_kernels import fp8 as ref
 from suites._cuda import source
 from suites._cuda.fp8_quant import launch_quantize_per_token
@@ -107,7 +105,7 @@ def _qcase(fmt, granularity, m, k, ue8m0=False, dist="logmag", static=False) -> 
 QUANTIZE = OpSpec(
     name="fp8_gemm.quantize", family=FAMILY, reference=ref.quantize,
     description="FP8 quantization per tensor, per token (1x128) or per block (128x128).",
-    make_inputs=quantize_inputs, outputs=("q", "scales"), tolerance=compare.exact(),
+    make_inputs=quantize_inputs, outputs=("q", "scales"), tolerance=exact(),
     work=lambda p, w: Work(bytes=3.0 * p["m"] * p["k"]),
     grid={
         "smoke": [
@@ -182,7 +180,7 @@ TRANSPOSE_SPLIT_QUANT = OpSpec(
     description="Paddle's fused transpose-split-quant: pieces by expert, each (K, M_i), "
                 "128-token groups per column (pieces concatenated along M).",
     make_inputs=tsq_inputs, expected=tsq_expected, outputs=("q", "scales"),
-    tolerance=compare.exact(),
+    tolerance=exact(),
     work=lambda p, w: Work(bytes=3.0 * sum(p["tokens"]) * p["k"]),
     grid={"smoke": [{"tokens": (128, 0, 256), "k": 200, "fmt": "e4m3", "ue8m0": False,
                      "dist": "logmag"},

@@ -13,9 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import compare
-from harness.inputs import hash32, seed_from
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, allclose, default_for, exact, hash32, seed_from
 from reference_kernels import hopper_tasks as ref
 
 from .common import ATTENTION_TOLERANCE, BF16, norm_weight, tensor
@@ -160,8 +158,8 @@ PAGED_ATTENTION = OpSpec(
     description="Decode attention over a paged KV cache (GQA, qk-norm, NeoX RoPE, write-back).",
     make_inputs=paged_attention_inputs,
     outputs=("out", "k_cache", "v_cache"),
-    tolerance={"out": ATTENTION_TOLERANCE, "k_cache": compare.default_for(BF16),
-               "v_cache": compare.exact()},
+    tolerance={"out": ATTENTION_TOLERANCE, "k_cache": default_for(BF16),
+               "v_cache": exact()},
     out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
     readwrite_inputs=("k_cache", "v_cache"),
     work=paged_attention_work,
@@ -256,7 +254,7 @@ SPLIT_KV = OpSpec(
     name="hopper_tasks.attention_split_kv", family=FAMILY, reference=ref.attention_split_kv,
     description="One token's attention in KV chunks, merged by log-sum-exp.",
     make_inputs=split_kv_inputs, outputs=("out", "lse"),
-    tolerance={"out": ATTENTION_TOLERANCE, "lse": compare.allclose(rtol=1e-5, atol=1e-4)},
+    tolerance={"out": ATTENTION_TOLERANCE, "lse": allclose(rtol=1e-5, atol=1e-4)},
     exact=split_kv_exact,
     work=lambda p, w: Work(flops=4.0 * p["seq"] * p["heads"] * p["d"],
                            bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"], flops_dtype="bf16"),

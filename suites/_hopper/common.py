@@ -13,16 +13,15 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.inputs import generate, seed_from
+from harness.api import all_of, allclose, cos_diff, generate, seed_from
 
 BF16 = torch.bfloat16
 
 #: GEMM-like outputs (a reduction over K): DeepGEMM's bf16 GEMM bound on calc_diff, and
 #: elementwise one bf16 ulp at unit magnitude (2**-7) plus the output's own rounding
-GEMM_TOLERANCE = compare.all_of(compare.cos_diff(1e-5), compare.allclose(rtol=1.6e-2, atol=8e-3))
+GEMM_TOLERANCE = all_of(cos_diff(1e-5), allclose(rtol=1.6e-2, atol=8e-3))
 #: decode attention in bf16 (published threshold: rtol 2e-2, atol 8e-3)
-ATTENTION_TOLERANCE = compare.allclose(rtol=2e-2, atol=8e-3)
+ATTENTION_TOLERANCE = allclose(rtol=2e-2, atol=8e-3)
 
 
 def tensor(tag: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...],

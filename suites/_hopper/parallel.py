@@ -14,8 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import compare
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, default_for
 from reference_kernels import hopper_tasks as ref
 
 from .attention import paged_layout, torch_paged_attention
@@ -272,10 +271,10 @@ DECODER_LAYER = OpSpec(
                 "diverges.",
     make_inputs=decoder_layer_inputs, expected=decoder_layer_expected,
     outputs=STAGES, pipeline=True,
-    tolerance={"norm1": compare.default_for(BF16), "qkv": GEMM_TOLERANCE,
-               "attn": ATTENTION_TOLERANCE, "k_cache": compare.default_for(BF16),
+    tolerance={"norm1": default_for(BF16), "qkv": GEMM_TOLERANCE,
+               "attn": ATTENTION_TOLERANCE, "k_cache": default_for(BF16),
                "v_cache": GEMM_TOLERANCE, "attn_out": GEMM_TOLERANCE,
-               "norm2": compare.default_for(BF16), "gate_up": GEMM_TOLERANCE,
+               "norm2": default_for(BF16), "gate_up": GEMM_TOLERANCE,
                "act": ATTENTION_TOLERANCE, "out": GEMM_TOLERANCE},
     out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
     readwrite_inputs=("k_cache", "v_cache"),

@@ -11,9 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness import compare
-from harness.inputs import generate, hash32, plant_specials, seed_from
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, exact, generate, hash32, plant_specials, seed_from
 from reference_kernels import hopper_tasks as ref
 from suites._triton import triton_impl
 
@@ -73,7 +71,7 @@ def embedding_negative_wraps(ids: torch.Tensor, weight: torch.Tensor) -> torch.T
 EMBEDDING = OpSpec(
     name="hopper_tasks.embedding", family=FAMILY, reference=ref.embedding,
     description="Row gather; a negative id gives a zero row.",
-    make_inputs=embedding_inputs, tolerance=compare.exact(),
+    make_inputs=embedding_inputs, tolerance=exact(),
     work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"] + 8 * p["b"]),
     grid={"smoke": [{"b": 7, "vocab": 1000, "hidden": 256}, {"b": 1, "vocab": 17, "hidden": 64},
                     {"b": 9, "vocab": 17, "hidden": 64, "ids": "edges", "values": "special"},
@@ -199,7 +197,8 @@ def _linear_grid(residual: bool) -> dict[str, list[dict]]:
     smoke = [{"b": 4, "n": 384, "k": 1024}, {"b": 1, "n": 100, "k": 2048},
              {"b": 3, "n": 96, "k": 1096}, {"b": 2, "n": 130, "k": 1544}]
     nightly = [{"b": b, "n": n, "k": h} for b in BATCHES for h in HIDDENS
-               for n in (6144, h)] + [{"b": 16, "n": 6144, "k": 4104}, {"b": 1, "n": 4100, "k": 7000}]
+               for n in (6144, h)]
+    nightly += [{"b": 16, "n": 6144, "k": 4104}, {"b": 1, "n": 4100, "k": 7000}]
     if residual:
         for case in smoke + nightly:
             case["residual"] = True
@@ -448,7 +447,7 @@ def argmax_nan_skipped(logits: torch.Tensor, chunk: int) -> torch.Tensor:
 ARGMAX = OpSpec(
     name="hopper_tasks.argmax", family=FAMILY, reference=ref.argmax,
     description="Greedy sampling: per-chunk partial max, then the reduce over chunks.",
-    make_inputs=argmax_inputs, tolerance=compare.exact(),
+    make_inputs=argmax_inputs, tolerance=exact(),
     work=lambda p, w: Work(bytes=2.0 * p["b"] * p["vocab"]),
     grid={"smoke": [{"b": 5, "vocab": 1000, "chunk": 96}, {"b": 3, "vocab": 64, "chunk": 16},
                     {"b": 6, "vocab": 200, "chunk": 64, "values": "ties"},
@@ -489,7 +488,7 @@ def identity_last_tile_dropped(x: torch.Tensor) -> torch.Tensor:
 IDENTITY = OpSpec(
     name="hopper_tasks.identity", family=FAMILY, reference=ref.identity,
     description="A copy: captures an intermediate of a pipeline.",
-    make_inputs=identity_inputs, tolerance=compare.exact(),
+    make_inputs=identity_inputs, tolerance=exact(),
     work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"]),
     grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 3, "hidden": 193, "values": "special"},
                     {"b": 2, "hidden": 1000, "values": "special"}],

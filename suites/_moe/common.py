@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.inputs import generate, hash32, seed_from
+from harness.api import all_of, allclose, cos_diff, generate, hash32, seed_from
 from reference_kernels import fp8
 from reference_kernels import moe as ref
 
@@ -32,9 +31,9 @@ FMT = "e4m3"
 #: per 1x128 group moves whole groups when their amax moves by one rounding. With blocky
 #: scales an element moved 0.28 on other input values (0.05% of the outputs, the check after
 #: timing), so FP8 allows 0.1% of elements past the elementwise bound; calc_diff holds them all.
-BF16_FFN_TOLERANCE = compare.all_of(compare.cos_diff(5e-5), compare.allclose(2e-2, 2e-2))
-FP8_FFN_TOLERANCE = compare.all_of(compare.cos_diff(1e-3),
-                                   compare.allclose(0.125, 0.125, max_mismatch_frac=1e-3))
+BF16_FFN_TOLERANCE = all_of(cos_diff(5e-5), allclose(2e-2, 2e-2))
+FP8_FFN_TOLERANCE = all_of(cos_diff(1e-3),
+                                   allclose(0.125, 0.125, max_mismatch_frac=1e-3))
 
 
 def _key(params: Mapping[str, Any]) -> str:

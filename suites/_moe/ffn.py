@@ -16,9 +16,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.buffers import poisoned
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Tolerance, Work, cos_diff, poisoned
 from reference_kernels import fp8
 from reference_kernels import moe as ref
 
@@ -77,10 +75,10 @@ def ffn_expected(params: Mapping[str, Any], rank: int, world_size: int
     return expected
 
 
-def ffn_tolerance(params: Mapping[str, Any], world_size: int) -> dict[str, compare.Tolerance]:
+def ffn_tolerance(params: Mapping[str, Any], world_size: int) -> dict[str, Tolerance]:
     if params["precision"] == "bf16":
         return {"out": BF16_FFN_TOLERANCE}
-    return {"out": FP8_FFN_TOLERANCE, "out:unquantized": compare.cos_diff(UNQUANTIZED_BOUND)}
+    return {"out": FP8_FFN_TOLERANCE, "out:unquantized": cos_diff(UNQUANTIZED_BOUND)}
 
 
 def ffn_torch(**kw):

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work
 from reference_kernels import moe as ref
 
 from . import torch_ops

@@ -14,10 +14,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.buffers import poisoned
-from harness.inputs import plant_specials
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Tolerance, Work, allclose, exact, plant_specials, poisoned, ulp
 from reference_kernels import fp8
 from reference_kernels import moe as ref
 from suites._triton import triton_impl
@@ -116,7 +113,7 @@ PERMUTE = OpSpec(
     name="moe.permute", family=FAMILY, reference=permute_reference,
     description="Paddle moe_permute: rows grouped by expert in ascending token order, each "
                 "segment padded to the alignment with zero rows; rowmap, probs, fp8 scales.",
-    make_inputs=permute_inputs, expected=permute_expected, tolerance=compare.exact(),
+    make_inputs=permute_inputs, expected=permute_expected, tolerance=exact(),
     work=_permute_work, grid={"smoke": SMOKE, "nightly": NIGHTLY},
     outputs=("out", "rowmap", "probs", "scale"),
     out_buffers={"out": "out", "rowmap": "out_rowmap", "probs": "out_probs",
@@ -160,10 +157,10 @@ def unpermute_expected(params: Mapping[str, Any], rank: int, world_size: int
 
 
 def unpermute_tolerance(params: Mapping[str, Any], world_size: int
-                        ) -> dict[str, compare.Tolerance]:
+                        ) -> dict[str, Tolerance]:
     bound = 1e-1 if params["dtype"] == "fp8" else 1e-2
-    return {"out": compare.ulp(1), "probs": compare.exact(),
-            "out:roundtrip": compare.allclose(rtol=bound, atol=0.0)}
+    return {"out": ulp(1), "probs": exact(),
+            "out:roundtrip": allclose(rtol=bound, atol=0.0)}
 
 
 def unpermute_torch(**kw):

@@ -12,8 +12,7 @@ from typing import Any
 
 import torch
 
-from harness import compare
-from harness.spec import OpSpec, Work
+from harness.api import OpSpec, Work, default_for, exact
 from reference_kernels import moe as ref
 
 from . import torch_ops
@@ -119,7 +118,7 @@ ROUTER = OpSpec(
     name="moe.router", family=FAMILY, reference=ref.router,
     description="softmax over expert logits, top-k (descending), optional renormalisation.",
     make_inputs=router_inputs, outputs=("probs", "routemap"),
-    tolerance={"probs": compare.default_for(torch.float32), "routemap": compare.exact()},
+    tolerance={"probs": default_for(torch.float32), "routemap": exact()},
     exact=router_exact,
     work=lambda p, w: Work(bytes=p["tokens"] * (p["experts"] * 4 + p["topk"] * 8)),
     grid={"smoke": [_case(300, 8, 4, True), _case(300, 8, 4, False), _case(77, 64, 8, True),

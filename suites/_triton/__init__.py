@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from harness.triton_impl import TritonImplementation
+from harness.api import TritonImplementation
 
 #: the integer type of each element size
 _RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
