@@ -286,6 +286,10 @@ def _run(ctx: click.Context, resumed: tuple[Path, Any] | None, kept: dict[str, A
         info.status = "running"
     info.write(run_dir / "run.json")
     calibrations = _write_calibrations(db_path, info.machine["fingerprint"], run_dir)
+    if calibrations is None and bench is not False:
+        click.echo("note: this machine has no calibration: times are not checked against its "
+                   "copy and matmul peaks (a time past them fails as impossible) and no % of "
+                   "peak is shown; `harness calibrate` measures them once", err=True)
     cfg = LaunchConfig(launcher=mpiexec, run_dir=run_dir, run_id=run_id, tier=tier,
                        selectors=selectors, impls=impls, device=device,
                        bench=bench is not False, full_timing=bench is True,
