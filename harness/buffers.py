@@ -3,12 +3,13 @@
 - ``poison_`` fills a buffer with a value no correct kernel leaves behind (NaN for floats, the
   most negative integer for signed types), so an element an implementation forgot to write
   fails the check (nccl-tests initialises its receive buffers the same way).
-- ``fresh_memory_poisoned`` makes the memory an implementation allocates during a checked
-  call start as poison, so an element it never writes in an output it allocates itself cannot
-  hold the right value left there by the reference or an earlier call (allocators hand the
-  block just freed straight back). On CUDA the caching allocator's free blocks are filled
-  with 0xFF first (NaN in every float format); on a glibc CPU, malloc fills what it hands out
-  with 0xFE (``M_PERTURB``: -1.7e38 in f32 and bf16, NaN in f16 and e5m2, -448 in e4m3).
+- ``fresh_memory_poisoned`` makes the memory an implementation allocates during a case's
+  first checked call start as poison, so an element it never writes in an output it
+  allocates itself cannot hold the right value left there by the reference or an earlier
+  call (allocators hand the block just freed straight back). On CUDA the caching
+  allocator's free blocks are filled with 0xFF first (NaN in every float format); on a glibc
+  CPU, malloc fills what it hands out with 0xFE (``M_PERTURB``: -1.7e38 in f32 and bf16, NaN
+  in f16 and e5m2, -448 in e4m3).
 - ``relocate`` copies a set of inputs to fresh memory at a byte offset, keeping which inputs
   are the same tensor or views of one buffer (an in-place case passes ``out`` as ``x``, or
   ``x`` as a slice of ``out``). Calling an implementation on relocated inputs after poisoning
@@ -96,10 +97,9 @@ def poison_free_device_memory(device: torch.device) -> int:
 M_PERTURB = -6
 HEAP_PERTURB_BYTE = 0x01
 
-
-#: on the CPU a case whose inputs pass this size is not perturbed: filling its gigabytes made
-#: the 2**31-element copy tests 15 s slower, and blocks that large come from fresh mmap'd pages
-#: (glibc's mmap threshold is at most 32 MiB), zero rather than a freed right answer
+#: on the CPU a case whose inputs pass this size is not perturbed: its large blocks come from
+#: fresh mmap'd pages (glibc's mmap threshold is at most 32 MiB), zero rather than a freed
+#: right answer, so filling gigabytes of them would cost time and catch nothing
 HEAP_POISON_CAP_BYTES = 1 << 28
 
 

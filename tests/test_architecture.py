@@ -35,8 +35,8 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     def visit(m: str, path: list[str]) -> list[str] | None:
         state[m] = 1
         for n in sorted(graph[m]):
-            if state.get(n) == 1:
-                return path[path.index(n):] + [n] if n in path else [m, n]
+            if state.get(n) == 1:  # on the current path: the circle closes here
+                return path[path.index(n):] + [n]
             if n not in state and (found := visit(n, path + [n])):
                 return found
         state[m] = 2
