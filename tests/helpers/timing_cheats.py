@@ -71,8 +71,8 @@ def patched_clock(x, weight):
 
 def side_stream(x, weight):
     """CUDA: returns while its work still runs on a stream of its own (spinning first, so the
-    work is late whatever the GPU), which the harness's events on the current stream never
-    wait for."""
+    work is late whatever the GPU and however slow the host), which the harness's events on
+    the current stream never wait for."""
     key = ("side",) + tuple(x.shape)
     _calls[key] = _calls.get(key, 0) + 1
     if _calls[key] <= 2:
@@ -80,7 +80,10 @@ def side_stream(x, weight):
     stream = torch.cuda.Stream(device=x.device)
     stream.wait_stream(torch.cuda.current_stream(x.device))  # the inputs are ready
     with torch.cuda.stream(stream):
-        torch.cuda._sleep(20_000_000)  # about 10 ms of spinning at 2 GHz
+        # about 0.1 s of spinning at 2 GHz: a host this slow between the return and the
+        # harness's next read is far out of reach (streams come from a pool of 32 and run
+        # these side by side, so the repeats cost a fraction of it)
+        torch.cuda._sleep(200_000_000)
         out = _honest(x, weight)
     # the caching allocator must not hand `out` to the current stream's next allocation
     out.record_stream(torch.cuda.current_stream(x.device))
