@@ -99,7 +99,7 @@ def worker(args: argparse.Namespace, pytest_args: list[str]) -> int:
     plugin = NoopPlugin(args.cases, Path(args.out))
     # the plugin first, so that its pytest_configure runs before the harness's
     return pytest.main(["-p", "no:cacheprovider", "-q", "--pyargs", "suites",
-                        "--harness-select", "noop", *pytest_args,
+                        "--harness-set", "selectors=noop", *pytest_args,
                         "-p", "harness.pytest_plugin"], plugins=[plugin])
 
 
@@ -108,8 +108,10 @@ def run(world_size: int, mode: str, cases: int, tmp: Path) -> dict[str, float]:
     from harness.placement import usable_cpus
 
     out = tmp / f"w{world_size}-{mode}.json"
-    flags = {"auto": [], "no-bench": ["--harness-no-bench"],
-             "bench": ["--harness-full-timing"]}[mode]
+    flags = {"auto": [], "no-bench": ["--harness-set", "bench=false"],
+             "bench": ["--harness-set", "bench=true"]}[mode]
+    run_dir = tmp / f"w{world_size}-{mode}"
+    run_dir.mkdir(exist_ok=True)
     from harness.envinfo import find_launcher
 
     mpiexec = find_launcher()  # what `harness run` launches with
@@ -119,9 +121,7 @@ def run(world_size: int, mode: str, cases: int, tmp: Path) -> dict[str, float]:
            **wait_environment(world_size, len(usable_cpus()), single_node=True)}
     cmd = [mpiexec, "-n", str(world_size), sys.executable, str(HERE), "--worker",
            "--cases", str(cases), "--out", str(out), "--",
-           "--harness-results", str(tmp / f"w{world_size}-{mode}.jsonl"),
-           "--harness-progress", str(tmp / "progress.json"), "--harness-device", "cpu",
-           *flags]
+           "--harness-run-dir", str(run_dir), "--harness-set", "device=cpu", *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env)
     if proc.returncode != 0:
         sys.exit(f"world size {world_size} ({mode}) failed:\n{proc.stdout[-3000:]}"

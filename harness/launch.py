@@ -24,6 +24,7 @@ from typing import Any
 from harness import cuda, sanitizer, triton_impl
 from harness import results as results_mod
 from harness.discovery import SUITES_PACKAGE
+from harness.options import RunDir, RunOptions
 from harness.placement import usable_cpus
 from harness.results import CaseResult
 from harness.spec import PlannedItem
@@ -43,45 +44,26 @@ class PlacementFailed(RuntimeError):
 
 @dataclass
 class LaunchConfig:
-    """Everything a job needs, shared by every world size of a run."""
+    """What the launcher needs besides the run's options: where the run is, under which id,
+    and the resolved launcher (and compute-sanitizer) to start the ranks with."""
 
     launcher: str
     run_dir: Path
     run_id: str
-    tier: str = "smoke"
-    selectors: Sequence[str] = ()
-    impls: Sequence[str] = ()
-    device: str = "auto"
-    bench: bool = True
-    #: time fully even where the ranks contend for CPUs or a GPU (``--bench`` given)
-    full_timing: bool = False
-    timeout: float | None = None
+    options: RunOptions = field(default_factory=RunOptions)
     env_id: str = ""
-    #: golden directory (None: the default), or no golden comparison at all
-    golden_dir: str | None = None
-    #: suites loaded besides the built-in and installed ones (absolute paths or module
-    #: names) and the golden directory of those that name none
-    suites: tuple[str, ...] = ()
-    suite_golden_dir: str | None = None
-    golden: bool = True
-    #: timing mode ("events" or "graph") and whether to flush the L2 between repeats
-    timing_mode: str = "events"
-    l2_flush: bool = False
-    #: JSON file of this machine's calibrations by device key (percent of peak), or None
-    calibrations: str | None = None
-    launcher_args: Sequence[str] = ()
-    hostfile: str | None = None
-    pytest_args: Sequence[str] = ()
-    #: extra seconds the backstop waits past a case's deadline before killing the job
-    grace_s: float = 30.0
-    #: launches in a row that record nothing before the launcher gives up
-    max_fruitless: int = 2
     #: compute-sanitizer to run every rank under (memcheck), or None
     sanitizer: str | None = None
+    #: launches in a row that record nothing before the launcher gives up
+    max_fruitless: int = 2
+
+    @property
+    def files(self) -> RunDir:
+        return RunDir(self.run_dir)
 
     @property
     def results_path(self) -> Path:
-        return self.run_dir / "results.jsonl"
+        return self.files.results
 
 
 @dataclass
@@ -133,9 +115,9 @@ def one_node(cfg: LaunchConfig, env: Mapping[str, str]) -> bool:
     nodes = (env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "").strip()
     if Path(cfg.launcher).name.startswith("srun"):
         return nodes == "1"
-    if cfg.hostfile:
+    if cfg.options.hostfile:
         return False
-    if any(a.split("=")[0] in _HOST_OPTIONS for a in cfg.launcher_args):
+    if any(a.split("=")[0] in _HOST_OPTIONS for a in cfg.options.launcher_args):
         return False
     return nodes in ("", "1")
 
@@ -164,53 +146,22 @@ def srun_args(launcher_args: Sequence[str]) -> list[str]:
 
 
 def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]:
-    """The mpiexec (or srun) command line of one job."""
+    """The mpiexec (or srun) command line of one job: the ranks get the run directory and
+    their world size, and read every other setting from the run's ``run.json``."""
+    opts, files = cfg.options, cfg.files
     name = Path(cfg.launcher).name
-    args = srun_args(cfg.launcher_args) if name.startswith("srun") else cfg.launcher_args
-    cmd = [cfg.launcher, *args]
-    cmd += ["-n", str(world_size)]
-    if cfg.hostfile and name != "srun":
-        cmd += ["-hostfile", cfg.hostfile]
-    w = cfg.run_dir / f"w{world_size}"
+    args = srun_args(opts.launcher_args) if name.startswith("srun") else opts.launcher_args
+    cmd = [cfg.launcher, *args, "-n", str(world_size)]
+    if opts.hostfile and name != "srun":
+        cmd += ["-hostfile", opts.hostfile]
     if cfg.sanitizer:
-        cmd += sanitizer.command_prefix(cfg.sanitizer, f"{w}.sanitizer")
-    cmd += [
+        cmd += sanitizer.command_prefix(cfg.sanitizer, str(files.of(world_size, "sanitizer")))
+    return cmd + [
         sys.executable, "-m", "pytest", "--pyargs", SUITES_PACKAGE, "-p", "harness.pytest_plugin",
         "-p", "no:cacheprovider", "-p", "no:unraisableexception",
         "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
-        "--harness-tier", cfg.tier, "--harness-device", cfg.device,
-        "--harness-results", str(cfg.results_path), "--harness-progress", f"{w}.progress.json",
-        "--harness-run-id", cfg.run_id, "--harness-skip", f"{w}.skip",
-        "--harness-env-id", cfg.env_id, "--junitxml", f"{w}.junit-{attempt}.xml",
-        "--harness-placement", f"{w}.placement.json", "--harness-world-size", str(world_size),
-    ]
-    for sel in cfg.selectors:
-        cmd += ["--harness-select", sel]
-    for impl in cfg.impls:
-        cmd += ["--harness-impl", impl]
-    for source in cfg.suites:
-        cmd += ["--harness-suite", source]
-    if cfg.suite_golden_dir:
-        cmd += ["--harness-suite-golden-dir", cfg.suite_golden_dir]
-    if not cfg.bench:
-        cmd.append("--harness-no-bench")
-    elif cfg.full_timing:
-        cmd.append("--harness-full-timing")
-    if cfg.timing_mode != "events":
-        cmd += ["--harness-timing-mode", cfg.timing_mode]
-    if cfg.l2_flush:
-        cmd.append("--harness-l2-flush")
-    if cfg.sanitizer:
-        cmd += ["--harness-sanitizer-log", f"{w}.sanitizer"]
-    if cfg.calibrations:
-        cmd += ["--harness-calibrations", cfg.calibrations]
-    if not cfg.golden:
-        cmd.append("--harness-no-golden")
-    elif cfg.golden_dir:
-        cmd += ["--harness-golden-dir", cfg.golden_dir]
-    if cfg.timeout:
-        cmd += ["--harness-timeout", str(cfg.timeout)]
-    return cmd + list(cfg.pytest_args)
+        "--junitxml", str(files.junit(world_size, attempt)),
+        "--harness-run-dir", str(cfg.run_dir), "--harness-world-size", str(world_size)]
 
 
 class RecordedKeys:
@@ -316,7 +267,61 @@ def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason:
         run_id=cfg.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
         impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),
         status=status, reason=reason, started_at=time.time(), env_id=cfg.env_id,
-        device=dead_case_device(placement, cfg.device)))
+        device=dead_case_device(placement, cfg.options.device)))
+
+
+def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
+    """The environment of one job's ranks (``rank_environment`` plus Triton's and the wait
+    settings; a setting the user made wins)."""
+    env = rank_environment(os.environ, cfg.run_id)
+    # before anything in a rank imports triton (harness.triton_impl)
+    device = cfg.options.device
+    gpus = cuda.device_count() if device == "auto" else 0
+    for name, value in triton_impl.launcher_environment(device, gpus, env).items():
+        env.setdefault(name, value)
+    for name, value in wait_environment(world_size, len(usable_cpus()),
+                                        one_node(cfg, env)).items():
+        env.setdefault(name, value)
+    return env
+
+
+def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
+           progress_path: Path, report: Callable[[set[str]], None]) -> dict | None:
+    """Wait for a job to end, reporting progress; kill it when its case in progress outlives
+    its deadline plus the grace period (the in-rank watchdog did not fire). Returns the
+    progress record of the case it was killed on, or None."""
+    killed: dict | None = None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            now_done = recorded.update()
+            report(now_done)
+            prog = _read_progress(progress_path)
+            if (prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.options.grace
+                    and prog["key"] not in now_done):
+                killed = prog
+                _kill_group(proc)
+    except BaseException:
+        _kill_group(proc)  # Ctrl-C: take the ranks down with us
+        raise
+    return killed
+
+
+def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, killed: bool,
+                             rc: int | None, log_path: Path, placement: dict | None) -> None:
+    """The case a job died in, recorded as a timeout (killed, or past its deadline: a rank's
+    watchdog aborted the job before rank 0 could record it) or a crash."""
+    overdue = time.time() - prog["started"] >= prog["deadline_s"]
+    if killed:
+        status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline "
+                                  f"(+{cfg.options.grace:g} s grace); the job was killed")
+    elif overdue:
+        status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline; "
+                                  f"the job was aborted (log: {log_path})")
+    else:
+        status, why = "crash", (f"the job died with exit code {rc} during this case; "
+                                f"log: {log_path}")
+    _record_dead_case(cfg, item, status, why, placement)
 
 
 def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
@@ -324,32 +329,30 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
     """Run every item at one world size, relaunching after timeouts and crashes."""
     outcome = WorldOutcome(world_size)
     by_key = {item.key: item for item in items}
-    progress_path = cfg.run_dir / f"w{world_size}.progress.json"
+    files = cfg.files
+    progress_path = files.of(world_size, "progress.json")
+    placement_path = files.of(world_size, "placement.json")
     fruitless = 0
     recorded = RecordedKeys(cfg.results_path, world_size)
-    while True:
-        done = recorded.update()
-        remaining = [k for k in by_key if k not in done]
+
+    def report(done: set[str]) -> None:
         if on_progress:
             on_progress(len(done & by_key.keys()))
-        if not remaining:
+
+    while True:
+        done = recorded.update()
+        report(done)
+        if by_key.keys() <= done:
             return outcome
-        (cfg.run_dir / f"w{world_size}.skip").write_text("\n".join(sorted(done)))
+        files.of(world_size, "skip").write_text("\n".join(sorted(done)))
         progress_path.unlink(missing_ok=True)
-        (cfg.run_dir / f"w{world_size}.placement.json").unlink(missing_ok=True)
+        placement_path.unlink(missing_ok=True)
         outcome.launches += 1
-        log_path = cfg.run_dir / f"w{world_size}.launch-{outcome.launches}.log"
+        log_path = files.launch_log(world_size, outcome.launches)
         outcome.logs.append(log_path)
         # ranks run in the run directory; relative --impl paths (kernel.cu:launch) are the
         # user's, so they resolve against the directory harness was started in
-        env = rank_environment(os.environ, cfg.run_id)
-        # before anything in a rank imports triton (harness.triton_impl)
-        gpus = cuda.device_count() if cfg.device == "auto" else 0
-        for name, value in triton_impl.launcher_environment(cfg.device, gpus, env).items():
-            env.setdefault(name, value)
-        for name, value in wait_environment(world_size, len(usable_cpus()),
-                                            one_node(cfg, env)).items():
-            env.setdefault(name, value)  # the user's own setting wins
+        env = job_environment(cfg, world_size)
         cmd = build_command(cfg, world_size, outcome.launches)
         with open(log_path, "w") as log:
             log.write("$ " + " ".join(cmd) + "\n")
@@ -360,23 +363,9 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
                                         preexec_fn=_stop_with_harness())
             except OSError as exc:
                 raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc
-            killed: dict | None = None
-            try:
-                while proc.poll() is None:
-                    time.sleep(0.2)
-                    now_done = recorded.update()
-                    if on_progress:
-                        on_progress(len(now_done & by_key.keys()))
-                    prog = _read_progress(progress_path)
-                    if prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.grace_s:
-                        if prog["key"] not in now_done:
-                            killed = prog  # the in-rank watchdog did not fire: backstop
-                            _kill_group(proc)
-            except BaseException:
-                _kill_group(proc)  # Ctrl-C: take the ranks down with us
-                raise
+            killed = _watch(cfg, proc, recorded, progress_path, report)
         rc = proc.returncode
-        placement = _read_progress(cfg.run_dir / f"w{world_size}.placement.json")
+        placement = _read_progress(placement_path)
         if placement and placement.get("error"):
             raise PlacementFailed(f"world size {world_size}: {placement['error']}")
         outcome.placement = placement or outcome.placement
@@ -384,38 +373,21 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         new = len(after - done)
         prog = _read_progress(progress_path)
         if rc in _PYTEST_NORMAL and not killed:
+            # finished, or the job stopped recording (pytest's -x): do not loop. A job that
+            # ends "normally" having recorded nothing while cases remain (a launcher that
+            # exits 1 at once, a collection that finds nothing) ran nothing: never a pass
             if after >= by_key.keys() or new == 0:
-                # finished, or the job stopped recording (pytest's -x): do not loop. A job that
-                # ends "normally" having recorded nothing while cases remain (a launcher that
-                # exits 1 at once, a collection that finds nothing) ran nothing: never a pass
                 if new == 0:
                     outcome.infra_error = (f"world size {world_size}: the MPI job exited with "
                                            f"code {rc} and no case ran; see {log_path}")
                 return outcome
             continue
         if prog and prog["key"] in by_key and prog["key"] not in after:
-            item = by_key[prog["key"]]
-            overdue = time.time() - prog["started"] >= prog["deadline_s"]
-            if killed:
-                _record_dead_case(cfg, item, "timeout",
-                                  f"no result within its {prog['deadline_s']:g} s deadline "
-                                  f"(+{cfg.grace_s:g} s grace); the job was killed",
-                                  outcome.placement)
-            elif overdue:
-                # a rank's watchdog aborted the job before rank 0 could record the timeout
-                _record_dead_case(cfg, item, "timeout",
-                                  f"no result within its {prog['deadline_s']:g} s deadline; "
-                                  f"the job was aborted (log: {log_path})", outcome.placement)
-            else:
-                _record_dead_case(cfg, item, "crash",
-                                  f"the job died with exit code {rc} during this case; "
-                                  f"log: {log_path}", outcome.placement)
+            _record_case_in_progress(cfg, by_key[prog["key"]], prog, killed is not None, rc,
+                                     log_path, outcome.placement)
             fruitless = 0
             continue
-        if new:
-            fruitless = 0
-            continue
-        fruitless += 1
+        fruitless = 0 if new else fruitless + 1
         if fruitless >= cfg.max_fruitless:
             outcome.infra_error = (
                 f"world size {world_size}: the MPI job exited with code {rc} "

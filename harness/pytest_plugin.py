@@ -24,9 +24,11 @@ import pytest
 from harness import results as results_mod
 from harness import triton_impl
 from harness.discovery import BUILTIN_SUITE, builtin_suite_dir, registry, use_suites
+from harness.envinfo import env_id
 from harness.golden import GoldenShelf
-from harness.results import CaseResult
-from harness.spec import TIERS, PlannedItem, Registry, SpecError
+from harness.options import RunDir, RunOptions
+from harness.results import CaseResult, RunInfo
+from harness.spec import PlannedItem, Registry, SpecError
 from harness.timing import TimingConfig
 
 _SESSION = pytest.StashKey["HarnessSession"]()
@@ -34,55 +36,42 @@ _SESSION = pytest.StashKey["HarnessSession"]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("harness", "kernel-harness cases")
-    g.addoption("--harness-tier", default="smoke", choices=TIERS, help="grid tier to run")
-    g.addoption("--harness-select", action="append", default=[],
-                help="family, op or case-id glob (repeatable; none = all)")
-    g.addoption("--harness-impl", action="append", default=[],
-                help="implementation, negative control or module:callable (repeatable)")
-    g.addoption("--harness-device", default="auto", help="auto, cpu or cuda")
-    g.addoption("--harness-no-bench", action="store_true", help="check only, do not time")
-    g.addoption("--harness-full-timing", action="store_true",
-                help="time fully even where ranks contend for CPUs or a GPU (by default "
-                     "they get a token budget and their times stay out of the series)")
-    g.addoption("--harness-results", default=None, help="JSONL file rank 0 appends results to")
-    g.addoption("--harness-progress", default=None, help="file naming the case in progress")
-    g.addoption("--harness-run-id", default=None, help="run id stamped on every result")
-    g.addoption("--harness-skip", default=None, help="file of result keys already recorded")
-    g.addoption("--harness-timeout", type=float, default=None,
-                help="per-case deadline in seconds (default: each op's own)")
-    g.addoption("--harness-env-id", default="", help="environment fingerprint for results")
-    g.addoption("--harness-golden-dir", default=None,
-                help="golden directory (default $HARNESS_GOLDEN_DIR or suites/golden)")
-    g.addoption("--harness-suite", action="append", default=[],
-                help="also load the op suite at this path or module (repeatable)")
-    g.addoption("--harness-suite-golden-dir", default=None,
-                help="golden directory of the --harness-suite suites that name none")
-    g.addoption("--harness-no-golden", action="store_true",
-                help="do not compare with the stored goldens")
-    g.addoption("--harness-timing-mode", default="events", choices=("events", "graph"),
-                help="CUDA timing: events per call, or CUDA-graph replay")
-    g.addoption("--harness-sanitizer-log", default=None,
-                help="the prefix of this job's compute-sanitizer logs (harness run --sanitize)")
-    g.addoption("--harness-l2-flush", action="store_true",
-                help="overwrite a buffer of twice the last-level cache between repeats")
-    g.addoption("--harness-calibrations", default=None,
-                help="JSON file of calibrations by device key (harness calibrate)")
-    g.addoption("--harness-placement", default=None,
-                help="JSON file rank 0 writes the ranks' devices and backend (or the reason "
-                     "there are none) to")
+    g.addoption("--harness-run-dir", default=None,
+                help="the run directory: its run.json holds the run's options (harness run "
+                     "writes it); results, progress and placement files go there")
     g.addoption("--harness-world-size", type=int, default=None,
                 help="the number of ranks the launcher started: a rank whose MPI world "
                      "differs stops the job (its ranks did not wire up into one)")
+    g.addoption("--harness-set", action="append", default=[], metavar="NAME=VALUE",
+                help="set one run option by hand (repeatable): tier=nightly, "
+                     "impls=torch,tile, bench=false, device=cpu, timeout=60 (the fields of "
+                     "harness.options.RunOptions); over the run directory's run.json")
 
 
-def _calibration_for(path: str | None, device: Any) -> dict[str, Any] | None:
+def rank_settings(config: pytest.Config, world_size: int) -> tuple[RunOptions, RunInfo | None]:
+    """This job's options (the run directory's ``run.json``, then any ``--harness-set``) and
+    the run's record, if the directory holds one."""
+    opt = config.option
+    info = None
+    if opt.harness_run_dir and RunDir(Path(opt.harness_run_dir)).run_json.is_file():
+        info = RunInfo.read(RunDir(Path(opt.harness_run_dir)).run_json)
+    options = RunOptions.from_mapping(info.options if info else {})
+    try:
+        for assignment in opt.harness_set:
+            options = options.with_text(assignment)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from exc
+    return options, info
+
+
+def _calibration_for(path: Path | None, device: Any) -> dict[str, Any] | None:
     """This rank's device's calibration from the file the launcher wrote, if any."""
-    if not path:
+    if path is None or not path.is_file():
         return None
     from harness.calibrate import device_key
 
     try:
-        calibrations = json.loads(Path(path).read_text(encoding="utf-8"))
+        calibrations = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None  # percent of peak is a nicety: never fail a run over it
     return calibrations.get(device_key(device))
@@ -98,28 +87,30 @@ class HarnessSession:
         from harness.watchdog import Watchdog
 
         opt = config.option
-        self.tier: str = opt.harness_tier
-        self.selectors: list[str] = list(opt.harness_select)
-        self.impls: list[str] = list(opt.harness_impl)
-        self.bench = not opt.harness_no_bench
-        self.results_path = Path(opt.harness_results) if opt.harness_results else None
-        self.progress_path = Path(opt.harness_progress) if opt.harness_progress else None
-        self.run_id = opt.harness_run_id or os.environ.get("HARNESS_RUN_ID", "adhoc")
-        self.timeout = opt.harness_timeout
-        self.sanitizer_log: str | None = opt.harness_sanitizer_log
-        self.env_id = opt.harness_env_id
+        size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
+        options, info = rank_settings(config, size)
+        self.options = options
+        self.tier, self.selectors, self.impls = options.tier, options.selectors, options.impls
+        self.bench, self.timeout = options.timed, options.timeout
+        files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
+        self.results_path = files.results if files else None
+        self.progress_path = files.of(size, "progress.json") if files else None
+        self.sanitizer_log = str(files.of(size, "sanitizer")) if files and options.sanitize \
+            else None
+        self.run_id = info.run_id if info else os.environ.get("HARNESS_RUN_ID", "adhoc")
+        self.env_id = env_id(info.env) if info else ""
         self.skip: set[str] = set()
-        if opt.harness_skip and Path(opt.harness_skip).exists():
-            self.skip = set(Path(opt.harness_skip).read_text().split())
-        placement_path = Path(opt.harness_placement) if opt.harness_placement else None
-        use_suites(opt.harness_suite, opt.harness_suite_golden_dir
-                   and Path(opt.harness_suite_golden_dir))
+        if files and files.of(size, "skip").exists():
+            self.skip = set(files.of(size, "skip").read_text().split())
+        placement_path = files.of(size, "placement.json") if files else None
+        use_suites(options.suite_sources, options.suite_golden_dir
+                   and Path(options.suite_golden_dir))
         try:
             unwired = world_mismatch(opt.harness_world_size, MPI.COMM_WORLD.Get_size())
             if unwired:
                 raise RuntimeSetupError(unwired)
             self.registry: Registry = registry()
-            self.world = World.from_mpi(opt.harness_device, timeout_s=self._group_timeout())
+            self.world = World.from_mpi(options.device, timeout_s=self._group_timeout())
             # before any implementation is resolved: a Triton kernel is compiled or
             # interpreted when its module is imported (harness.triton_impl)
             triton_impl.configure_rank(self.world.device.type)
@@ -135,12 +126,12 @@ class HarnessSession:
                 "gpus": [p.gpu_uuid for p in self.world.placements]})
         self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code))
         self.timing = dataclasses.replace(
-            TimingConfig.for_tier(self.tier), mode=opt.harness_timing_mode,
-            l2_flush=opt.harness_l2_flush,
-        ).for_placement(self.world.contention, force=opt.harness_full_timing)
-        self.calibration = _calibration_for(opt.harness_calibrations, self.world.device)
-        self.golden = None if opt.harness_no_golden else GoldenShelf(
-            self.registry.golden_dir_of, opt.harness_golden_dir)
+            TimingConfig.for_tier(self.tier), mode=options.timing_mode,
+            l2_flush=options.l2_flush,
+        ).for_placement(self.world.contention, force=options.full_timing)
+        self.calibration = _calibration_for(files and files.calibrations, self.world.device)
+        self.golden = None if not options.use_golden else GoldenShelf(
+            self.registry.golden_dir_of, options.golden_dir)
         from harness.runner import SetupCache
 
         self.setups = SetupCache()  # a case's inputs and reference, shared by its impls
@@ -151,8 +142,8 @@ class HarnessSession:
         return 2 * max(longest, self.timeout or 0.0) + 60.0
 
     def planned(self) -> list[PlannedItem]:
-        return self.registry.plan(self.tier, self.world.size, self.selectors, self.impls,
-                                  self.world.device.type)
+        return self.registry.plan(self.tier, self.world.size, list(self.selectors),
+                                  list(self.impls), self.world.device.type)
 
     def run(self, item: PlannedItem) -> CaseResult:
         from harness.runner import run_case

@@ -22,12 +22,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.options import RunOptions
 from harness.results import ResultsError, RunInfo
 
-#: options that decide which cases a run holds and what their results mean: a resumed run
-#: takes them from the run, never from the command that resumes it
-KEPT = ("selectors", "tier", "world_sizes", "impls", "device", "bench", "golden_dir",
-        "use_golden", "timing_mode", "l2_flush", "sanitize")
 #: seconds to wait for the killed run's processes to go
 _STOP_WAIT_S = 10.0
 
@@ -56,13 +53,14 @@ def locate(runs_root: Path, text: str) -> tuple[Path, RunInfo]:
         raise ResumeError(str(exc)) from exc
 
 
-def options_of(info: RunInfo) -> dict[str, Any]:
+def options_of(info: RunInfo) -> RunOptions:
     """The options the run was started with: ``run.json``'s ``options``, which ``harness
-    run`` records (a run started by a harness that did not record them cannot be resumed)."""
+    run`` records (a run started by a harness that did not record them cannot be resumed).
+    The kept ones (``RunOptions.kept_names``) decide which cases it holds."""
     if not info.options:
         raise ResumeError(f"run {info.run_id} does not record the options it was started "
                           "with (an older harness wrote it): start it again")
-    return {"sanitize": False, **info.options}  # runs recorded before --sanitize existed
+    return RunOptions.from_mapping(info.options)
 
 
 def check_same_machine(info: RunInfo, machine: dict[str, Any]) -> None:
@@ -148,3 +146,18 @@ def cut_torn_line(results_path: Path) -> int:
             fh.flush()
             os.fsync(fh.fileno())
     return len(data) - end
+
+
+def prepare(now: RunOptions, text: str) -> tuple[Path, RunInfo, RunOptions, list[int]]:
+    """The run ``text`` names, made ready to resume with ``now``'s carrying-out options: its
+    directory, record and options (its own kept ones), and the pids of what it left running,
+    now stopped."""
+    from harness import envinfo, store
+
+    run_dir, info = locate(store.runs_root(store.resolve_db_path(now.db), now.out_dir), text)
+    options = options_of(info).resumed_with(now)
+    check_same_machine(info, envinfo.machine())
+    check_same_commit(info, envinfo.git_commit())
+    stopped = stop_leftovers(info.run_id)
+    cut_torn_line(run_dir / "results.jsonl")
+    return run_dir, info, options, stopped

@@ -92,7 +92,7 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
 
 def _judge(history, run_ids: list[str], fail_on: str) -> int:
     """Print the judged runs' failures and regressions; the exit code ``fail_on`` asks for."""
-    from harness.cli import print_failure, print_findings
+    from harness.cli_show import print_failure, print_findings
     from harness.regress import Finding
     from harness.results import FAILING
     from reports.data import judged_runs

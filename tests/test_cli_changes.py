@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from harness import regress, store
-from harness.cli import main, print_findings
+from harness.cli import main
+from harness.cli_show import print_findings
 from tests.test_regress import T0, draw, kinds, nightly, put, result
 
 

@@ -674,7 +674,7 @@ def test_pytest_by_hand_under_mpiexec(tmp_path):
 
     cmd = [find_launcher(), "-n", "4", sys.executable, "-m", "pytest", "--pyargs", "suites",
            "-p", "harness.pytest_plugin", "-p", "no:cacheprovider", "-k", "allreduce and tile",
-           "--harness-no-bench", "--harness-results", str(tmp_path / "r.jsonl"),
+           "--harness-set", "bench=false", "--harness-run-dir", str(tmp_path),
            "--junitxml", str(tmp_path / "j.xml")]
     out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -682,7 +682,7 @@ def test_pytest_by_hand_under_mpiexec(tmp_path):
              if i["impl"] == "tile"])
     assert f"{n} passed" in out.stdout
     assert out.stdout.count("passed") == 1  # rank 0 alone reports
-    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
     assert len(lines) == n and all(json.loads(ln)["world_size"] == 4 for ln in lines)
     assert (tmp_path / "j.xml").exists()
 
@@ -760,9 +760,9 @@ def test_ranks_that_find_no_placement_stop_the_run_with_one_line_and_exit_2(tmp_
     fake = tmp_path / "fake-mpiexec"
     fake.write_text("#!/bin/sh\n"
                     "while [ $# -gt 0 ]; do\n"
-                    '  if [ "$1" = --harness-placement ]; then\n'
+                    '  if [ "$1" = --harness-run-dir ]; then\n'
                     "    printf '{\"error\": \"4 GPU(s) visible but torch 2.13.0+cpu is a "
-                    "CPU-only build\"}' > \"$2\"; fi\n"
+                    "CPU-only build\"}' > \"$2/w1.placement.json\"; fi\n"
                     "  shift\n"
                     "done\n"
                     "exit 4\n")

@@ -315,7 +315,7 @@ def test_the_int32_control_clamps_every_read_into_the_storage():
 
 
 def test_the_results_table_marks_a_launch_bound_time(capsys):
-    from harness.cli import print_results
+    from harness.cli_show import print_results
     from harness.results import CaseResult
 
     def result(bound: bool, case: str) -> CaseResult:

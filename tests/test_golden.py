@@ -801,7 +801,7 @@ def test_committed_allgather_goldens_are_what_the_reference_makes(committed: dic
 
 
 def test_a_run_with_cases_lacking_a_golden_says_so(capsys):
-    from harness.cli import print_results
+    from harness.cli_show import print_results
     from harness.results import CaseResult
 
     def result(golden: dict | None, case: str, w: int = 1) -> CaseResult:

@@ -18,12 +18,13 @@ from harness.launch import (
     srun_args,
     wait_environment,
 )
+from harness.options import RunOptions
 from harness.results import CaseResult, append
 
 
-def cfg(tmp_path: Path, **kw) -> LaunchConfig:
-    return LaunchConfig(launcher=kw.pop("launcher", "/venv/bin/mpiexec"), run_dir=tmp_path,
-                        run_id="r", **kw)
+def cfg(tmp_path: Path, **options) -> LaunchConfig:
+    return LaunchConfig(launcher=options.pop("launcher", "/venv/bin/mpiexec"), run_dir=tmp_path,
+                        run_id="r", options=RunOptions.from_mapping(options))
 
 
 @pytest.mark.parametrize("world,cpus,expected", [

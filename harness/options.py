@@ -1,0 +1,152 @@
+"""A run's settings, defined once, and the layout of its run directory.
+
+``RunOptions`` is every setting of ``harness run``: the CLI builds it from its options (one
+click option per field, of the same name), the run directory keeps it in ``run.json``, and the
+ranks and ``--resume`` read it from there. The ranks' command line holds only the run
+directory and the world size; everything else they derive from the record and ``RunDir``.
+A new setting is one field here and one click option.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def _kept(default: Any) -> Any:
+    """A field that decides which cases a run holds and what their results mean: a resumed
+    run takes it from the run, never from the command that resumes it."""
+    return field(default=default, metadata={"kept": True})
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Every setting of one run (``harness run --help`` says what each does)."""
+
+    selectors: tuple[str, ...] = _kept(())
+    tier: str = _kept("smoke")
+    world_sizes: tuple[int, ...] = _kept((1, 4, 8))
+    impls: tuple[str, ...] = _kept(())
+    device: str = _kept("auto")
+    #: None: time, with a token budget where ranks contend; True: time fully; False: no timing
+    bench: bool | None = _kept(None)
+    #: golden directory (None: the default), and whether to compare with goldens at all
+    golden_dir: str | None = _kept(None)
+    use_golden: bool = _kept(True)
+    timing_mode: str = _kept("events")
+    l2_flush: bool = _kept(False)
+    sanitize: bool = _kept(False)
+    #: suites loaded besides the built-in and installed ones, and the golden directory of
+    #: those that name none (``--suite`` or the project file)
+    suite_sources: tuple[str, ...] = _kept(())
+    suite_golden_dir: str | None = _kept(None)
+    # how the run is carried out: a resume may change these
+    db: str | None = None
+    out_dir: str | None = None
+    #: per-case deadline in seconds (None: each op's own)
+    timeout: float | None = None
+    fail_on: str = "failure"
+    launcher: str | None = None
+    launcher_args: tuple[str, ...] = ()
+    hostfile: str | None = None
+    #: extra seconds the launcher's backstop waits past a case's deadline
+    grace: float = 30.0
+    report_dir: str | None = None
+
+    @classmethod
+    def kept_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("kept"))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunOptions:
+        """The record from a mapping by field name (click's parameters, ``run.json``):
+        sequences become tuples, names that are not fields are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {k: _frozen(v) for k, v in values.items() if k in names}
+        if isinstance(given.get("world_sizes"), str):  # run.json of runs before this record
+            given["world_sizes"] = tuple(int(w) for w in given["world_sizes"].split(",") if w)
+        return cls(**given)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v
+                for k, v in dataclasses.asdict(self).items()}
+
+    def resumed_with(self, now: RunOptions) -> RunOptions:
+        """This run's kept options with ``now``'s others (the command that resumes it)."""
+        kept = set(self.kept_names())
+        return dataclasses.replace(now, **{k: getattr(self, k) for k in kept})
+
+    def with_text(self, assignment: str) -> RunOptions:
+        """``NAME=VALUE`` applied (pytest by hand: ``--harness-set tier=nightly``); lists are
+        comma-separated, booleans true/false, ``none`` clears an optional setting."""
+        name, sep, text = assignment.partition("=")
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        if not sep or name not in fields:
+            raise ValueError(f"--harness-set {assignment!r}: expected NAME=VALUE with NAME one "
+                             f"of {', '.join(fields)}")
+        return dataclasses.replace(self, **{name: _parse(fields[name], text.strip())})
+
+    # what the ranks derive
+    @property
+    def timed(self) -> bool:
+        return self.bench is not False and not self.sanitize
+
+    @property
+    def full_timing(self) -> bool:
+        return self.bench is True and self.timed
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _parse(f: dataclasses.Field, text: str) -> Any:
+    kind = str(f.type)
+    if text.lower() == "none" and "None" in kind:
+        return None
+    if kind.startswith("tuple[int"):
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    if kind.startswith("tuple"):
+        return tuple(p.strip() for p in text.split(",") if p.strip())
+    if kind.startswith("bool"):
+        if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(f"--harness-set {f.name}={text}: expected true or false")
+        return text.lower() in ("true", "1", "yes")
+    if kind.startswith("float"):
+        return float(text)
+    return text
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Where a run's files are: everything the launcher and ranks exchange lies in here."""
+
+    path: Path
+
+    @property
+    def run_json(self) -> Path:
+        return self.path / "run.json"
+
+    @property
+    def results(self) -> Path:
+        return self.path / "results.jsonl"
+
+    @property
+    def calibrations(self) -> Path:
+        """This machine's calibrations, written at start when it has any."""
+        return self.path / "calibrations.json"
+
+    def of(self, world_size: int, what: str) -> Path:
+        """A world size's file: ``progress.json`` (the case in progress), ``skip`` (result
+        keys already recorded), ``placement.json`` (rank 0's report of the ranks' devices),
+        ``sanitizer`` (the compute-sanitizer logs' prefix)."""
+        return self.path / f"w{world_size}.{what}"
+
+    def launch_log(self, world_size: int, attempt: int) -> Path:
+        return self.of(world_size, f"launch-{attempt}.log")
+
+    def junit(self, world_size: int, attempt: int) -> Path:
+        return self.of(world_size, f"junit-{attempt}.xml")
