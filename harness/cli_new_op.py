@@ -22,7 +22,7 @@ from harness.cli_common import EXIT_USAGE, HarnessExit, console, project_of
 def new_op(ctx: click.Context, name: str, into: str | None, distributed: bool) -> None:
     """Write a new op NAME: its reference, spec (smoke and nightly grids), torch
     implementation, one negative control, and a test of both, ready to run; then edit them
-    into your op."""
+    into your op. Also a .gitignore for what runs write (or the lines it lacks)."""
     from harness import scaffold
 
     if not name.isidentifier() or name.startswith("_"):
@@ -54,6 +54,9 @@ def new_op(ctx: click.Context, name: str, into: str | None, distributed: bool) -
     if taken is not None:
         raise HarnessExit(f"{taken} exists already: pick another op name (nothing was "
                           "written)", EXIT_USAGE)
+    ignore = root / ".gitignore"
+    before = ignore.read_text(encoding="utf-8") if ignore.is_file() else None
+    ignore_text, added = scaffold.gitignore(before)
 
     def shown(path: Path) -> Path:
         return path.relative_to(root) if path.is_relative_to(root) else path
@@ -62,6 +65,11 @@ def new_op(ctx: click.Context, name: str, into: str | None, distributed: bool) -
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         console.print(f"wrote {shown(path)}")
+    if added:
+        ignore.write_text(ignore_text, encoding="utf-8")
+        console.print(f"{'wrote' if before is None else 'added to'} .gitignore: "
+                      f"{', '.join(added)} (what runs write; not to be committed)")
+    _warn_db_in_repo(project, root)
     sizes = "1,4" if distributed else "1"
     steps = [(f"harness run {op} --world-sizes {sizes} --no-golden", "runs, checks, times")]
     if distributed:
@@ -80,3 +88,15 @@ def new_op(ctx: click.Context, name: str, into: str | None, distributed: bool) -
     console.print(f"\nnext, in {root}:\n" + "\n".join(
         f"  {command:<{width}}   # {why}" for command, why in steps), soft_wrap=True)
 
+
+def _warn_db_in_repo(project, root: Path) -> None:
+    """A project file that keeps the history DB inside the repository, outside the ignored
+    harness-results/: whether to commit it is the team's choice, so new-op says where it is
+    rather than ignoring it."""
+    db = project.db if project is not None else None
+    if db is None or not db.is_relative_to(root) or db.is_relative_to(root / "harness-results"):
+        return
+    console.print(f"note: the history DB is {db.relative_to(root)} (the project file's db), "
+                  f"inside the repository, with the run folders beside it in "
+                  f"{(db.parent / 'runs').relative_to(root)}/: commit the DB or add both to "
+                  ".gitignore")

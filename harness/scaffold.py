@@ -142,6 +142,7 @@ PROJECT = '''\
 # kernel-harness settings for this repository: `harness run` here needs no flags.
 suites = ["$package/"]
 golden_dir = "golden"
+db = "harness-results/history.db"
 world_sizes = [$world_sizes]
 '''
 
@@ -333,6 +334,13 @@ def test_at_four_ranks_torch_passes_and_no_sum_reduce_fails(tmp_path):
         run.stdout[-3000:]
 '''
 
+#: what a run writes into the repository it runs in, by default: run folders, the history
+#: DB and the dashboard under harness-results/ (store.DEFAULT_DB, reports' DEFAULT_SITE);
+#: pytest-benchmark's .benchmarks/ where `harness export --format pytest-benchmark` files
+#: are compared
+GITIGNORE = ("harness-results/", ".benchmarks/")
+
+
 def render(text: str, **values: str) -> str:
     """A template with its ``$`` placeholders filled."""
     return Template(text).substitute(values)
@@ -356,3 +364,26 @@ def project_file(package: str, distributed: bool = False) -> str:
     """The harness.toml of a repository that had none: its world sizes are those the new op
     runs at."""
     return render(PROJECT, package=package, world_sizes="1, 4" if distributed else "1")
+
+
+def _pattern(line: str) -> str:
+    """A .gitignore line reduced to the path it names (``/harness-results/``,
+    ``harness-results/**`` and ``!harness-results/`` all name harness-results): a path the
+    file already has a rule for, either way, is the user's choice and left alone."""
+    line = line.strip().lstrip("!").removeprefix("**/").lstrip("/")
+    return line.removesuffix("/**").removesuffix("/*").rstrip("/")
+
+
+def gitignore(existing: str | None) -> tuple[str, list[str]]:
+    """(the .gitignore's new text, the lines added): ``existing`` (None: no file) with the
+    GITIGNORE lines it lacks appended; nothing added where it has them all."""
+    have = {_pattern(line) for line in (existing or "").splitlines()
+            if line.strip() and not line.lstrip().startswith("#")}
+    missing = [line for line in GITIGNORE if _pattern(line) not in have]
+    if existing is None:
+        return "# written by runs: kernel-harness's results, pytest-benchmark's files\n" + \
+            "".join(f"{line}\n" for line in missing), missing
+    if not missing:
+        return existing, []
+    sep = "" if not existing or existing.endswith("\n") else "\n"
+    return existing + sep + "".join(f"{line}\n" for line in missing), missing

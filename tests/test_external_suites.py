@@ -364,6 +364,8 @@ def test_new_op_scaffolds_an_op_that_runs_and_whose_control_fails(monkeypatch, t
     # the scaffold's own tests, called here as pytest would
     assert _run_scaffolded_tests(monkeypatch, repo, "fused_softmax", tmp_path) == 2
     assert (repo / "conftest.py").is_file()
+    assert (repo / ".gitignore").read_text().splitlines()[1:] == ["harness-results/",
+                                                                    ".benchmarks/"]
 
 
 def _run_scaffolded_tests(monkeypatch, repo: Path, name: str, tmp_path: Path) -> int:
@@ -403,6 +405,7 @@ def test_new_op_distributed_passes_at_one_and_four_ranks_and_its_control_fails_a
     out = invoke(monkeypatch, repo, "new-op", "vocab_softmax", "--distributed")
     assert out.exit_code == 0, out.output
     assert project_mod.find(repo).world_sizes == [1, 4]
+    assert "wrote .gitignore: harness-results/, .benchmarks/" in out.output
     assert "--world-sizes 1,4 --impl no_sum_reduce" in out.output
     run = harness(repo, "run", "--impl", "torch", "--impl", "no_sum_reduce", "--no-bench",
                   "--no-golden")
@@ -431,10 +434,36 @@ def test_new_op_distributed_refuses_a_taken_name_and_writes_nothing(monkeypatch,
     out = invoke(monkeypatch, tmp_path, "new-op", "other_softmax", "--distributed")
     assert out.exit_code == 0, out.output
     assert "add 4 to its world_sizes" in out.output
+    (tmp_path / ".gitignore").unlink()  # not written again either
     before = _tree(tmp_path)
     code, said = refused(monkeypatch, tmp_path, "new-op", "fused_softmax", "--distributed")
     assert code == 2 and "exists already" in said and "nothing was written" in said
     assert _tree(tmp_path) == before
+
+
+def test_new_op_writes_a_gitignore_or_adds_only_the_lines_it_lacks(monkeypatch, tmp_path):
+    from harness import scaffold
+
+    text, added = scaffold.gitignore(None)
+    assert added == ["harness-results/", ".benchmarks/"]
+    assert [line for line in text.splitlines() if not line.startswith("#")] == added
+    # a file with its own rule for harness-results (another spelling, no final newline)
+    (tmp_path / ".gitignore").write_text("__pycache__/\n/harness-results")
+    out = invoke(monkeypatch, tmp_path, "new-op", "fused_softmax")
+    assert out.exit_code == 0, out.output
+    assert "added to .gitignore: .benchmarks/ (" in out.output
+    expected = "__pycache__/\n/harness-results\n.benchmarks/\n"
+    assert (tmp_path / ".gitignore").read_text() == expected
+    # a second op: nothing left to add, and nothing said
+    out = invoke(monkeypatch, tmp_path, "new-op", "other_softmax", "--distributed")
+    assert out.exit_code == 0, out.output
+    assert ".gitignore" not in out.output
+    assert (tmp_path / ".gitignore").read_text() == expected
+    # a DB the project file keeps inside the repository is the team's to commit or not
+    (tmp_path / "harness.toml").write_text('suites = ["ops/"]\ndb = "history/h.db"\n')
+    out = invoke(monkeypatch, tmp_path, "new-op", "third_softmax")
+    assert out.exit_code == 0, out.output
+    assert "the history DB is history/h.db" in out.output and "history/runs/" in out.output
 
 
 def test_new_op_refuses_a_name_that_is_not_an_identifier(monkeypatch, tmp_path):
