@@ -310,6 +310,11 @@ def test_external_suites_import_the_harness_only_through_harness_api(tmp_path):
     files = {p: p.read_text() for p in EXAMPLE.rglob("*.py")}
     for rel, text in scaffold.op_files("ops", "softmax", "ops.softmax").items():
         files[tmp_path / rel] = text
+    for rel, text in scaffold.op_files("ops", "tp", "ops.tp", distributed=True).items():
+        files[tmp_path / rel] = text
+    for distributed in (False, True):
+        files[tmp_path / f"test_{distributed}.py"] = scaffold.test_file(
+            "ops", "tp", "ops.tp", distributed)
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
@@ -356,22 +361,109 @@ def test_new_op_scaffolds_an_op_that_runs_and_whose_control_fails(monkeypatch, t
                    ("torch", "ops.fused_softmax[cols=257,rows=3,scale=100.0]"): "pass",
                    ("no_max_shift", "ops.fused_softmax[cols=1000,rows=4,scale=1.0]"): "pass",
                    ("no_max_shift", "ops.fused_softmax[cols=257,rows=3,scale=100.0]"): "fail"}
-    # the scaffold's own tests, called here as pytest would (its suite importable, as the
-    # conftest.py it wrote makes it)
+    # the scaffold's own tests, called here as pytest would
+    assert _run_scaffolded_tests(monkeypatch, repo, "fused_softmax", tmp_path) == 2
+    assert (repo / "conftest.py").is_file()
+    assert (repo / ".gitignore").read_text().splitlines()[1:] == ["harness-results/",
+                                                                    ".benchmarks/"]
+
+
+def _run_scaffolded_tests(monkeypatch, repo: Path, name: str, tmp_path: Path) -> int:
+    """Call the test functions new-op wrote for op ``name`` as pytest would (its suite
+    importable, as the conftest.py it wrote makes it; a ``tmp_path`` argument given a fresh
+    directory); how many there were."""
+    import inspect
+
     monkeypatch.syspath_prepend(str(repo))
     spec = importlib.util.spec_from_file_location(
-        "scaffolded_test_fused_softmax", repo / "tests" / "test_fused_softmax.py")
+        f"scaffolded_test_{name}", repo / "tests" / f"test_{name}.py")
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-        tests = [f for name, f in vars(module).items() if name.startswith("test_")]
-        assert len(tests) == 2
-        for test in tests:
-            test()
+        tests = [f for test, f in vars(module).items() if test.startswith("test_")]
+        for i, test in enumerate(tests):
+            if "tmp_path" in inspect.signature(test).parameters:
+                (tmp_path / str(i)).mkdir()
+                test(tmp_path=tmp_path / str(i))
+            else:
+                test()
     finally:  # "ops" is the scaffold's default package name: leave no module behind
-        for name in [m for m in sys.modules if m == "ops" or m.startswith("ops.")]:
-            del sys.modules[name]
-    assert (repo / "conftest.py").is_file()
+        for mod in [m for m in sys.modules if m == "ops" or m.startswith("ops.")]:
+            del sys.modules[mod]
+    return len(tests)
+
+
+@pytest.mark.mpi
+def test_new_op_distributed_passes_at_one_and_four_ranks_and_its_control_fails_at_four(
+        monkeypatch, tmp_path):
+    """The --distributed scaffold for real: `harness run` from the repository it wrote runs
+    the project file's world sizes (1 and 4) through mpiexec; the implementation passes
+    everywhere, the control (its sum never all-reduced) passes at 1 and fails at 4; then the
+    tests it wrote, which launch 4 ranks themselves."""
+    repo = tmp_path / "myrepo"
+    repo.mkdir()
+    out = invoke(monkeypatch, repo, "new-op", "vocab_softmax", "--distributed")
+    assert out.exit_code == 0, out.output
+    assert project_mod.find(repo).world_sizes == [1, 4]
+    assert "wrote .gitignore: harness-results/, .benchmarks/" in out.output
+    assert "--world-sizes 1,4 --impl no_sum_reduce" in out.output
+    run = harness(repo, "run", "--impl", "torch", "--impl", "no_sum_reduce", "--no-bench",
+                  "--no-golden")
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    with sqlite3.connect(repo / "harness-results" / "history.db") as conn:
+        got = {(impl, w, case): status for impl, w, case, status in conn.execute(
+            "SELECT impl, world_size, case_id, status FROM results")}
+    cases = ("ops.vocab_softmax[cols=1024,rows=4,scale=1.0]",
+             "ops.vocab_softmax[cols=260,rows=3,scale=100.0]")
+    assert got == {(impl, w, case): "fail" if (impl, w) == ("no_sum_reduce", 4) else "pass"
+                   for impl in ("torch", "no_sum_reduce") for w in (1, 4) for case in cases}
+    (tmp_path / "scaffolded").mkdir()
+    assert _run_scaffolded_tests(monkeypatch, repo, "vocab_softmax",
+                                 tmp_path / "scaffolded") == 4
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_new_op_distributed_refuses_a_taken_name_and_writes_nothing(monkeypatch, tmp_path):
+    out = invoke(monkeypatch, tmp_path, "new-op", "fused_softmax")
+    assert out.exit_code == 0, out.output
+    # the project file runs world size 1 only (the first op's): a distributed op says so
+    out = invoke(monkeypatch, tmp_path, "new-op", "other_softmax", "--distributed")
+    assert out.exit_code == 0, out.output
+    assert "add 4 to its world_sizes" in out.output
+    (tmp_path / ".gitignore").unlink()  # not written again either
+    before = _tree(tmp_path)
+    code, said = refused(monkeypatch, tmp_path, "new-op", "fused_softmax", "--distributed")
+    assert code == 2 and "exists already" in said and "nothing was written" in said
+    assert _tree(tmp_path) == before
+
+
+def test_new_op_writes_a_gitignore_or_adds_only_the_lines_it_lacks(monkeypatch, tmp_path):
+    from harness import scaffold
+
+    text, added = scaffold.gitignore(None)
+    assert added == ["harness-results/", ".benchmarks/"]
+    assert [line for line in text.splitlines() if not line.startswith("#")] == added
+    # a file with its own rule for harness-results (another spelling, no final newline)
+    (tmp_path / ".gitignore").write_text("__pycache__/\n/harness-results")
+    out = invoke(monkeypatch, tmp_path, "new-op", "fused_softmax")
+    assert out.exit_code == 0, out.output
+    assert "added to .gitignore: .benchmarks/ (" in out.output
+    expected = "__pycache__/\n/harness-results\n.benchmarks/\n"
+    assert (tmp_path / ".gitignore").read_text() == expected
+    # a second op: nothing left to add, and nothing said
+    out = invoke(monkeypatch, tmp_path, "new-op", "other_softmax", "--distributed")
+    assert out.exit_code == 0, out.output
+    assert ".gitignore" not in out.output
+    assert (tmp_path / ".gitignore").read_text() == expected
+    # a DB the project file keeps inside the repository is the team's to commit or not
+    (tmp_path / "harness.toml").write_text('suites = ["ops/"]\ndb = "history/h.db"\n')
+    out = invoke(monkeypatch, tmp_path, "new-op", "third_softmax")
+    assert out.exit_code == 0, out.output
+    assert "the history DB is history/h.db" in out.output and "history/runs/" in out.output
 
 
 def test_new_op_refuses_a_name_that_is_not_an_identifier(monkeypatch, tmp_path):
