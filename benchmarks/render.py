@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _figures import ROOT, check  # noqa: E402
 from _figures import RESULTS as RESULTS_DIR  # noqa: E402
+from _figures import ROOT, check  # noqa: E402
 
 RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 README = ROOT / "README.md"
@@ -34,7 +34,7 @@ class FigureError(ValueError):
     """A figure file that cannot be rendered; the message names it."""
 
 
-def load(results_dir: Path = RESULTS_DIR) -> list[dict]:
+def load(results_dir: Path) -> list[dict]:
     """Every figure in ``results_dir``, checked, in the README's order then by name."""
     figures = []
     for path in sorted(results_dir.glob("*.json")):
@@ -117,20 +117,26 @@ def with_table(readme: str, table: str, where: str = "README.md") -> str:
     return f"{head}{BEGIN}\n{table}\n{END}{tail}"
 
 
-def rendered(results_dir: Path = RESULTS_DIR, readme: Path = README,
-             results_md_path: Path = RESULTS_MD) -> dict[Path, str]:
-    """{path: the text it should hold} for RESULTS.md and the README."""
-    figures = load(results_dir)
-    return {results_md_path: results_md(figures),
+def rendered(results_dir: Path | None = None, readme: Path | None = None,
+             results_md_path: Path | None = None) -> dict[Path, str]:
+    """{path: the text it should hold} for RESULTS.md and the README (by default the
+    repository's, from benchmarks/results)."""
+    figures = load(results_dir or RESULTS_DIR)
+    readme = readme or README
+    return {results_md_path or RESULTS_MD: results_md(figures),
             readme: with_table(readme.read_text(encoding="utf-8"), readme_table(figures),
                                str(readme))}
 
 
-def stale(results_dir: Path = RESULTS_DIR, readme: Path = README,
-          results_md_path: Path = RESULTS_MD) -> list[Path]:
+def stale(results_dir: Path | None = None, readme: Path | None = None,
+          results_md_path: Path | None = None) -> list[Path]:
     """The rendered files whose text on disk is not what the figures give."""
     return [path for path, text in rendered(results_dir, readme, results_md_path).items()
             if not path.is_file() or path.read_text(encoding="utf-8") != text]
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.check:
             behind = stale()
             if behind:
-                names = ", ".join(str(p.relative_to(ROOT)) for p in behind)
+                names = ", ".join(_shown(p) for p in behind)
                 print(f"{names} not in step with benchmarks/results/*.json: run python "
                       "benchmarks/render.py", file=sys.stderr)
                 return 1
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         for path, text in rendered().items():
             if not path.is_file() or path.read_text(encoding="utf-8") != text:
                 path.write_text(text, encoding="utf-8")
-                print(f"wrote {path.relative_to(ROOT)}")
+                print(f"wrote {_shown(path)}")
     except FigureError as e:
         print(f"render: {e}", file=sys.stderr)
         return 2
