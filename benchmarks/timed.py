@@ -62,12 +62,11 @@ def run(cmd: list[str]) -> tuple[int, float, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        print("\n".join(__doc__.strip().splitlines()[2:4]), file=sys.stderr)
-        return 2
-    split = argv.index("--")
+    split = argv.index("--") if "--" in argv else len(argv)
     own, cmd = argv[:split], argv[split + 1:]
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     usage="%(prog)s NAME [--figure F] [--machine M] "
+                                           "[--headline] -- CMD [ARGS...]")
     parser.add_argument("name", help="the figure's name: benchmarks/results/NAME.json")
     parser.add_argument("--figure", help="what is timed, one short sentence")
     parser.add_argument("--machine", help="what it runs on (default: benchmarks/_figures.py's "
