@@ -81,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     figure = args.figure or before.get("figure")
     if not figure:
         parser.error(f"{args.name} has no figure yet: give --figure \"what is timed\"")
-    code, seconds, last = run(cmd)
+    try:
+        code, seconds, last = run(cmd)
+    except OSError as e:  # no such command: nothing was timed
+        print(f"timed.py: {cmd[0]}: {e.strerror or e}", file=sys.stderr)
+        return 127
     details = {"exit_code": code, **pytest_counts(last)}
     record(args.name, figure=figure, value=round(seconds, 1), unit="s",
            command=shlex.join(["python", "benchmarks/timed.py", args.name, "--", *cmd]),
