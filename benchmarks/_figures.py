@@ -30,7 +30,7 @@ REQUIRED: dict[str, tuple[type, ...]] = {
     "command": (str,), "commit": (str,), "date": (str,), "machine": (str,),
     "details": (dict,), "headline": (bool,),
 }
-#: what the figure tooling itself writes: a change there does not make a measurement dirty
+#: what recording and rendering figures write: a change there does not make a measurement dirty
 _OUTPUTS = ("benchmarks/results", "benchmarks/RESULTS.md", "README.md")
 
 
