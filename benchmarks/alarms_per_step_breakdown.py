@@ -40,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import regression_detection as rd  # noqa: E402
+from _figures import command, machine, record  # noqa: E402
 
 from harness import changepoints, changes  # noqa: E402
 
@@ -150,12 +151,30 @@ def main() -> int:
             print(f"| {w} | {n} | {windows[w, 'found'] / n:.1%} | "
                   f"{windows[w, 'alarms'] / n:.2f} | {windows[w, 'anyway'] / n:.2f} |")
     print("\n| rule | recall +10% | false alarms | alarms per step |\n|---|---|---|---|")
+    rules = {}
     for name in ("as kept", "match re-found changes with their withdrawn report",
                  "HOLD_RUNS 3"):
         with rule(name):
             sc = scores(chosen)
         print(f"| {name} | {sc['recall']:.1%} | {sc['false_alarms']} of {sc['nights']} | "
               f"{sc['alarms_per_step']:.2f} |")
+        rules[name] = {"recall_pct": round(100 * sc["recall"], 1),
+                       "false_alarms": sc["false_alarms"],
+                       "alarms_per_step": round(sc["alarms_per_step"], 3)}
+    record(f"alarms_per_step_breakdown{rd.recording_tag(args.data)}",
+           figure="What the alarms per +10% step of regression_detection are made of, and two "
+                  f"rules that would lower them, {rd.recording_name(args.data)}",
+           value=f"{total / steps:.2f}", unit="alarms per +10% step",
+           command=command(__file__, *sys.argv[1:]), machine=machine(),
+           details={"steps": steps,
+                    "per_step": {c: round(counts[c] / steps, 3) for c in CLASSES},
+                    "by_window": {w: {"steps": windows[w, "steps"],
+                                      "recall_pct": round(100 * windows[w, "found"]
+                                                          / windows[w, "steps"], 1),
+                                      "alarms_per_step": round(windows[w, "alarms"]
+                                                               / windows[w, "steps"], 3)}
+                                  for w in WINDOWS if windows[w, "steps"]},
+                    "rules": rules})
     return 0
 
 

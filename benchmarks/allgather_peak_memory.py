@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from _figures import command, machine, record
+
 CASE = "allgather[dtype=f32,inplace=false,mode=exact,n=262147,tensors=8]"
 N, ITEMSIZE = 262147, 4
 
@@ -45,14 +47,30 @@ def main() -> int:
     print("| W | bulk peak (MB) | sequential peak (MB) | bulk / sequential | bulk temporary "
           "W*n*4 (MB) | measured as |")
     print("|---|---|---|---|---|---|")
+    details: dict[str, dict] = {}
     for world, by in sorted(peaks.items()):
         (bulk, kind), (seq, _) = by["bulk"], by["sequential"]
+        temporary = round(world * N * ITEMSIZE / 1e6, 2)
+        details[f"world_size_{world}"] = {
+            "bulk_mb": None if bulk is None else round(bulk / 1e6, 2),
+            "sequential_mb": None if seq is None else round(seq / 1e6, 2),
+            "bulk_temporary_mb": temporary, "measured_as": kind}
         if bulk is None or seq is None:
             print(f"| {world} | n/m | n/m | - | {world * N * ITEMSIZE / 1e6:.2f} | {kind} |")
             continue
         ratio = f"{bulk / seq:.1f}x" if seq else "inf"
         print(f"| {world} | {bulk / 1e6:.2f} | {seq / 1e6:.2f} | {ratio} | "
               f"{world * N * ITEMSIZE / 1e6:.2f} | {kind} |")
+    ratios = [f"{d['bulk_mb'] / d['sequential_mb']:.1f}" if d["bulk_mb"] and d["sequential_mb"]
+              else "n/m" for d in details.values()]
+    cpu = all(d["measured_as"] == "cpu_rss_peak" for d in details.values())
+    record("allgather_peak_memory",
+           figure="Peak memory of one allgather of 8 parameters (~1 MiB per rank), bulk against "
+                  f"sequential ({'CPU resident-set' if cpu else 'allocator'} peak, largest over "
+                  "ranks)",
+           value=" / ".join(ratios),
+           unit=f"x at world size {' / '.join(str(w) for w in sorted(peaks))}",
+           command=command(__file__, *sys.argv[1:]), machine=machine(), details=details)
     return 0
 
 

@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import regression_detection as rd  # noqa: E402  (this folder's protocol and data)
+from _figures import command, machine, record  # noqa: E402
 
 SLOW = 1.05  # a run this far above its series' lower quartile so far reads as slowed
 BUSY = 0.5  # machine-slow: more than this share of the other series slowed
@@ -90,10 +91,25 @@ def main() -> int:
           f"{rd.PROMPT} nights\n")
     print("| variant | recall +10% | not on a false alarm's night | alarms per step | "
           "false alarms |\n|---|---|---|---|---|")
+    variants_seen = {}
     for name, got in rows.items():
         sm = rd.summarize(got, (0.1,))
         print(f"| {name} | {sm['recall']['0.1']:.1%} | {sm['recall_beyond_false']['0.1']:.1%} "
               f"| {sm['alarms_per_step']['0.1']:.2f} | {sm['false_alarms']}/{sm['nights']} |")
+        variants_seen[name] = {
+            "recall_pct": round(100 * sm["recall"]["0.1"], 1),
+            "recall_pct_not_on_false_alarm_night": round(100 * sm["recall_beyond_false"]["0.1"],
+                                                         1),
+            "false_alarms": sm["false_alarms"], "nights": sm["nights"],
+            "alarms_per_step": round(sm["alarms_per_step"]["0.1"], 3)}
+    others = [v for k, v in variants_seen.items() if not k.startswith("ours")]
+    record(f"cross_series_on_recorded_noise{rd.recording_tag(args.data)}",
+           figure="The other series of a run as a machine-slowness signal, three uses, nightly "
+                  f"replay of {rd.recording_name(args.data)}: recall at +10% of each",
+           value=" / ".join(f"{v['recall_pct']:.1f}%" for v in others),
+           unit="history without machine-slow runs / deferred reports / first-sight reports",
+           command=command(__file__, *sys.argv[1:]), machine=machine(),
+           details={"variants": variants_seen})
     return 0
 
 

@@ -60,6 +60,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import tcpd_changepoints as tcpd  # noqa: E402  (the scores and Perfherder's rule)
+from _figures import command, machine, record  # noqa: E402
 
 RESULTS = HERE / "results" / "detect_on_real_histories.json"
 MARGIN = tcpd.MARGIN
@@ -262,7 +263,8 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated detectors (default: all)")
     parser.add_argument("--per-series", metavar="SOURCE",
                         help="per series of SOURCE, both splits: harness against perfherder")
-    parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS}")
+    parser.add_argument("--no-write", action="store_true",
+                        help=f"do not record the figure ({RESULTS.relative_to(HERE.parent)})")
     args = parser.parse_args()
     names = args.only.split(",") if args.only else list(DETECTORS)
     unknown = [n for n in names if n not in DETECTORS]
@@ -297,9 +299,20 @@ def main() -> int:
                 a, b = ours[s], theirs[s]
                 print(f"| {s} | {split} | {a['f1']:.3f} | {a['cover']:.3f} | {a['points']} | "
                       f"{b['f1']:.3f} | {b['cover']:.3f} | {b['points']} |")
-    if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    held_out = results.get("tcpd", {}).get("held-out", {}).get("harness") \
+        if isinstance(results.get("tcpd"), dict) else None
+    if args.no_write:
+        pass
+    elif held_out is None:
+        print("(no TCPD held-out score for harness: no figure recorded)", file=sys.stderr)
+    else:
+        record("detect_on_real_histories",
+               figure="Change points on labelled histories split by name into a tuning and a "
+                      "held-out half (TCPD; otava-test-data's 330 series): harness detect on "
+                      "TCPD's held-out half",
+               value=f"{held_out['f1']:.3f} / {held_out['cover']:.3f}",
+               unit="F1 (margin 5) / cover", command=command(__file__, *sys.argv[1:]),
+               machine=machine(), details=json.loads(json.dumps(results, sort_keys=True)))
     return 0
 
 

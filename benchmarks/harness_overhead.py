@@ -35,6 +35,10 @@ import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve()
+sys.path.insert(0, str(HERE.parent))
+
+from _figures import command, machine, record  # noqa: E402
+
 N = 16
 #: the benchmark's op borrows a family of the suites package: the plugin collects each family
 #: from its module's file, and the op is selected by name alone
@@ -145,12 +149,26 @@ def main() -> int:
         return worker(args, [a for a in rest if a != "--"])
     print(f"{'world':>5} {'mode':>9} {'items':>6} {'median ms':>10} {'p90 ms':>8} "
           f"{'impl ms':>8}")
+    sizes, modes = [int(x) for x in args.world_sizes.split(",")], args.modes.split(",")
+    details: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for w in (int(x) for x in args.world_sizes.split(",")):
-            for mode in args.modes.split(","):
+        for w in sizes:
+            for mode in modes:
                 r = run(w, mode, args.cases, Path(tmp))
                 print(f"{w:>5} {mode:>9} {r['items']:>6} {r['median_ms']:>10.2f} "
                       f"{r['p90_ms']:>8.2f} {r['impl_ms']:>8.3f}", flush=True)
+                details.setdefault(f"world_size_{w}", {})[mode] = {
+                    k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}
+    headline = modes[0]  # auto, what `harness run` does, unless --modes says otherwise
+    record("harness_overhead",
+           figure="Harness overhead per case: a no-op op through mpiexec and the pytest plugin, "
+                  f"median of {args.cases} cases" + ("" if headline == "auto" else
+                                                      f", {headline}"),
+           value=" / ".join(f"{details[f'world_size_{w}'][headline]['median_ms']:.2f}"
+                            for w in sizes),
+           unit=f"ms at world size {' / '.join(map(str, sizes))}",
+           command=command(__file__, *sys.argv[1:]), machine=machine(), details=details,
+           headline=True)
     return 0
 
 

@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import regression_detection  # noqa: E402  (this folder's loader and data)
+from _figures import command, machine, record  # noqa: E402
 
 from harness import changepoints, regress  # noqa: E402
 
@@ -41,12 +42,15 @@ def main() -> int:
     print("| model | change points, unmodified | "
           + " | ".join(f"+{s:.0%} found / other per series" for s in STEPS)
           + " |\n|---|---|" + "---|" * len(STEPS))
+    by_step: dict[str, dict] = {}
+    unmodified: dict[str, int] = {}
     for model in changepoints.MODELS:
         def points(runs: list[list[float]], model: str = model) -> list[int]:
             return [cp.index for cp in changepoints.find(
                 runs, log=True, model=model, quantile=regress.TIMING_QUANTILE)]
 
         clean = sum(len(points(s["runs"])) for s in quiet)
+        unmodified[model] = clean
         cells = []
         for step in STEPS:
             found = other = tried = 0
@@ -57,7 +61,21 @@ def main() -> int:
                     hit = any(abs(i - t) <= MARGIN for i in got)
                     found, other, tried = found + hit, other + len(got) - hit, tried + 1
             cells.append(f"{found / tried:.0%} / {other / tried:.2f}")
+            by_step.setdefault(f"+{step:.0%}", {})[model] = {
+                "found_pct": round(100 * found / tried), "other_per_series": round(other / tried,
+                                                                                 2)}
         print(f"| {model} | {clean} | " + " | ".join(cells) + " |")
+    level = by_step["+10%"]["level"]
+    record(f"models_on_recorded_noise{regression_detection.recording_tag(args.data)}",
+           figure=f"The level model on whole recorded histories ({len(quiet)} quiet world-size-1 "
+                  f"series of {regression_detection.recording_name(args.data)}, a +10% step "
+                  "injected): steps found within "
+                  f"{MARGIN} runs / other change points",
+           value=f"{level['found_pct']}% / {level['other_per_series']:.2f}",
+           unit="found / other per series", command=command(__file__, *sys.argv[1:]),
+           machine=machine(), details={**by_step, "unmodified_change_points": unmodified,
+                                       "runs_read_by": "the 10th percentile of their samples, "
+                                                       "as on a history DB"})
     return 0
 
 

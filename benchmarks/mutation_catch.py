@@ -35,10 +35,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import mutants as mut  # noqa: E402
+from _figures import command, machine, record  # noqa: E402
 
 from harness.results import FAILING  # noqa: E402
 
 FIRST_CASES = 3
+#: the families that model a tiled, padded, mixed-precision kernel's bugs (``--families``)
+KERNEL_FAMILIES = ("padded_block", "extra_rounding", "narrow_output", "tail_mask", "drop_last")
 EQUIVALENT_FILE = HERE / "data" / "mutation_equivalent.json"
 MODULE_TEMPLATE = '''\
 from harness.discovery import registry
@@ -192,7 +195,38 @@ def main() -> int:
             if o["status"] == "survived":
                 print(f"\n## {k}\n{o['diff']}")
     print(f"\n{time.perf_counter() - t0:.0f} s")
+    families = args.families.split(",") if args.families else None
+    if not args.ops and (families is None or set(families) == set(KERNEL_FAMILIES)):
+        record_figure(outcome, kernel=families is not None)
+    else:
+        print("(a selection of ops or families: no figure recorded)", file=sys.stderr)
     return 1 if missed else 0
+
+
+def record_figure(outcome: dict[str, dict], kernel: bool) -> None:
+    """The catch rate of all ops' mutants, or of the kernel families'."""
+    total: collections.Counter = collections.Counter()
+    for c in tally(outcome, "family").values():
+        total.update(c)
+    record("mutation_kernel_classes" if kernel else "mutation_catch",
+           figure=("Kernel-class mutants (a padded block, an extra rounding, a narrowed output, "
+                   "a tail mask one short, a dropped last piece): caught / equivalent / missed"
+                   if kernel else "Single-site mutants of every op's torch implementation, each "
+                   "run through harness run --impl: caught / equivalent / missed"),
+           value=f"{total['caught']} / {total['equivalent']} / {total['survived']}",
+           unit=f"of {total['generated']} mutants",
+           command=command(__file__, *sys.argv[1:]), machine=machine(), headline=not kernel,
+           details={**_counts(total),
+                    **{f"{field}s" if field == "op" else "families":
+                       {k: _counts(c) for k, c in sorted(tally(outcome, field).items())}
+                       for field in ("family", "op")},
+                    "outcomes": outcome})
+
+
+def _counts(c: collections.Counter) -> dict[str, int]:
+    return {"generated": c["generated"], "caught": c["caught"],
+            "caught_by_exception": c["crashed"], "equivalent": c["equivalent"],
+            "missed": c["survived"]}
 
 
 def diff(m: mut.Mutant) -> str:
@@ -205,18 +239,25 @@ def diff(m: mut.Mutant) -> str:
         if line[:1] in "+-" and not line.startswith(("+++", "---")))
 
 
+def tally(outcome: dict[str, dict], field: str) -> dict[str, collections.Counter]:
+    """{op or family: Counter of generated, caught, crashed (caught by an exception),
+    equivalent, survived}."""
+    rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for o in outcome.values():
+        c = rows[o[field]]
+        c["generated"] += 1
+        if o["status"] in FAILING:
+            c["caught"] += 1
+            c["crashed"] += o["status"] != "fail"
+        else:
+            c[o["status"]] += 1
+    return rows
+
+
 def report(outcome: dict[str, dict]) -> int:
     """Print the per-op and per-family tables; return the number of missed mutants."""
     for field in ("op", "family"):
-        rows: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-        for o in outcome.values():
-            c = rows[o[field]]
-            c["generated"] += 1
-            if o["status"] in FAILING:
-                c["caught"] += 1
-                c["crashed"] += o["status"] != "fail"
-            else:
-                c[o["status"]] += 1
+        rows = tally(outcome, field)
         print(f"\n{field:<44} {'generated':>9} {'caught':>7} {'(crash)':>8} "
               f"{'equivalent':>10} {'missed':>7}")
         total: collections.Counter = collections.Counter()

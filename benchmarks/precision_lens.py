@@ -14,23 +14,22 @@ the correct orders' worst ``off`` and the double roundings' least. The distance 
 bounded by default: where a K = 4096 dot product nearly cancels, correct orders land up to
 20 ulps of the small result away.
 
-    python benchmarks/precision_lens.py [--quick]     # writes benchmarks/results/precision_lens.json
+    python benchmarks/precision_lens.py [--quick]  # records benchmarks/results/precision_lens.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-from pathlib import Path
+import sys
 
 import torch
+from _figures import command, machine, record
 
 from harness import compare
 from harness.inputs import generate
 from harness.runner import EXACT_OFF
 
-OUT = Path(__file__).with_name("results") / "precision_lens.json"
 BF16 = torch.bfloat16
 F32 = torch.float32
 SHAPES = [(4, 384, 1024), (3, 96, 1096), (2, 130, 1544), (16, 512, 4096), (16, 256, 7168)]
@@ -148,8 +147,16 @@ def main() -> int:
     print(f"worst correct off {result['worst_correct_off']:.4f} (max {result['worst_correct_ulp']:.3g}"
           f" ulp), least wrong off {result['least_wrong_off']:.4f}; bound {ROUNDING_OFF}")
     if not args.quick:
-        OUT.parent.mkdir(exist_ok=True)
-        OUT.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        # the double roundings of a bf16 output (a float32 output through bf16 is off at 100%)
+        twice = [r["off"] for r in result["rows"]
+                 if not r["correct"] and r["op"] != "linear (float32 out)"]
+        record("precision_lens",
+               figure="Precision lens: bf16 elements not the float64 value rounded once, correct "
+                      "float32 orders (worst) / a second rounding",
+               value=f"{100 * result['worst_correct_off']:.2f} / {100 * min(twice):.0f} to "
+                     f"{100 * max(twice):.0f}",
+               unit="% of elements", command=command(__file__, *sys.argv[1:]),
+               machine=machine(), details=result, headline=True)
     return 0
 
 

@@ -64,7 +64,15 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _figures import command, machine  # noqa: E402
+from _figures import record as record_figure  # noqa: E402
+
 DATA = HERE / "data" / "regression_noise_quiet.json"
+#: the figure-name suffix of each recording (``recording_tag``)
+RECORDINGS = {"regression_noise_quiet": "", "regression_noise": "_load",
+              "regression_noise_holdout": "_holdout", "regression_noise_fresh": "_fresh"}
 
 # ~21 timed series at world size 1 across five families, 5 collective series at world size 4
 SELECTORS = [
@@ -697,6 +705,44 @@ def per_series_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def recording_tag(path: Path) -> str:
+    """"" for the quiet recording, "_load", "_holdout", "_fresh" for the others, "_<stem>" for
+    another file: the suffix of the figures measured on it."""
+    return RECORDINGS.get(path.stem, f"_{path.stem}")
+
+
+def recording_name(path: Path) -> str:
+    """The recording in words, for a figure's sentence."""
+    return {"": "the quiet recording", "_load": "the recording made under load",
+            "_holdout": "the holdout recording (made under load)",
+            "_fresh": "a later quiet recording"}.get(recording_tag(path), path.name)
+
+
+def figure_details(summary: dict[str, dict]) -> dict[str, dict]:
+    """One group's summary, per detector, as a figure's details: recall and alarms per step in
+    percent and per step, by step size."""
+    def pct(x: float | None) -> float | None:
+        return None if x is None else round(100 * x, 1)
+
+    def per(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
+    out = {}
+    for name, sm in summary.items():
+        steps = [k for k in sm["recall"] if float(k) > 0]
+        both = [k for k in sm["alarms_per_step"] if float(k) != 0]
+        label = {k: f"{100 * float(k):+g}%" for k in sm["recall"]}
+        out[name] = {
+            "recall_pct": {label[k]: pct(sm["recall"][k]) for k in steps},
+            "recall_pct_not_on_false_alarm_night":
+                {label[k]: pct(sm["recall_beyond_false"][k]) for k in steps},
+            "alarms_per_step": {label[k]: per(sm["alarms_per_step"][k]) for k in both},
+            "alarms_per_step_not_on_false_alarm_night":
+                {label[k]: per(sm["alarms_per_step_beyond_false"][k]) for k in both},
+            "false_alarms": sm["false_alarms"], "nights": sm["nights"], "series": sm["series"]}
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", action="store_true", help="re-record the noise first")
@@ -757,6 +803,31 @@ def main() -> int:
         "steps_with_two_unslowed_runs": mine["steps_with_two_unslowed_runs"],
         "steps_with_one_unslowed_run": mine["steps_with_one_unslowed_run"],
     }
+    tag = recording_tag(args.data) + ("" if args.share == 1 else f"_share{args.share:g}") + (
+        "" if args.prompt == PROMPT else f"_prompt{args.prompt}") + (
+        "" if args.warmup == WARMUP else f"_warmup{args.warmup}")
+    what = "" if args.data == DATA else f", {recording_name(args.data)}"
+    record_figure(
+        f"regression_detection{tag}",
+        figure="Regression detection: nightly replay of recorded noise, quiet series, injected "
+               f"steps that persist{what}"
+               + ("" if args.share == 1 else f", each slowing {args.share:.0%} of the samples")
+               + ("" if args.prompt == PROMPT else f", found within {args.prompt} nights"),
+        value=f"{_pct(mine['recall']['0.1'])} / {mine['false_alarms']} of {mine['nights']} / "
+              f"{mine['alarms_per_step']['0.1']:.2f}",
+        unit="recall at +10% / false alarms / alarms per step",
+        command=command(__file__, *sys.argv[1:]), machine=machine(),
+        details={"goal": f"recall >= {GOAL_RECALL:.0%} at +{GOAL_SLOWDOWN:.0%}, fewer false "
+                         "alarms than pytest-benchmark and asv, <= "
+                         f"{GOAL_ALARMS_PER_STEP} alarms per step",
+                 "alarms_per_step_exact": round(mine["alarms_per_step"]["0.1"], 3),
+                 "goal_met": {k: goal[k] for k in ("recall_goal_met",
+                                                   "fewer_false_alarms_than_both",
+                                                   "once_goal_met")},
+                 "detectors": figure_details(summary[quiet]),
+                 "recording": {"file": args.data.name, "date": meta.get("date"),
+                               "machine": meta.get("machine")}},
+        headline=tag == "")
     if args.json:
         print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "per_run_load"},
                           "warmup": args.warmup, "prompt": args.prompt, "share": args.share,

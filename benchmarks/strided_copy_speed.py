@@ -6,16 +6,15 @@ in rounds on the same buffers. Needs a CUDA GPU and NVRTC.
     python benchmarks/strided_copy_speed.py [--rounds 3] [--json PATH]
 
 Prints one line per view (both times, GB/s read + written, the ratio ours / torch's speed) and
-the median ratio per view kind, and writes them to PATH (default
-benchmarks/results/strided_copy_speed.json). The goal: >= 0.9 on the contiguous and transposed
-views.
+the median ratio per view kind, and records them as a figure (benchmarks/_figures.py) in PATH
+(default benchmarks/results/strided_copy_speed.json). The goal: >= 0.9 on the contiguous and
+transposed views.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import statistics
 import sys
@@ -27,6 +26,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _figures import command, machine, record  # noqa: E402
 
 
 def main() -> int:
@@ -34,7 +36,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--json", type=Path,
-                        default=ROOT / "benchmarks" / "results" / "strided_copy_speed.json")
+                        help="where the figure goes (default "
+                             "benchmarks/results/strided_copy_speed.json)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("strided_copy_speed: needs a CUDA GPU (none visible)", file=sys.stderr)
@@ -96,12 +99,16 @@ def main() -> int:
         print(f"  {k:>14} x{v:.2f}")
     overall = statistics.median(r["ratio"] for r in rows)
     print(f"  {'all':>14} x{overall:.2f} over {len(rows)} views")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({
-        "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-        "timing": "CUDA-graph replay, median of rounds", "rounds": args.rounds,
-        "median_ratio_by_kind": by_kind, "median_ratio": overall, "views": rows}, indent=1)
-        + "\n")
+    record("strided_copy_speed",
+           figure=f"strided_copy@cuda against torch's copy on the nightly tier's {len(rows)} "
+                  "views, bitwise: GB/s ratio (CUDA-graph replay), median",
+           value=round(overall, 2), unit="x torch's GB/s",
+           command=command(__file__, *sys.argv[1:]), machine=machine("cuda"), headline=True,
+           details={"goal": "at least 0.9x on the contiguous and transposed views",
+                    "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                    "timing": "CUDA-graph replay, median of rounds", "rounds": args.rounds,
+                    "median_ratio_by_kind": by_kind, "median_ratio": overall, "views": rows},
+           out=args.json)
     return 0
 
 

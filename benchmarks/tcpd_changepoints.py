@@ -51,6 +51,10 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from _figures import command, machine, record  # noqa: E402
+
 MARGIN = 5
 
 Detector = Callable[[np.ndarray], list[int]]
@@ -290,6 +294,19 @@ def main() -> int:
                   f"{a['points']} | {b['f1']:.3f} | {b['cover']:.3f} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
+    if args.only:
+        print("(a selection of detectors: no figure recorded)", file=sys.stderr)
+        return 0
+    ours = results["harness"]
+    assert isinstance(ours, dict)
+    record("tcpd_changepoints",
+           figure=f"Change points on TCPD's {len(series)} annotated series, one fixed setting: "
+                  "harness detect on a CSV",
+           value=f"{ours['f1']:.3f} / {ours['cover']:.3f}", unit="F1 (margin 5) / cover",
+           command=command(__file__, *sys.argv[1:]), machine=machine(), headline=True,
+           details={"detectors": {n: r if isinstance(r, str) else
+                                  {"f1": round(r["f1"], 3), "cover": round(r["cover"], 3),
+                                   "points": r["points"]} for n, r in results.items()}})
     return 0
 
 

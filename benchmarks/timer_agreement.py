@@ -18,6 +18,7 @@ import sys
 from types import SimpleNamespace
 
 import torch
+from _figures import command, machine, record
 
 
 def main() -> int:
@@ -71,6 +72,14 @@ def main() -> int:
           f"{torch.cuda.get_device_name(device)}")
     for name, us in figures.items():
         print(f"{name:20s} {us:10.2f} us  x{us / ref:6.3f}  {nbytes / us / 1e3:8.1f} GB/s")
+    record("timer_agreement",
+           figure=f"The harness's CUDA timers against the profiler's kernel time, strided_copy.cu "
+                  f"on a transposed bf16 {n}x{n} view: events / graph replay",
+           value=" / ".join(f"{figures[k] / ref:.3f}" for k in figures if k.startswith("harness")),
+           unit="x the profiler's time", command=command(__file__, *sys.argv[1:]),
+           machine=machine("cuda"),
+           details={"us": {k: round(v, 2) for k, v in figures.items()},
+                    "repeats": args.repeats})
     return 0
 
 

@@ -9,9 +9,12 @@ one after the other, so the ratio holds on a noisy machine better than either ti
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+from _figures import command, machine, record  # noqa: E402
 
 from harness.local import run_cases  # noqa: E402
 from harness.discovery import registry  # noqa: E402
@@ -33,13 +36,28 @@ def per_case(spec, impl: str) -> tuple[float, int]:
     return (time.perf_counter() - t0) / max(len(ran), 1), len(ran)
 
 
+def _ratio(x: float) -> str:
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
+
+
 def main() -> None:
     specs = registry().specs
     print(f"{'op':24} {'cases':>5} {'torch ms':>9} {'triton ms':>10} {'ratio':>6}")
+    per_op = {}
     for op, (base, triton) in OPS.items():
         t_base, _ = per_case(specs[op], base)
         t_tri, n = per_case(specs[op], triton)
         print(f"{op:24} {n:5d} {t_base * 1e3:9.1f} {t_tri * 1e3:10.1f} {t_tri / t_base:6.1f}")
+        per_op[op if base == "torch" else f"{op} ({base} / {triton})"] = {
+            "torch": round(t_base * 1e3, 1), "triton": round(t_tri * 1e3, 1),
+            "ratio": round(t_tri / t_base, 1), "cases": n}
+    ratios = [r["ratio"] for r in per_op.values()]
+    record("triton_interpreted_cost",
+           figure="Triton's interpreter on the CPU: time per smoke case of each built-in Triton "
+                  "implementation against the op's torch one, every check, no timing",
+           value=f"{_ratio(min(ratios))} to {_ratio(max(ratios))}",
+           unit="x torch's time per case", command=command(__file__, *sys.argv[1:]),
+           machine=machine(), details={"per_op_ms": per_op})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from _figures import command, machine, record
+
 WAIT_S = 1.0
 
 
@@ -70,6 +72,7 @@ def main() -> int:
         sys.exit("no mpiexec: `pip install mpich`")
     print(f"CPU seconds a waiting rank burns in {WAIT_S:g} s ({args.world_size} ranks, "
           f"{len(os.sched_getaffinity(0))} CPUs)")
+    seconds = {}
     for heavy in ("0", "1"):
         env = {**os.environ, "MPIR_CVAR_ENABLE_HEAVY_YIELD": heavy, "MPIR_CVAR_ENABLE_GPU": "0"}
         out = subprocess.run([mpiexec, "-n", str(args.world_size), sys.executable, __file__,
@@ -79,7 +82,17 @@ def main() -> int:
         burnt = json.loads(out.stdout.strip().splitlines()[-1])
         if heavy == "0":
             print(f"  gloo allreduce                         {burnt['gloo']:.3f}")
+            seconds["gloo_s"] = burnt["gloo"]
         print(f"  MPI allreduce, MPIR_CVAR_ENABLE_HEAVY_YIELD={heavy}  {burnt['mpi']:.3f}")
+        seconds["mpich_heavy_yield_s" if heavy == "1" else "mpich_s"] = burnt["mpi"]
+    record(f"wait_cpu_w{args.world_size}",
+           figure=f"CPU a rank burns while it waits 1 s for rank 0 in an allreduce, "
+                  f"{args.world_size} ranks: gloo / MPICH / MPICH with "
+                  "MPIR_CVAR_ENABLE_HEAVY_YIELD=1",
+           value=" / ".join(f"{seconds[k]:.3f}" for k in ("gloo_s", "mpich_s",
+                                                           "mpich_heavy_yield_s")),
+           unit="CPU s", command=command(__file__, *sys.argv[1:]), machine=machine(),
+           details={k: round(v, 3) for k, v in seconds.items()})
     return 0
 
 

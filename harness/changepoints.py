@@ -36,10 +36,8 @@ MIN_SIZE = 2
 #: a run of a new level counts as at it (``_judge``) when nearer its median than the old
 #: one's, or this many sigmas past the old level the step's way: a busy machine slows some
 #: runs of the new level further, which pulls its median up and leaves a run of the new level
-#: as it is nearer the old median. Recall at +10% on the recorded noise, quiet / under load /
-#: holdout (benchmarks/regression_detection.py), 91.3% / 96.9% / 89.8% with the median alone;
-#: 3 sigmas: 96.2% / 97.7% / 93.8%, false alarms over all series 41 / 20 / 54 -> 42 / 21 / 58;
-#: 4: 96.2% / 98.0% / 93.8%, 41 / 20 / 56; 5: 95.8% / 96.9% / 94.5%, none more; 6: 94.8%
+#: as it is nearer the old median.
+#: chosen by benchmarks/regression_detection.py (benchmarks/RESULTS.md)
 NEW_LEVEL_SIGMAS = 5.0
 #: a change point needs this p-value or less (see ``p_value``)
 ALPHA = 0.01
@@ -206,11 +204,8 @@ EXCURSION_RUNS = 3
 #: than the step, or than this share of it where the run past the higher neighbour is not
 #: back near the lower level (``_higher_kept``). A level of their own would be a second
 #: change within three runs, partly taken back, which a loaded machine's slow runs mimic and
-#: code seldom does. At a whole step only, three slow runs ahead of a +10% step, the last of
-#: them 17% slow, made a +42% level of their own, partly back at the step, and the step was
-#: never reported (benchmarks/regression_detection.py, quiet series: as many steps found, 11
-#: false alarms instead of 14, 1.20 alarms per step instead of 1.22; the level model on TCPD:
-#: 474 change points instead of 527, F1 0.505 -> 0.517)
+#: code seldom does.
+#: chosen by benchmarks/regression_detection.py (benchmarks/RESULTS.md)
 STEP_EXCURSION_SHARE = 0.6
 
 
@@ -311,9 +306,10 @@ def excursions(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray
 #: them is as high above the level before it as this series' own slow excursions are (from
 #: the _BAND_QUANTILE of their heights to _BAND_REACH times the highest, in the units
 #: analysed: logs for timings; _BAND_MIN of them found): on a machine that slows runs, two
-#: slow runs in a row are as common as one (benchmarks/data), and they were all 17 false
-#: alarms on the quiet recording. A series without such excursions (a steady GPU runner) is
-#: never held; one that has them learns of a step in that band a night later
+#: slow runs in a row are as common as one (benchmarks/data). A series without such
+#: excursions (a steady GPU runner) is never held; one that has them learns of a step in that
+#: band a night later.
+#: chosen by benchmarks/regression_detection.py (benchmarks/RESULTS.md)
 HOLD_RUNS = MIN_SIZE
 _BAND_QUANTILE, _BAND_MIN, _BAND_REACH = 0.25, 3, 2.0
 #: the band's lower edge, lowered by this many sigmas of run-to-run noise: a new run's rise
@@ -434,8 +430,8 @@ def trend_sigma(values: np.ndarray, floor: float = 0.0) -> float:
 
 #: a burst of two or more runs must be this many sigmas off to be set aside by ``spikes``
 #: (one run: SPIKE_SIGMAS). In a wandering series a short stretch a few sigmas off is often a
-#: real event, annotated as such: at 4 sigmas TCPD's cover fell from 0.707 to 0.700
-#: (benchmarks/tcpd_changepoints.py), at 6 it stays
+#: real event, annotated as such.
+#: chosen by benchmarks/tcpd_changepoints.py (benchmarks/RESULTS.md)
 BURST_SIGMAS = 6.0
 
 
@@ -771,8 +767,8 @@ def _find(reading: _Reading, *, min_change_pct: float = 0.0, alpha: float = ALPH
         # a series of steps and white noise (``refit`` kept its second fit) whose noise
         # changes along it: segmented again, each run weighed by the noise around it, never
         # read below the series' own (only the noisier part weighs less: read lower, the
-        # quiet stretches of a bursty series were cut at sub-2% wiggles, F1 with
-        # --min-change 0 0.85 -> 0.80)
+        # quiet stretches of a bursty series were cut at sub-2% wiggles; chosen by
+        # benchmarks/detect_on_synthetic_histories.py)
         profile = (noise_profile(piecewise_residuals(values, bounds), floor)
                    if sigma < whole else None)
         if profile is not None:

@@ -287,9 +287,8 @@ def detect(ctx: click.Context, target: str, min_change: float | None, log: bool 
         # a change `harness run` would not store is none on its history, and none in another
         # tool's: a significant 0.2% move in a long, quiet performance history is no finding
         # (Perfherder makes no alert under 2% unless a series sets its own threshold: treeherder's
-        # perf/alerts.py, PERFHERDER_REGRESSION_THRESHOLD). TCPD: F1 0.820 with it, 0.815 without;
-        # benchmarks/detect_on_synthetic_histories.py: 47 fewer change points, one step fewer
-        # found of 612
+        # perf/alerts.py, PERFHERDER_REGRESSION_THRESHOLD); chosen by
+        # benchmarks/tcpd_changepoints.py and benchmarks/detect_on_synthetic_histories.py
         min_change = regress.MIN_CHANGE_PCT
     if log:
         for name, runs in series.items():

@@ -102,7 +102,7 @@ def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
 #: mpi4py initialises MPI_THREAD_MULTIPLE, so a waiting rank's progress loop yields MPICH's
 #: global lock on every turn; with this set the yield is a nanosleep (mpidu_thread_fallback.h,
 #: MPIR_CVAR_ENABLE_HEAVY_YIELD), which takes the rank off the run queue for the timer slack.
-#: Measured on 2 cores, smoke tier at 8 ranks, checks only: 51 s -> 33.5 s of case time.
+#: chosen by benchmarks/wait_cpu.py (benchmarks/RESULTS.md)
 HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
 #: launcher options that place ranks on other hosts
 _HOST_OPTIONS = ("-f", "-hostfile", "--hostfile", "-machinefile", "-host", "-hosts", "--host")

@@ -45,13 +45,11 @@ MIN_CHANGE_PCT = 2.0
 TIMINGS_IN_LOG = True
 #: and each run by the 10th percentile of its samples, not their median: a busy machine slows
 #: a run's samples, never speeds them up, so a low quantile holds less of the machine and more
-#: of the kernel. On the three noise recordings of benchmarks/regression_detection.py it found
-#: more injected steps with fewer false alarms than the median (quiet series, recall at +10% /
-#: false alarms: 91.0% / 18 -> 91.3% / 14; under load 92.9% / 4 -> 96.9% / 3; holdout 82.0% /
-#: 9 -> 89.8% / 6), and the 5th to 25th percentiles alike. What a finding shows, and what the
-#: threshold is held against, is still the medians; a run with fewer than
-#: ``changepoints.QUANTILE_SAMPLES`` samples is read by its median too. ``changepoints.find``
-#: reads the runs by their medians a second time, for steps that slow part of the samples.
+#: of the kernel. What a finding shows, and what the threshold is held against, is still the
+#: medians; a run with fewer than ``changepoints.QUANTILE_SAMPLES`` samples is read by its
+#: median too. ``changepoints.find`` reads the runs by their medians a second time, for steps
+#: that slow part of the samples.
+#: chosen by benchmarks/regression_detection.py (benchmarks/RESULTS.md)
 TIMING_QUANTILE = 0.10
 DRIFT_FACTOR = 10.0
 DEFAULT_THRESHOLD = 0.05

@@ -84,8 +84,8 @@ SETTLE_S = 0.001
 #: the name suffix of an output's float64 value before its rounding (OpSpec.exact)
 EXACT_SUFFIX = ":exact"
 #: the precision lens's default share of elements that may differ from the float64 value
-#: rounded once: correct float32 orders move a fraction of a percent, a second rounding a quarter
-#: (benchmarks/precision_lens.py)
+#: rounded once: correct float32 orders move a fraction of a percent, a second rounding a quarter.
+#: chosen by benchmarks/precision_lens.py (benchmarks/RESULTS.md)
 EXACT_OFF = 0.02
 
 
