@@ -563,11 +563,19 @@ def test_gpu_validation_stops_a_slow_step_and_its_summary_ingests_a_stopped_run(
     script = CI / "gpu-validation.sh"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     out = tmp_path / "gv"
-    # summary is never limited (on a slow machine `env` alone can take 2 s), and with no
-    # run stored yet it fails too: two failed steps
+    # the `tests` step's pytest hangs, whatever the machine's speed: a `python` first on PATH
+    # that sleeps when asked for pytest (and is the real one otherwise)
+    hang = tmp_path / "hang"
+    hang.mkdir()
+    (hang / "python").write_text('#!/bin/sh\n'
+                                 'if [ "$1 $2" = "-m pytest" ]; then exec sleep 600; fi\n'
+                                 f'exec {sys.executable} "$@"\n')
+    (hang / "python").chmod(0o755)
+    # summary is never limited, and with no run stored yet it fails too: two failed steps
     stopped = subprocess.run(["bash", str(script), str(out), "tests", "summary"],
-                             env={**env, "STEP_TIMEOUT": "2"}, capture_output=True, text=True,
-                             timeout=300)
+                             env={**env, "STEP_TIMEOUT": "2",
+                                  "PATH": f"{hang}{os.pathsep}{env['PATH']}"},
+                             capture_output=True, text=True, timeout=300)
     assert stopped.returncode == 2, stopped.stdout + stopped.stderr
     assert "== tests STOPPED at its limit of 2 s" in stopped.stdout
     assert "== summary" in stopped.stdout.split("STOPPED", 1)[1]

@@ -10,7 +10,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -113,9 +112,7 @@ def test_compiled_modules_are_cached_in_memory_and_on_disk_by_source_options_and
     impl = CudaSourceImplementation(src, lambda kernels: None)
     first = impl.compile()
     assert not first.from_cache and "scale" in elf_symbols(first.cubin)
-    t0 = time.perf_counter()
     assert impl.compile() is first  # the same object: this process's cache
-    assert time.perf_counter() - t0 < 0.05
     cuda._MODULES.clear()  # a new process: the disk cache answers
     again = impl.compile()
     assert again.from_cache and again.cubin == first.cubin and again.key == first.key

@@ -276,7 +276,8 @@ def test_the_budget_counts_what_surrounds_each_call() -> None:
     per_repeat_floor_s = nbytes / 1e12  # writing nbytes at 1 TB/s, faster than any CPU
     assert res["n"] <= max(2, int(0.02 / per_repeat_floor_s)) + 1
     assert res["median"] < 1e6  # the calls themselves stay empty
-    assert time.perf_counter() - t0 < 5.0
+    # a budget of flush-free time would run 100,000 flushes: minutes, even on a fast machine
+    assert time.perf_counter() - t0 < 60.0
 
 
 # ----------------------------------------------------------------------------- contention
