@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import regression_detection as rd  # noqa: E402
 
-from harness import changepoints, changes  # noqa: E402
+from harness.history import changepoints, changes  # noqa: E402
 
 SLOWDOWN = 0.10
 #: a step's window by what its nights show (``rd.unslowed_in_windows``): two or more runs the

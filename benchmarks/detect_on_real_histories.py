@@ -152,7 +152,7 @@ def harness_detect(values: np.ndarray) -> list[int]:
     """``harness detect --json`` on a CSV with one row per run, at its defaults
     (cli_changes.detect: --model trend, --linear, quantile 0.5, --min-change
     regress.MIN_CHANGE_PCT)."""
-    from harness import changepoints, regress
+    from harness.history import changepoints, regress
 
     return [cp.index for cp in changepoints.find([[float(v)] for v in values],
                                                   min_change_pct=regress.MIN_CHANGE_PCT,

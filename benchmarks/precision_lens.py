@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from harness import compare
-from harness.inputs import generate
-from harness.runner import EXACT_OFF
+from harness.core import compare
+from harness.core.inputs import generate
+from harness.engine.runner import EXACT_OFF
 
 OUT = Path(__file__).with_name("results") / "precision_lens.json"
 BF16 = torch.bfloat16

@@ -468,7 +468,7 @@ def ours(threshold: float = 0.05, history_runs: int | None = None, *,
     unreported, and is reported by the first night that may, as one found small and grown);
     ``first_sight(t)``: night ``t`` reports a slower outlier at once, without waiting for a
     second run at its level."""
-    from harness import changepoints, changes, regress
+    from harness.history import changepoints, changes, regress
 
     window = history_runs or regress.HISTORY_RUNS
 

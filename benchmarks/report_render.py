@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import store
-from harness.exchange import RUN_FORMAT, RUN_FORMAT_SCHEMA
+from harness.history import store
+from harness.history.exchange import RUN_FORMAT, RUN_FORMAT_SCHEMA
 
 
 def _harness(*args: str) -> subprocess.CompletedProcess[str]:

@@ -40,9 +40,9 @@ def main() -> int:
         print("strided_copy_speed: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
 
-    from harness.discovery import registry
-    from harness.inputs import dtype_from_name
-    from harness.timing import TimingConfig, time_call
+    from harness.core.discovery import registry
+    from harness.core.inputs import dtype_from_name
+    from harness.core.timing import TimingConfig, time_call
     from suites.strided_copy import _storage_len
 
     device = torch.device("cuda", 0)

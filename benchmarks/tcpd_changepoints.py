@@ -115,7 +115,7 @@ def harness_find(model: str, min_change_pct: float | None = None) -> Detector:
     default ``--min-change`` (regress.MIN_CHANGE_PCT)."""
     def detect(values: np.ndarray) -> list[int]:
         sys.path.insert(0, str(HERE.parent))
-        from harness import changepoints, regress
+        from harness.history import changepoints, regress
 
         floor = regress.MIN_CHANGE_PCT if min_change_pct is None else min_change_pct
         return [cp.index for cp in changepoints.find([float(v) for v in values], model=model,

@@ -29,8 +29,8 @@ def main() -> int:
         print("timer_agreement: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
 
-    from harness.discovery import registry
-    from harness.timing import TimingConfig, time_call
+    from harness.core.discovery import registry
+    from harness.core.timing import TimingConfig, time_call
 
     device = torch.device("cuda", 0)
     impl = registry().specs["strided_copy"].implementations["cuda"]

@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from harness import results as results_mod
-from harness import triton_impl
-from harness.discovery import BUILTIN_SUITE, builtin_suite_dir, registry, use_suites
-from harness.golden import GoldenShelf
-from harness.results import CaseResult
-from harness.spec import TIERS, PlannedItem, Registry, SpecError
-from harness.timing import TimingConfig
+from harness.core import results as results_mod
+from harness.core.discovery import BUILTIN_SUITE, builtin_suite_dir, registry, use_suites
+from harness.core.golden import GoldenShelf
+from harness.core.results import CaseResult
+from harness.core.spec import TIERS, PlannedItem, Registry, SpecError
+from harness.core.timing import TimingConfig
+from harness.device import triton_impl
 
 _SESSION = pytest.StashKey["HarnessSession"]()
 
@@ -79,7 +79,7 @@ def _calibration_for(path: str | None, device: Any) -> dict[str, Any] | None:
     """This rank's device's calibration from the file the launcher wrote, if any."""
     if not path:
         return None
-    from harness.calibrate import device_key
+    from harness.engine.calibrate import device_key
 
     try:
         calibrations = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -94,8 +94,8 @@ class HarnessSession:
     def __init__(self, config: pytest.Config) -> None:
         from mpi4py import MPI
 
-        from harness.runtime import RuntimeSetupError, World, world_mismatch
-        from harness.watchdog import Watchdog
+        from harness.device.runtime import RuntimeSetupError, World, world_mismatch
+        from harness.engine.watchdog import Watchdog
 
         opt = config.option
         self.tier: str = opt.harness_tier
@@ -141,7 +141,7 @@ class HarnessSession:
         self.calibration = _calibration_for(opt.harness_calibrations, self.world.device)
         self.golden = None if opt.harness_no_golden else GoldenShelf(
             self.registry.golden_dir_of, opt.harness_golden_dir)
-        from harness.runner import SetupCache
+        from harness.engine.runner import SetupCache
 
         self.setups = SetupCache()  # a case's inputs and reference, shared by its impls
 
@@ -155,7 +155,7 @@ class HarnessSession:
                                   self.world.device.type)
 
     def run(self, item: PlannedItem) -> CaseResult:
-        from harness.runner import run_case
+        from harness.engine.runner import run_case
 
         deadline = self.timeout or item.case.spec.deadline_s
         root = self.world.rank == 0
@@ -186,7 +186,7 @@ class HarnessSession:
         """The case's reason, extended, when it left a rank's CUDA context unusable; every
         rank gets the same answer (the status is agreed, the probes gathered over MPI, which
         needs no CUDA)."""
-        from harness.runtime import broken_context
+        from harness.device.runtime import broken_context
 
         # a fault surfaces as an exception (an "error"), never as wrong numbers alone; the
         # status is agreed, so every rank skips the gather alike, and the failing cases of
@@ -195,7 +195,7 @@ class HarnessSession:
             return None
         why = broken_context(self.world.device)
         if why and self.sanitizer_log:
-            from harness import sanitizer
+            from harness.device import sanitizer
 
             log = sanitizer.log_path(self.sanitizer_log, self.world.rank)
             report = sanitizer.first_error(log.read_text(errors="replace")) \

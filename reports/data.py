@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import regress, store
-from harness.results import FAILING, CaseResult, RunInfo
+from harness.core.results import FAILING, CaseResult, RunInfo
+from harness.history import regress, store
 
 #: marker kinds on the latency trends: change points (slower, faster) and suspicious runs
 TIMING_KINDS = ("regression", "suspicious", "improvement")
@@ -124,7 +124,7 @@ def analyze_missing(conn: sqlite3.Connection) -> list[str]:
 
 def _registry_view() -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
     try:
-        from harness.discovery import registry
+        from harness.core.discovery import registry
 
         reg = registry()
     except Exception:  # noqa: BLE001 - a broken suite must not stop the report of the history

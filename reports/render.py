@@ -33,10 +33,10 @@ import jinja2
 from jinja2.utils import htmlsafe_json_dumps
 from markupsafe import Markup
 
-from harness import regress, store
-from harness.cli_common import fmt_us
-from harness.discovery import BUILTIN_SUITE
-from harness.results import FAILING
+from harness.cli.common import fmt_us
+from harness.core.discovery import BUILTIN_SUITE
+from harness.core.results import FAILING
+from harness.history import regress, store
 from reports import charts
 from reports.data import (
     INDEX_KINDS,
@@ -214,7 +214,7 @@ def _suite_order(row: dict[str, Any]) -> tuple[Any, ...]:
 def _size_of(history: History):
     """Message size per rank of a collective result: the work model's bytes (nccl-tests'
     size column) where the op is known, else algbw x time, which is the same number."""
-    from harness.discovery import registry
+    from harness.core.discovery import registry
 
     try:
         specs = registry().specs

@@ -1,6 +1,6 @@
 """The shape of the package: no import circle among the harness's modules (late imports
 inside functions counted), and the engine names the built-in ``suites`` package in one place
-only (harness/discovery.py's ``SUITES_PACKAGE``); the built-in suites' side of the rule is
+only (harness/core/discovery.py's ``SUITES_PACKAGE``); the built-in suites' side of the rule is
 tests/test_external_suites.py's."""
 
 from __future__ import annotations

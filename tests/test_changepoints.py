@@ -1,4 +1,4 @@
-"""The change point analysis as pure functions of numbers (harness/changepoints.py)."""
+"""The change point analysis as pure functions of numbers (harness/history/changepoints.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from harness import changepoints as cp
+from harness.history import changepoints as cp
 
 
 def noise(seed: int, n: int, sigma: float = 1.0) -> np.ndarray:

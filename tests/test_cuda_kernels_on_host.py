@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.discovery import registry
+from harness.core.discovery import registry
 from suites._cuda.strided_copy import launch_strided_copy, launch_strided_copy_int32
 
 ROOT = Path(__file__).parent.parent

@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from harness import changepoints, regress, store
-from harness.discovery import registry
-from harness.results import CaseResult, RunInfo
-from harness.spec import OpSpec
+from harness.core.discovery import registry
+from harness.core.results import CaseResult, RunInfo
+from harness.core.spec import OpSpec
+from harness.history import changepoints, regress, store
 
 BASE_NS = 100_000.0
 NOISE = 0.02  # within-run spread (relative sd)

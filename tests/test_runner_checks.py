@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import memory, runner
-from harness.buffers import poisoned
-from harness.inputs import generate
-from harness.runner import SetupCache, run_case
-from harness.runtime import World
-from harness.spec import Case, OpSpec
-from harness.timing import TimingConfig
+from harness.core.buffers import poisoned
+from harness.core.inputs import generate
+from harness.core.spec import Case, OpSpec
+from harness.core.timing import TimingConfig
+from harness.device import memory
+from harness.device.runtime import World
+from harness.engine import runner
+from harness.engine.runner import SetupCache, run_case
 
 TIMING = TimingConfig(warmup=1, min_repeats=3, max_repeats=6, budget_s=0.01)
 

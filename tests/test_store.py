@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import results as results_mod
-from harness import store
-from harness.results import CaseResult, RunInfo
-from harness.store import StoreError
+from harness.core import results as results_mod
+from harness.core.results import CaseResult, RunInfo
+from harness.history import store
+from harness.history.store import StoreError
 
 TABLES = {"machines", "runs", "results", "annotations", "calibrations"}
 
@@ -322,7 +322,7 @@ def test_v2_file_migrates_to_v3_and_its_runs_count_as_never_analysed(tmp_path: P
 def test_v3_file_migrates_to_v4_and_its_history_gets_change_points(tmp_path: Path) -> None:
     # a v3 history: 6 runs at one level, 2 at a slower one, analysed with v3's rule (whose
     # findings are replaced: v4 re-analyses every run, oldest first)
-    from harness import regress
+    from harness.history import regress
 
     path = tmp_path / "history.db"
     conn = store.connect(path, migrations=store.MIGRATIONS[:3])

@@ -1,0 +1,424 @@
+"""Launch the ranks: one MPI job per world size, relaunched after a timeout or crash.
+
+Each job is ``mpiexec -n N python -m pytest --pyargs suites -p harness.pytest_plugin ...``.
+Rank 0 appends results to the run's ``results.jsonl`` and names the case in progress in a
+progress file. When a job dies (its in-rank watchdog aborted it, a rank crashed, or this
+launcher's own backstop killed it past the deadline plus a grace period), the case in progress
+is recorded as ``timeout`` or ``crash`` and a new job runs the cases not yet recorded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core import results as results_mod
+from harness.core.discovery import SUITES_PACKAGE
+from harness.core.results import CaseResult
+from harness.core.spec import PlannedItem
+from harness.device import cuda, sanitizer, triton_impl
+from harness.device.placement import usable_cpus
+
+#: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
+_PYTEST_NORMAL = (0, 1, 5)
+
+
+class LauncherError(RuntimeError):
+    """The MPI launcher is missing or keeps failing (exit code 4)."""
+
+
+class PlacementFailed(RuntimeError):
+    """The ranks started but found no placement for themselves (a CPU-only torch beside GPUs,
+    ranks sharing an exclusive GPU): a configuration error, said in one line (exit code 2)."""
+
+
+@dataclass
+class LaunchConfig:
+    """Everything a job needs, shared by every world size of a run."""
+
+    launcher: str
+    run_dir: Path
+    run_id: str
+    tier: str = "smoke"
+    selectors: Sequence[str] = ()
+    impls: Sequence[str] = ()
+    device: str = "auto"
+    bench: bool = True
+    #: time fully even where the ranks contend for CPUs or a GPU (``--bench`` given)
+    full_timing: bool = False
+    timeout: float | None = None
+    env_id: str = ""
+    #: golden directory (None: the default), or no golden comparison at all
+    golden_dir: str | None = None
+    #: suites loaded besides the built-in and installed ones (absolute paths or module
+    #: names) and the golden directory of those that name none
+    suites: tuple[str, ...] = ()
+    suite_golden_dir: str | None = None
+    golden: bool = True
+    #: timing mode ("events" or "graph") and whether to flush the L2 between repeats
+    timing_mode: str = "events"
+    l2_flush: bool = False
+    #: JSON file of this machine's calibrations by device key (percent of peak), or None
+    calibrations: str | None = None
+    launcher_args: Sequence[str] = ()
+    hostfile: str | None = None
+    pytest_args: Sequence[str] = ()
+    #: extra seconds the backstop waits past a case's deadline before killing the job
+    grace_s: float = 30.0
+    #: launches in a row that record nothing before the launcher gives up
+    max_fruitless: int = 2
+    #: compute-sanitizer to run every rank under (memcheck), or None
+    sanitizer: str | None = None
+
+    @property
+    def results_path(self) -> Path:
+        return self.run_dir / "results.jsonl"
+
+
+@dataclass
+class WorldOutcome:
+    """What happened at one world size."""
+
+    world_size: int
+    launches: int = 0
+    infra_error: str | None = None
+    #: the ranks' devices, backend and any warning about them (rank 0's placement report)
+    placement: dict | None = None
+    logs: list[Path] = field(default_factory=list)
+
+
+def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
+    """The ranks' environment: ``base`` plus the run id, where harness was started (relative
+    ``--impl`` paths resolve there; ranks run in the run directory), unbuffered output, and
+    ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it. A GPU-enabled MPICH initialises CUDA in
+    every rank at MPI_Init (MPICH 4.0's yaksa makes a context on every visible GPU, which an
+    exclusive compute mode refuses); the harness never hands MPI device memory (its ``mpi``
+    implementations stage through the host), so it turns that off. An implementation that
+    passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set by its user.
+
+    And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the ranks' pytest loads the harness's plugin
+    (``-p``) and no other installed one. A plugin that reorders items (pytest-randomly
+    shuffles with a seed of its own in every process) would have the ranks run their cases in
+    different orders and meet in the wrong collectives: wrong results, or a hang."""
+    env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
+           "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd()),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
+    return env
+
+
+#: MPICH: ranks waiting in MPI sleep briefly between polls instead of calling sched_yield.
+#: mpi4py initialises MPI_THREAD_MULTIPLE, so a waiting rank's progress loop yields MPICH's
+#: global lock on every turn; with this set the yield is a nanosleep (mpidu_thread_fallback.h,
+#: MPIR_CVAR_ENABLE_HEAVY_YIELD), which takes the rank off the run queue for the timer slack.
+#: Measured on 2 cores, smoke tier at 8 ranks, checks only: 51 s -> 33.5 s of case time.
+HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
+#: launcher options that place ranks on other hosts
+_HOST_OPTIONS = ("-f", "-hostfile", "--hostfile", "-machinefile", "-host", "-hosts", "--host")
+
+
+def one_node(cfg: LaunchConfig, env: Mapping[str, str]) -> bool:
+    """Whether every rank of a job runs on this host: mpiexec or mpirun with no host list,
+    outside a SLURM allocation of several nodes (hydra spreads ranks over one); srun inside an
+    allocation of one node (outside one, srun may place the ranks anywhere)."""
+    nodes = (env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "").strip()
+    if Path(cfg.launcher).name.startswith("srun"):
+        return nodes == "1"
+    if cfg.hostfile:
+        return False
+    if any(a.split("=")[0] in _HOST_OPTIONS for a in cfg.launcher_args):
+        return False
+    return nodes in ("", "1")
+
+
+def wait_environment(world_size: int, cpus: int, single_node: bool) -> dict[str, str]:
+    """Settings for ranks that wait politely: where more ranks than CPUs share this host, a
+    rank spinning in MPI steals the core the rank it waits for needs. Never otherwise: the
+    sleep between polls would add to the latency of the ``mpi`` implementations' timings."""
+    if single_node and world_size > cpus:
+        return {HEAVY_YIELD: "1"}
+    return {}
+
+
+#: the PMI that srun serves the ranks unless told otherwise: the mpich wheel's MPICH (and any
+#: MPICH built with its own "simple" PMI) speaks the PMI-1/PMI-2 wire protocol, which Slurm's
+#: mpi/pmi2 plugin serves (Slurm's mpi_guide: "srun --mpi=pmi2" for MPICH). Under a
+#: cluster's MpiDefault of none each rank came up alone, as its own world of one (seen on
+#: Slurm 22.05 with the mpich 4 wheel: four ranks of "world size 4" each ran every case at 1).
+SRUN_MPI = "--mpi=pmi2"
+
+
+def srun_args(launcher_args: Sequence[str]) -> list[str]:
+    """srun's own options: the user's, with SRUN_MPI first unless they chose an --mpi."""
+    chosen = any(a == "--mpi" or a.startswith("--mpi=") for a in launcher_args)
+    return list(launcher_args) if chosen else [SRUN_MPI, *launcher_args]
+
+
+def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]:
+    """The mpiexec (or srun) command line of one job."""
+    name = Path(cfg.launcher).name
+    args = srun_args(cfg.launcher_args) if name.startswith("srun") else cfg.launcher_args
+    cmd = [cfg.launcher, *args]
+    cmd += ["-n", str(world_size)]
+    if cfg.hostfile and name != "srun":
+        cmd += ["-hostfile", cfg.hostfile]
+    w = cfg.run_dir / f"w{world_size}"
+    if cfg.sanitizer:
+        cmd += sanitizer.command_prefix(cfg.sanitizer, f"{w}.sanitizer")
+    cmd += [
+        sys.executable, "-m", "pytest", "--pyargs", SUITES_PACKAGE, "-p", "harness.pytest_plugin",
+        "-p", "no:cacheprovider", "-p", "no:unraisableexception",
+        "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
+        "--harness-tier", cfg.tier, "--harness-device", cfg.device,
+        "--harness-results", str(cfg.results_path), "--harness-progress", f"{w}.progress.json",
+        "--harness-run-id", cfg.run_id, "--harness-skip", f"{w}.skip",
+        "--harness-env-id", cfg.env_id, "--junitxml", f"{w}.junit-{attempt}.xml",
+        "--harness-placement", f"{w}.placement.json", "--harness-world-size", str(world_size),
+    ]
+    for sel in cfg.selectors:
+        cmd += ["--harness-select", sel]
+    for impl in cfg.impls:
+        cmd += ["--harness-impl", impl]
+    for source in cfg.suites:
+        cmd += ["--harness-suite", source]
+    if cfg.suite_golden_dir:
+        cmd += ["--harness-suite-golden-dir", cfg.suite_golden_dir]
+    if not cfg.bench:
+        cmd.append("--harness-no-bench")
+    elif cfg.full_timing:
+        cmd.append("--harness-full-timing")
+    if cfg.timing_mode != "events":
+        cmd += ["--harness-timing-mode", cfg.timing_mode]
+    if cfg.l2_flush:
+        cmd.append("--harness-l2-flush")
+    if cfg.sanitizer:
+        cmd += ["--harness-sanitizer-log", f"{w}.sanitizer"]
+    if cfg.calibrations:
+        cmd += ["--harness-calibrations", cfg.calibrations]
+    if not cfg.golden:
+        cmd.append("--harness-no-golden")
+    elif cfg.golden_dir:
+        cmd += ["--harness-golden-dir", cfg.golden_dir]
+    if cfg.timeout:
+        cmd += ["--harness-timeout", str(cfg.timeout)]
+    return cmd + list(cfg.pytest_args)
+
+
+class RecordedKeys:
+    """The result keys of one world size in a results file, read incrementally: each
+    ``update`` parses only the complete lines appended since the last (the launcher polls
+    five times a second while the file grows to megabytes of timing samples)."""
+
+    def __init__(self, path: Path, world_size: int) -> None:
+        self.path, self.prefix = path, f"w{world_size}:"
+        self.offset = 0
+        self.keys: set[str] = set()
+
+    def update(self) -> set[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return set(self.keys)
+        end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                d = json.loads(line)
+                key = results_mod.result_key(d["case_id"], d["impl"], int(d["world_size"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line: ingest reports it; the poll only counts results
+            if key.startswith(self.prefix):
+                self.keys.add(key)
+        return set(self.keys)
+
+
+def _read_progress(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+#: prctl(2)'s option that sets the signal a process gets when its parent exits
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_harness() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for the MPI launcher: SIGTERM to it when harness exits, however
+    harness exits (prctl(2) PR_SET_PDEATHSIG, kept across execve; Linux only, else None).
+    The launcher runs in a session of its own, so a signal to harness's process group never
+    reaches it, and without this a killed harness left the job running (mpiexec, given
+    SIGTERM, stops its ranks; srun cancels its step). The signal comes when the *thread* that
+    started the launcher ends: `harness run` starts it from its main thread. prctl is looked
+    up here, in the parent: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # harness exited before the line above: no signal comes
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def dead_case_device(placement: Mapping[str, Any] | None, requested: str) -> str:
+    """The device a case that killed its job ran on, as its ranks record it (rank 0's, from
+    the job's placement file); without one, the device asked for ("cpu" for auto). On an
+    H200, crashes of 4 ranks sharing the GPU were recorded as "cpu" beside their "cuda:0"
+    neighbours."""
+    devices = (placement or {}).get("devices") or []
+    if devices:
+        return str(devices[0])
+    return requested if requested not in ("", "auto") else "cpu"
+
+
+def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason: str,
+                      placement: Mapping[str, Any] | None = None) -> None:
+    spec = item.case.spec
+    results_mod.append(cfg.results_path, CaseResult(
+        run_id=cfg.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
+        impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),
+        status=status, reason=reason, started_at=time.time(), env_id=cfg.env_id,
+        device=dead_case_device(placement, cfg.device)))
+
+
+def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
+                   on_progress: Callable[[int], None] | None = None) -> WorldOutcome:
+    """Run every item at one world size, relaunching after timeouts and crashes."""
+    outcome = WorldOutcome(world_size)
+    by_key = {item.key: item for item in items}
+    progress_path = cfg.run_dir / f"w{world_size}.progress.json"
+    fruitless = 0
+    recorded = RecordedKeys(cfg.results_path, world_size)
+    while True:
+        done = recorded.update()
+        remaining = [k for k in by_key if k not in done]
+        if on_progress:
+            on_progress(len(done & by_key.keys()))
+        if not remaining:
+            return outcome
+        (cfg.run_dir / f"w{world_size}.skip").write_text("\n".join(sorted(done)))
+        progress_path.unlink(missing_ok=True)
+        (cfg.run_dir / f"w{world_size}.placement.json").unlink(missing_ok=True)
+        outcome.launches += 1
+        log_path = cfg.run_dir / f"w{world_size}.launch-{outcome.launches}.log"
+        outcome.logs.append(log_path)
+        # ranks run in the run directory; relative --impl paths (kernel.cu:launch) are the
+        # user's, so they resolve against the directory harness was started in
+        env = rank_environment(os.environ, cfg.run_id)
+        # before anything in a rank imports triton (harness.triton_impl)
+        gpus = cuda.device_count() if cfg.device == "auto" else 0
+        for name, value in triton_impl.launcher_environment(cfg.device, gpus, env).items():
+            env.setdefault(name, value)
+        for name, value in wait_environment(world_size, len(usable_cpus()),
+                                            one_node(cfg, env)).items():
+            env.setdefault(name, value)  # the user's own setting wins
+        cmd = build_command(cfg, world_size, outcome.launches)
+        with open(log_path, "w") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            try:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        cwd=cfg.run_dir, start_new_session=True,
+                                        preexec_fn=_stop_with_harness())
+            except OSError as exc:
+                raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc
+            killed: dict | None = None
+            try:
+                while proc.poll() is None:
+                    time.sleep(0.2)
+                    now_done = recorded.update()
+                    if on_progress:
+                        on_progress(len(now_done & by_key.keys()))
+                    prog = _read_progress(progress_path)
+                    if prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.grace_s:
+                        if prog["key"] not in now_done:
+                            killed = prog  # the in-rank watchdog did not fire: backstop
+                            _kill_group(proc)
+            except BaseException:
+                _kill_group(proc)  # Ctrl-C: take the ranks down with us
+                raise
+        rc = proc.returncode
+        placement = _read_progress(cfg.run_dir / f"w{world_size}.placement.json")
+        if placement and placement.get("error"):
+            raise PlacementFailed(f"world size {world_size}: {placement['error']}")
+        outcome.placement = placement or outcome.placement
+        after = recorded.update()
+        new = len(after - done)
+        prog = _read_progress(progress_path)
+        if rc in _PYTEST_NORMAL and not killed:
+            if after >= by_key.keys() or new == 0:
+                # finished, or the job stopped recording (pytest's -x): do not loop. A job that
+                # ends "normally" having recorded nothing while cases remain (a launcher that
+                # exits 1 at once, a collection that finds nothing) ran nothing: never a pass
+                if new == 0:
+                    outcome.infra_error = (f"world size {world_size}: the MPI job exited with "
+                                           f"code {rc} and no case ran; see {log_path}")
+                return outcome
+            continue
+        if prog and prog["key"] in by_key and prog["key"] not in after:
+            item = by_key[prog["key"]]
+            overdue = time.time() - prog["started"] >= prog["deadline_s"]
+            if killed:
+                _record_dead_case(cfg, item, "timeout",
+                                  f"no result within its {prog['deadline_s']:g} s deadline "
+                                  f"(+{cfg.grace_s:g} s grace); the job was killed",
+                                  outcome.placement)
+            elif overdue:
+                # a rank's watchdog aborted the job before rank 0 could record the timeout
+                _record_dead_case(cfg, item, "timeout",
+                                  f"no result within its {prog['deadline_s']:g} s deadline; "
+                                  f"the job was aborted (log: {log_path})", outcome.placement)
+            else:
+                _record_dead_case(cfg, item, "crash",
+                                  f"the job died with exit code {rc} during this case; "
+                                  f"log: {log_path}", outcome.placement)
+            fruitless = 0
+            continue
+        if new:
+            fruitless = 0
+            continue
+        fruitless += 1
+        if fruitless >= cfg.max_fruitless:
+            outcome.infra_error = (
+                f"world size {world_size}: the MPI job exited with code {rc} "
+                f"{fruitless} times in a row without running a case; last lines of "
+                f"{log_path}:\n{_tail(log_path)}")
+            return outcome
