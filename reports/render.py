@@ -36,7 +36,7 @@ from markupsafe import Markup
 from harness.cli.common import fmt_us
 from harness.core.discovery import BUILTIN_SUITE
 from harness.core.results import FAILING
-from harness.history import regress, store
+from harness.history import reads, regress, store
 from reports import charts
 from reports.data import (
     INDEX_KINDS,
@@ -258,7 +258,7 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
     paged_ids = {r.run_id for r in paged_runs}
     previous = {}  # run id -> the run its compare page compares it with
     for run in paged_runs:
-        other = store.previous_comparable_run(conn, run.run_id)
+        other = reads.previous_comparable_run(conn, run.run_id)
         if other is not None:
             previous[run.run_id] = runs_by_id[other]
     pairs = [(previous[r.run_id].run_id, r.run_id) for r in paged_runs if r.run_id in previous]

@@ -12,7 +12,7 @@ import pytest
 from harness.core.discovery import registry
 from harness.core.results import CaseResult, RunInfo
 from harness.core.spec import OpSpec
-from harness.history import changepoints, regress, store
+from harness.history import changepoints, regress, sql, store, triage
 
 BASE_NS = 100_000.0
 NOISE = 0.02  # within-run spread (relative sd)
@@ -389,7 +389,7 @@ def test_analyze_correctness_against_the_previous_verdict(tmp_path):
 def test_analyze_unknown_run_is_a_store_error(tmp_path):
     conn = series_db(tmp_path, [1.0])
     try:
-        with pytest.raises(store.StoreError, match="nope"):
+        with pytest.raises(sql.StoreError, match="nope"):
             regress.analyze_run(conn, "nope")
     finally:
         conn.close()
@@ -410,24 +410,24 @@ def test_analyze_ingested_stores_findings_and_redoes_later_runs_out_of_order(tmp
                              [result(run, samples=draw(i, levels[run]))])
         assert regress.analyze_ingested(conn, first) == first
         # r7 alone is off the level: suspicious, not yet a change point
-        assert [(f["run_id"], f["kind"]) for f in store.stored_findings(conn)] == [
+        assert [(f["run_id"], f["kind"]) for f in triage.stored_findings(conn)] == [
             ("r7", "suspicious")]
-        assert store.unanalyzed_runs(conn) == []
+        assert triage.unanalyzed_runs(conn) == []
 
         store.ingest(conn, run_info("r6", T0 + 6), [result("r6", samples=draw(6, 1.3))])
         # r6 is analysed, and r7 again: it now confirms the level r6 started
         assert regress.analyze_ingested(conn, ["r6"]) == ["r6", "r7"]
-        stored = [(f["run_id"], f["kind"]) for f in store.stored_findings(conn)]
+        stored = [(f["run_id"], f["kind"]) for f in triage.stored_findings(conn)]
         assert stored == [("r6", "suspicious"), ("r7", "regression")]
-        (point,) = store.change_points(conn)
+        (point,) = triage.change_points(conn)
         assert (point["run_id"], point["found_in_run"], point["direction"]) == ("r6", "r7", "up")
         # analysing again finds the same, and keeps the one change point
         assert [f.to_dict() for f in regress.analyze_run(conn, "r7")] == [
             {k: v for k, v in f.items() if k not in ("run_id", "triage")}
             | {"key": "w1:vendor.op[n=1024]@fast"}
-            for f in store.stored_findings(conn, "r7")]
+            for f in triage.stored_findings(conn, "r7")]
         regress.analyze_ingested(conn, ["r7"])
-        assert [p["id"] for p in store.change_points(conn)] == [point["id"]]
+        assert [p["id"] for p in triage.change_points(conn)] == [point["id"]]
     finally:
         conn.close()
 
@@ -457,7 +457,7 @@ def test_a_slow_stretch_already_over_when_first_analysed_is_neither_reported_nor
         newest = f"r{len(levels) - 1:02d}"
         found = regress.analyze_and_store(conn, newest)
         assert [k for k in kinds(found) if k != "improvement"] == reported
-        points = store.change_points(conn)
+        points = triage.change_points(conn)
         if not reported:
             assert points == [] and kinds(found) == []
         else:
@@ -482,7 +482,7 @@ def test_a_step_right_after_three_slow_runs_is_reported_when_its_level_shows(tmp
         # the step once two runs show its level, dated at the first slow run before it
         assert seen[21] == ["regression"] and seen[24] == ["regression"]
         assert "improvement" not in sum(seen, [])
-        step = next(p for p in store.change_points(conn) if p["state"] == "open")
+        step = next(p for p in triage.change_points(conn) if p["state"] == "open")
         assert (step["run_id"], step["direction"]) == ("r20", "up")
         assert 8 < step["change_pct"] < 12
     finally:
@@ -495,13 +495,13 @@ def test_a_held_step_is_reported_once_and_a_return_marks_it_fixed(tmp_path):
         seen = nightly(conn, [1.0] * 10 + [1.25] * 12)
         assert seen[10] == ["suspicious"] and seen[11] == ["regression"]
         assert all(k == [] for i, k in enumerate(seen) if i not in (10, 11))
-        (point,) = store.change_points(conn)
+        (point,) = triage.change_points(conn)
         assert point["run_id"] == "r10" and point["triage"] is None
         assert point["n_after"] == 12 and 24 < point["change_pct"] < 26  # refreshed nightly
         # back to the old level: the recovery is an improvement, and the step is fixed
         seen = nightly(conn, [1.0] * 3, start=22)
         assert seen == [[], ["improvement"], []]
-        step = store.get_change_point(conn, point["id"])
+        step = triage.get_change_point(conn, point["id"])
         assert step["triage"] == "fixed" and step["triage_by"] == "harness"
         assert "back to" in step["triage_note"] and "r22" in step["triage_note"]
     finally:
@@ -557,7 +557,7 @@ def test_a_regression_that_slows_part_of_the_samples_is_reported_at_its_third_ru
         regressions = [i for i, k in enumerate(seen) if "regression" in k]
         assert (regressions == [12]) is reported, seen
         if reported:
-            (point,) = store.change_points(conn)
+            (point,) = triage.change_points(conn)
             assert (point["run_id"], point["found_in_run"]) == ("r10", "r12")
             assert 15 < point["change_pct"] < 25
             assert "part of the samples moved" in details[0], details
@@ -577,7 +577,7 @@ def test_a_step_right_after_two_slow_runs_is_reported_as_itself(tmp_path):
         seen = nightly(conn, [1.0] * 10 + [1.8, 1.75] + [1.1] * 4)
         assert seen[11] == ["regression"] and seen[13] == ["regression"]
         assert all(k in ([], ["suspicious"]) for i, k in enumerate(seen) if i not in (11, 13))
-        slow, step = store.change_points(conn)
+        slow, step = triage.change_points(conn)
         assert (slow["found_in_run"], slow["state"]) == ("r11", "withdrawn")
         assert (step["run_id"], step["found_in_run"], step["state"]) == ("r10", "r13", "open")
         assert 8 < step["change_pct"] < 12
@@ -597,20 +597,20 @@ def test_a_triaged_slow_report_hands_its_mark_to_the_step_found_at_its_run(
         # the same run: marked expected or acknowledged, it is that change to its user and is
         # not reported again; marked invalid (noise), the step is news
         nightly(conn, [1.0] * 10 + [1.8, 1.75])
-        (slow,) = store.change_points(conn)
-        store.triage_change_point(conn, slow["id"], mark, note="new tiling")
+        (slow,) = triage.change_points(conn)
+        triage.triage_change_point(conn, slow["id"], mark, note="new tiling")
         seen = nightly(conn, [1.1] * 4, start=12)
         assert seen[1] == ([] if carried else ["regression"]), seen
         assert all(k in ([], ["suspicious"]) for k in seen[2:])
         # analysed again, the run says the same
         assert ("regression" in kinds(regress.analyze_and_store(conn, "r13"))) != carried
-        step = store.get_change_point(conn, slow["id"] + 1)
+        step = triage.get_change_point(conn, slow["id"] + 1)
         assert (step["run_id"], step["found_in_run"], step["state"]) == ("r10", "r13", "open")
         if carried:
             assert (step["triage"], step["triage_by"]) == (mark, "harness")
             assert f"change point {slow['id']}" in step["triage_note"]
             assert "new tiling" in step["triage_note"]
-            assert step["id"] not in {p["id"] for p in store.change_points(conn, untriaged=True)}
+            assert step["id"] not in {p["id"] for p in triage.change_points(conn, untriaged=True)}
         else:
             assert step["triage"] is None
     finally:
@@ -625,9 +625,9 @@ def test_a_change_found_below_the_threshold_is_reported_once_when_it_grows(tmp_p
         # threshold, is reported, once
         seen = nightly(conn, [1.0] * 12 + [1.045] * 2 + [1.06] * 4)
         assert [i for i, k in enumerate(seen) if k] == [15]
-        (point,) = store.change_points(conn)
+        (point,) = triage.change_points(conn)
         assert (point["run_id"], point["found_in_run"]) == ("r12", "r13")
-        (f,) = store.stored_findings(conn, "r15")
+        (f,) = triage.stored_findings(conn, "r15")
         assert f["kind"] == "regression" and f["change_point_id"] == point["id"]
     finally:
         conn.close()
@@ -641,11 +641,11 @@ def test_a_change_its_user_marked_before_it_reached_the_threshold_is_reported_wh
         # grows: the mark was given to +4.5%, not to what it settles at, so the +6% is reported
         # once as it would be unmarked (only a mark taken over from a report silences growth)
         nightly(conn, [1.0] * 12 + [1.045] * 2)
-        (point,) = store.change_points(conn)
-        store.triage_change_point(conn, point["id"], "expected", note="bigger tiles")
+        (point,) = triage.change_points(conn)
+        triage.triage_change_point(conn, point["id"], "expected", note="bigger tiles")
         seen = nightly(conn, [1.06] * 4, start=14)
         assert seen == [[], ["regression"], [], []], seen
-        assert store.get_change_point(conn, point["id"])["triage"] == "expected"
+        assert triage.get_change_point(conn, point["id"])["triage"] == "expected"
     finally:
         conn.close()
 
@@ -654,21 +654,21 @@ def test_triage_marks_are_kept_and_read_with_the_findings(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
         nightly(conn, [1.0] * 6 + [1.3] * 2)
-        (point,) = store.change_points(conn, untriaged=True)
-        marked = store.triage_change_point(conn, point["id"], "expected", note="new tiling",
-                                           by="ana")
+        (point,) = triage.change_points(conn, untriaged=True)
+        marked = triage.triage_change_point(conn, point["id"], "expected", note="new tiling",
+                                            by="ana")
         assert (marked["triage"], marked["triage_note"], marked["triage_by"]) == (
             "expected", "new tiling", "ana")
-        assert store.change_points(conn, untriaged=True) == []
-        (finding,) = store.stored_findings(conn, "r07")
+        assert triage.change_points(conn, untriaged=True) == []
+        (finding,) = triage.stored_findings(conn, "r07")
         assert finding["kind"] == "regression" and finding["triage"] == "expected"
         # a re-analysis keeps the mark and the one change point
         regress.analyze_ingested(conn, ["r06"])
-        assert [p["triage"] for p in store.change_points(conn)] == ["expected"]
-        with pytest.raises(store.StoreError, match="unknown triage state 'wontfix'"):
-            store.triage_change_point(conn, point["id"], "wontfix")
-        with pytest.raises(store.StoreError, match="no change point #999"):
-            store.triage_change_point(conn, 999, "invalid")
+        assert [p["triage"] for p in triage.change_points(conn)] == ["expected"]
+        with pytest.raises(sql.StoreError, match="unknown triage state 'wontfix'"):
+            triage.triage_change_point(conn, point["id"], "wontfix")
+        with pytest.raises(sql.StoreError, match="no change point #999"):
+            triage.triage_change_point(conn, 999, "invalid")
     finally:
         conn.close()
 
@@ -714,9 +714,9 @@ def test_a_slow_stretch_that_settles_above_the_old_level_is_not_fixed(tmp_path, 
         # four runs 40% slower (too long to be an excursion): reported; then the series settles
         # 8% above where it was. That is no return: +8% is a regression by the 5% threshold
         nightly(conn, [1.0] * 10 + [1.4] * 4)
-        (slow,) = store.change_points(conn)
+        (slow,) = triage.change_points(conn)
         if mark:
-            store.triage_change_point(conn, slow["id"], mark, note="a busy week")
+            triage.triage_change_point(conn, slow["id"], mark, note="a busy week")
         seen = nightly(conn, [1.08] * 6, start=14)
         back = next(i for i, k in enumerate(seen) if "improvement" in k)
         assert all(k in ([], ["suspicious"]) for i, k in enumerate(seen) if i != back)
@@ -724,7 +724,7 @@ def test_a_slow_stretch_that_settles_above_the_old_level_is_not_fixed(tmp_path, 
         assert kinds(found) == seen[back]  # analysed again, the run says the same
         (recovery,) = [f for f in found if f.kind == "improvement"]
         assert f"only partway back from change point {slow['id']}" in recovery.detail
-        point = store.get_change_point(conn, slow["id"])
+        point = triage.get_change_point(conn, slow["id"])
         assert point["state"] == "open"
         if mark != "invalid":  # its user's mark stands, and nothing more is reported
             assert [f.kind for f in found] == ["improvement"]
@@ -736,7 +736,7 @@ def test_a_slow_stretch_that_settles_above_the_old_level_is_not_fixed(tmp_path, 
         assert regression.change_point_id == slow["id"]
         assert 5 < 100 * (regression.ratio - 1) < 11 and "marked invalid" in regression.detail
         assert point["triage"] is None and "marked invalid" in point["triage_note"]
-        assert slow["id"] in {p["id"] for p in store.change_points(conn, untriaged=True)}
+        assert slow["id"] in {p["id"] for p in triage.change_points(conn, untriaged=True)}
         assert nightly(conn, [1.08] * 2, start=20) == [[], []]
     finally:
         conn.close()
@@ -747,7 +747,7 @@ def test_a_slow_stretch_that_comes_back_below_the_threshold_is_fixed(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
         nightly(conn, [1.0] * 10 + [1.4] * 4 + [1.02] * 6)
-        (slow, recovery) = store.change_points(conn)
+        (slow, recovery) = triage.change_points(conn)
         assert recovery["direction"] == "down"
         assert slow["triage"] == "fixed" and slow["triage_by"] == "harness"
     finally:
@@ -767,7 +767,7 @@ def test_a_step_whose_first_and_third_runs_were_slowed_is_reported_at_its_third_
         # level too, it is a level, not one odd run (a night earlier than waiting for a fourth)
         seen = nightly(conn, [1.0] * 10 + [1.65, 1.10, 1.45, 1.10, 1.10])
         assert [i for i, k in enumerate(seen) if "regression" in k] == [12]
-        (step,) = store.change_points(conn)
+        (step,) = triage.change_points(conn)
         assert (step["run_id"], step["found_in_run"]) == ("r10", "r12")
         assert 8 < step["change_pct"] < 12  # refreshed as the level's runs came
     finally:

@@ -62,14 +62,14 @@ def calibrate(device_choice: str, db: str | None, quick: bool, as_json: bool) ->
     """
     from harness.device import envinfo
     from harness.engine import calibrate as calibrate_mod
-    from harness.history import store
+    from harness.history import sql, store
 
     device = _device(device_choice)
     db_path = store.resolve_db_path(db)
     # open the DB first: a bad --db must fail before a minute of measuring, not after
     try:
         conn = store.connect(db_path)
-    except store.StoreError as exc:
+    except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     try:
         if not as_json:
@@ -77,7 +77,7 @@ def calibrate(device_choice: str, db: str | None, quick: bool, as_json: bool) ->
         cal = calibrate_mod.measure(device, quick=quick)
         machine = envinfo.machine()
         cal_id = store.save_calibration(conn, machine, cal)
-    except store.StoreError as exc:
+    except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     finally:
         conn.close()

@@ -68,14 +68,16 @@ def triage(words: tuple[str, ...], run: str | None, note: str | None, by: str | 
     slower ones first. A busy machine slows many series in one run: `--run RUN invalid` marks
     what that run found at once.
     """
-    from harness.history import store
+    from harness.history.reads import resolve_run_id
+    from harness.history.sql import StoreError
+    from harness.history.triage import change_points, triage_change_points
 
     ids, state = _triage_words(words, run)
     conn = open_history(db)
     try:
         if state is None:
-            points = store.change_points(conn) if show_all else [
-                cp for cp in store.change_points(conn, untriaged=True) if cp["state"] == "open"]
+            points = change_points(conn) if show_all else [
+                cp for cp in change_points(conn, untriaged=True) if cp["state"] == "open"]
             points.sort(key=lambda cp: (cp["direction"] != "up",
                                         -(cp.get("run_started_at") or 0.0)))
             if as_json:
@@ -90,8 +92,8 @@ def triage(words: tuple[str, ...], run: str | None, note: str | None, by: str | 
         who = by or os.environ.get("USER") or _user()
         try:
             if run is not None:
-                run_id = store.resolve_run_id(conn, run)
-                ids = [cp["id"] for cp in store.change_points(conn, found_in_run=run_id)
+                run_id = resolve_run_id(conn, run)
+                ids = [cp["id"] for cp in change_points(conn, found_in_run=run_id)
                        if (cp["triage"] is not None if state == "clear"
                            else cp["triage"] is None and cp["state"] == "open")]
                 if not ids:
@@ -99,9 +101,9 @@ def triage(words: tuple[str, ...], run: str | None, note: str | None, by: str | 
                         f"run {run_id[:8]} found no change point "
                         f"{'with a mark' if state == 'clear' else 'that is open and untriaged'}"
                         ": `harness triage --all` lists them all", EXIT_USAGE)
-            marked = store.triage_change_points(conn, ids, None if state == "clear" else state,
-                                                note=note, by=who)
-        except store.StoreError as exc:
+            marked = triage_change_points(conn, ids, None if state == "clear" else state,
+                                          note=note, by=who)
+        except StoreError as exc:
             raise HarnessExit(str(exc), EXIT_USAGE) from exc
     finally:
         conn.close()

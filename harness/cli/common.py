@@ -50,7 +50,7 @@ def fmt_us(ns: float | None) -> str:
 def open_history(db: str | None) -> sqlite3.Connection:
     """The history DB (``--db``, ``$HARNESS_DB`` or the default) for reading what runs stored;
     one line and exit 2 when it does not exist (reading never creates one)."""
-    from harness.history import store
+    from harness.history import sql, store
 
     path = store.resolve_db_path(db)
     if isinstance(path, Path) and not path.is_file():  # a PostgreSQL URL: connect says
@@ -58,7 +58,7 @@ def open_history(db: str | None) -> sqlite3.Connection:
                           "--db (or set HARNESS_DB) to the DB that holds the runs", EXIT_USAGE)
     try:
         return store.connect(path)
-    except store.StoreError as exc:
+    except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
 
 

@@ -25,11 +25,11 @@ from harness.cli.common import (
 
 
 def _resolve(conn: sqlite3.Connection, text: str) -> str:
-    from harness.history import store
+    from harness.history import reads, sql
 
     try:
-        return store.resolve_run_id(conn, text)
-    except store.StoreError as exc:
+        return reads.resolve_run_id(conn, text)
+    except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
 
 
@@ -42,10 +42,10 @@ def _fingerprint(conn: sqlite3.Connection, run_id: str) -> str:
 
 def _pick_runs(conn: sqlite3.Connection, runs: Sequence[str]) -> tuple[str, str]:
     """(baseline A, current B) from zero, one or two run arguments; with fewer than two, A is
-    the previous run of B's machine that ran some of B's series (store.previous_comparable_run)
+    the previous run of B's machine that ran some of B's series (reads.previous_comparable_run)
     and B, by default, this machine's newest run."""
     from harness.device import envinfo
-    from harness.history import store
+    from harness.history import reads, sql, store
 
     if len(runs) > 2:
         raise HarnessExit(f"compare takes at most two runs, got {len(runs)}: "
@@ -58,17 +58,17 @@ def _pick_runs(conn: sqlite3.Connection, runs: Sequence[str]) -> tuple[str, str]
         return a, b
     if len(runs) == 1:
         b = _resolve(conn, runs[0])
-        a = store.previous_comparable_run(conn, b)
+        a = reads.previous_comparable_run(conn, b)
         if a is None:
             raise HarnessExit(f"run {b} is the first run of machine {_fingerprint(conn, b)} "
-                              f"in {store.db_label_of(conn)}: name a second run to compare it "
+                              f"in {sql.db_label_of(conn)}: name a second run to compare it "
                               "with", EXIT_USAGE)
         return a, b
     fp = envinfo.machine()["fingerprint"]
     last = store.run_ids(conn, fp, limit=1)
-    a = store.previous_comparable_run(conn, last[0]) if last else None
+    a = reads.previous_comparable_run(conn, last[0]) if last else None
     if a is None:
-        raise HarnessExit(f"{store.db_label_of(conn)} holds {len(last)} run(s) of this "
+        raise HarnessExit(f"{sql.db_label_of(conn)} holds {len(last)} run(s) of this "
                           f"machine (fingerprint {fp}), need two: run `harness run` again, or name "
                           "the runs: harness compare RUN_A RUN_B", EXIT_USAGE)
     return a, last[0]
@@ -112,7 +112,7 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
     run against that run.
     """
     from harness.core.results import ResultsError
-    from harness.history import regress, store
+    from harness.history import regress, sql, store
 
     conn = open_history(db)
     try:
@@ -120,10 +120,10 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
         results_a = store.results_for_run(conn, run_a)
         results_b = store.results_for_run(conn, run_b)
         fp_a, fp_b = _fingerprint(conn, run_a), _fingerprint(conn, run_b)
-    except (store.StoreError, ResultsError) as exc:
+    except (sql.StoreError, ResultsError) as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     except Exception as exc:
-        err = store.error_of(conn, exc)
+        err = sql.error_of(conn, exc)
         if err is None:
             raise
         raise HarnessExit(f"{err} (reading runs {', '.join(runs) or 'the newest two'})",

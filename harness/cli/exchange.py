@@ -25,12 +25,12 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
     ingested, and the command exits 2; a DB error stops at once.
     """
     from harness.core.results import ResultsError
-    from harness.history import exchange, regress, store
+    from harness.history import exchange, regress, sql, store
 
     db_path = store.resolve_db_path(db)
     try:
         conn = store.connect(db_path)
-    except store.StoreError as exc:
+    except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     bad: list[str] = []
     n_runs = 0
@@ -45,7 +45,7 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
             for run, results in runs:
                 try:
                     summary = store.ingest(conn, run, results)
-                except (store.StoreError, ResultsError) as exc:
+                except (sql.StoreError, ResultsError) as exc:
                     # about the DB or what it already holds: later files would fail alike
                     _report(bad)
                     raise HarnessExit(f"{path}: {exc}", EXIT_USAGE) from exc
@@ -86,14 +86,14 @@ def _report(messages: list[str]) -> None:
 def export(run_id: str, fmt: str, out: Path | None, db: str | None) -> None:
     """Write run RUN (an id, or a unique prefix of at least 4 characters) from the DB."""
     from harness.core.results import ResultsError
-    from harness.history import exchange, store
+    from harness.history import exchange, reads, sql, store
 
     conn = open_history(db)
     try:
-        full_id = store.resolve_run_id(conn, run_id)
+        full_id = reads.resolve_run_id(conn, run_id)
         run = store.get_run(conn, full_id)
         results = store.results_for_run(conn, full_id)
-    except (store.StoreError, ResultsError) as exc:
+    except (sql.StoreError, ResultsError) as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     finally:
         conn.close()

@@ -810,7 +810,7 @@ def _main(argv: Sequence[str] | None) -> None:
             raise
         from harness.core.results import ResultsError
         from harness.core.spec import SpecError
-        from harness.history.store import StoreError
+        from harness.history.sql import StoreError
 
         code = EXIT_USAGE if isinstance(exc, (StoreError, ResultsError, SpecError)) \
             else EXIT_INFRA

@@ -59,7 +59,7 @@ def reconcile(stored: Sequence[dict[str, Any]], found: Sequence[ChangePoint],
               run_ids: Sequence[str], analysed_run: str, analysed_started_at: float,
               min_size: int = 2) -> Reconciled:
     """Match ``found`` (indices into ``run_ids``, the series' runs in view, oldest first)
-    with the series' ``stored`` change points (``store.series_change_points``).
+    with the series' ``stored`` change points (``triage.series_change_points``).
 
     Stored change points found by runs that started after the analysed one are left out: a
     run ingested late must not take credit for, or hide, what later runs already reported.

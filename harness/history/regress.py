@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from harness.core.results import FAILING, CaseResult, result_key
-from harness.history import changepoints, changes, store
+from harness.history import changepoints, changes, reads, sql, store, triage
 from harness.history.changepoints import mwu_p as _mwu_p
 
 ALPHA = 0.01  # Mann-Whitney U significance of two runs' samples (``pairwise``)
@@ -165,7 +165,7 @@ class Finding:
 
     @classmethod
     def from_stored(cls, d: dict[str, Any]) -> Finding:
-        """A finding as ``store.stored_findings`` gives it back (its key is derived)."""
+        """A finding as ``triage.stored_findings`` gives it back (its key is derived)."""
         names = {f.name for f in dataclasses.fields(cls)} - {"key"}
         return cls(key=result_key(d["case_id"], d["impl"], d["world_size"]),
                    **{k: d.get(k) for k in names})
@@ -412,12 +412,12 @@ def compare_rows(results_a: Sequence[CaseResult], results_b: Sequence[CaseResult
 def _earlier_results(conn: sqlite3.Connection, r: CaseResult, fingerprint: str,
                      earlier: set[str], newer: int, lookback: int) -> list[CaseResult]:
     """The series' results from ``earlier`` runs, newest first, enough for ``lookback``."""
-    # rows of `newer` later runs and of the run itself come first in store.history's order;
+    # rows of `newer` later runs and of the run itself come first in reads.history's order;
     # grow the window until lookback + 1 passing results (the previous run's own lookback)
     # are in it, or the series ends
     limit = newer + lookback + 2
     while True:
-        rows = store.history(conn, r.case_id, r.impl, r.world_size,
+        rows = reads.history(conn, r.case_id, r.impl, r.world_size,
                              machine_fingerprint=fingerprint, limit=limit)
         prior = [CaseResult.from_dict(json.loads(row["record"])) for row in rows
                  if row["run_id"] in earlier]
@@ -451,14 +451,14 @@ def analyze(conn: sqlite3.Connection, run_id: str,
     or an "improvement" (faster) when it moved by the op's threshold or more; the newest run
     alone off the current level by as much is "suspicious". Correctness kinds: against the
     series' most recent earlier result with a verdict (a "skip" has none). Raises
-    ``store.StoreError`` for a run not in the DB.
+    ``sql.StoreError`` for a run not in the DB.
     """
     run = store.get_run(conn, run_id)
     if run is None:
-        raise store.StoreError(f"run {run_id} is not in the history DB: ingest its run "
-                               "directory with `harness ingest` or pass the right --db")
+        raise sql.StoreError(f"run {run_id} is not in the history DB: ingest its run "
+                             "directory with `harness ingest` or pass the right --db")
     fingerprint = str((run.machine or {}).get("fingerprint"))
-    order = store.run_ids(conn, fingerprint)  # newest first, the order store.history uses
+    order = store.run_ids(conn, fingerprint)  # newest first, the order reads.history uses
     pos = order.index(run_id)
     earlier = set(order[pos + 1:])
     out = Analysis(run_id, fingerprint, [], [], [])
@@ -505,8 +505,8 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
     """Change points and a suspicious newest run of ``cur``'s timing series (``earlier``:
     its earlier runs, oldest first), into ``out``."""
     series = [*earlier, cur]
-    stored = store.series_change_points(conn, out.machine_fingerprint, cur.case_id, cur.impl,
-                                        cur.world_size, timing_label(cur))
+    stored = triage.series_change_points(conn, out.machine_fingerprint, cur.case_id, cur.impl,
+                                         cur.world_size, timing_label(cur))
     verdict = changes.judge_series([_samples(p) for p in series], [p.run_id for p in series],
                                    stored, float(run.started_at or 0.0),
                                    min_change_pct=MIN_CHANGE_PCT, threshold_pct=100 * threshold,
@@ -631,8 +631,8 @@ def analyze_and_store(conn: sqlite3.Connection, run_id: str,
     """``analyze``, stored: the run's findings (replacing earlier ones) and its change points,
     so that reports and triage read them instead of re-deriving every run's history."""
     a = analyze(conn, run_id, threshold)
-    ids = store.save_analysis(conn, run_id, a.machine_fingerprint,
-                              [f.to_dict() for f in a.findings], a.new_points, a.updates)
+    ids = triage.save_analysis(conn, run_id, a.machine_fingerprint,
+                               [f.to_dict() for f in a.findings], a.new_points, a.updates)
     for f in a.findings:
         if isinstance(f.change_point_id, tuple):
             f.change_point_id = ids[f.change_point_id[1]]
@@ -644,7 +644,7 @@ def analyze_ingested(conn: sqlite3.Connection, run_ids: Sequence[str],
     """Store the analysis of newly ingested runs and of every later run of their machines,
     oldest first (a run ingested out of order changes the baseline of the runs after it);
     the runs analysed, in order."""
-    todo = {r for run_id in run_ids for r in store.runs_from(conn, run_id)}
+    todo = {r for run_id in run_ids for r in triage.runs_from(conn, run_id)}
     ordered = sorted(todo, key=lambda r: (getattr(store.get_run(conn, r), "started_at", 0.0)
                                           or 0.0, r))
     for run_id in ordered:
