@@ -42,7 +42,7 @@ HISTORY_RUNS = 100
 #: change points smaller than this (percent) are not kept (Perfherder's floor); the op's
 #: threshold decides which kept ones are findings
 MIN_CHANGE_PCT = 2.0
-#: timings are analysed in log: they vary by ratio (see ``changepoints.log_runs``)
+#: timings are analysed in log: they vary by ratio (see ``noise.log_runs``)
 TIMINGS_IN_LOG = True
 #: and each run by the 10th percentile of its samples, not their median: a busy machine slows
 #: a run's samples, never speeds them up, so a low quantile holds less of the machine and more
@@ -51,7 +51,7 @@ TIMINGS_IN_LOG = True
 #: false alarms: 91.0% / 18 -> 91.3% / 14; under load 92.9% / 4 -> 96.9% / 3; holdout 82.0% /
 #: 9 -> 89.8% / 6), and the 5th to 25th percentiles alike. What a finding shows, and what the
 #: threshold is held against, is still the medians; a run with fewer than
-#: ``changepoints.QUANTILE_SAMPLES`` samples is read by its median too. ``changepoints.find``
+#: ``noise.QUANTILE_SAMPLES`` samples is read by its median too. ``changepoints.find``
 #: reads the runs by their medians a second time, for steps that slow part of the samples.
 TIMING_QUANTILE = 0.10
 DRIFT_FACTOR = 10.0
