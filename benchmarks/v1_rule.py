@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.history.regress import Shift, _clean, _mwu_p, _ratio, pairwise
+from harness.history.two_runs import Shift, _clean, _mwu_p, _ratio, pairwise
 
 ALPHA = 0.01
 LOOKBACK = 30

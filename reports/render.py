@@ -36,7 +36,7 @@ from markupsafe import Markup
 from harness.cli.common import fmt_us
 from harness.core.discovery import BUILTIN_SUITE
 from harness.core.results import FAILING
-from harness.history import reads, regress, store
+from harness.history import reads, regress, store, two_runs
 from reports import charts
 from reports.data import (
     INDEX_KINDS,
@@ -312,8 +312,8 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
     for a, b in pairs:
         results_a = store.results_for_run(conn, a)
         results_b = store.results_for_run(conn, b)
-        shifts = regress.timing_shifts(results_a, results_b)
-        rows = regress.compare_rows(results_a, results_b, shifts)
+        shifts = two_runs.timing_shifts(results_a, results_b)
+        rows = two_runs.compare_rows(results_a, results_b, shifts)
         by_a = {r.key: r for r in results_a}  # timing verdicts are in the rows already
         findings = [f.to_dict() for r in results_b if r.key in by_a
                     for f in regress.correctness_findings(by_a[r.key], r)]

@@ -12,7 +12,7 @@ import pytest
 from harness.core.discovery import registry
 from harness.core.results import CaseResult, RunInfo
 from harness.core.spec import OpSpec
-from harness.history import changepoints, regress, sql, store, triage
+from harness.history import changepoints, regress, sql, store, triage, two_runs
 
 BASE_NS = 100_000.0
 NOISE = 0.02  # within-run spread (relative sd)
@@ -35,7 +35,7 @@ def flat_history(n_runs: int, seed: int = 100, run_jitter: float = 0.01) -> list
 
 def test_clear_20_percent_slowdown_is_slower_and_significant():
     base, cur = draw(1), draw(2, 1.2)
-    shift = regress.pairwise(base, cur, 0.05)
+    shift = two_runs.pairwise(base, cur, 0.05)
     assert shift.direction == "slower"
     assert shift.p_value < 0.01
     assert shift.ratio == pytest.approx(np.median(cur) / np.median(base))
@@ -43,46 +43,46 @@ def test_clear_20_percent_slowdown_is_slower_and_significant():
 
 
 def test_clear_speedup_is_faster():
-    shift = regress.pairwise(draw(3), draw(4, 0.8), 0.05)
+    shift = two_runs.pairwise(draw(3), draw(4, 0.8), 0.05)
     assert shift.direction == "faster" and shift.p_value < 0.01 and shift.ratio < 0.85
 
 
 def test_identical_distributions_are_same():
-    shift = regress.pairwise(draw(5), draw(6), 0.05)
+    shift = two_runs.pairwise(draw(5), draw(6), 0.05)
     assert shift.direction == "same"
     assert shift.p_value > 0.01
 
 
 def test_false_positive_rate_stays_near_alpha_without_a_threshold():
     # threshold 0 leaves the test alone to decide: it must be calibrated, not trigger-happy
-    flagged = sum(regress.pairwise(draw(1000 + 2 * s), draw(1001 + 2 * s), 0.0).direction
+    flagged = sum(two_runs.pairwise(draw(1000 + 2 * s), draw(1001 + 2 * s), 0.0).direction
                   != "same" for s in range(300))
     assert flagged <= 9  # 2 * alpha * 300 = 6 expected; 9 leaves room for chance
 
 
 def test_small_significant_shift_under_threshold_is_same():
     base, cur = draw(7, n=500, noise=0.005), draw(8, 1.03, n=500, noise=0.005)
-    shift = regress.pairwise(base, cur, 0.05)
+    shift = two_runs.pairwise(base, cur, 0.05)
     assert shift.p_value < 1e-6  # certainly real ...
     assert shift.direction == "same"  # ... but below the 5% that matters
-    assert regress.pairwise(base, cur, 0.01).direction == "slower"
+    assert two_runs.pairwise(base, cur, 0.01).direction == "slower"
 
 
 def test_big_shift_with_too_few_samples_is_not_significant():
     # 3 against 3 cannot go below p = 1/20 with a one-sided exact test
-    shift = regress.pairwise([100.0, 101.0, 102.0], [150.0, 151.0, 152.0], 0.05)
+    shift = two_runs.pairwise([100.0, 101.0, 102.0], [150.0, 151.0, 152.0], 0.05)
     assert shift.direction == "same" and shift.p_value == pytest.approx(0.05)
 
 
 def test_a_few_outliers_do_not_make_a_run_slower():
     cur = draw(10)
     cur[:3] = [BASE_NS * 5] * 3  # three preemptions in 30 repeats
-    assert regress.pairwise(draw(9), cur, 0.05).direction == "same"
+    assert two_runs.pairwise(draw(9), cur, 0.05).direction == "same"
 
 
 def test_tied_timer_ticks_still_show_a_step():
     # coarse timers give all-equal samples per run: a real step must still count
-    shift = regress.pairwise([100.0] * 30, [130.0] * 30, 0.05)
+    shift = two_runs.pairwise([100.0] * 30, [130.0] * 30, 0.05)
     assert shift.direction == "slower" and shift.p_value < 1e-6
 
 
@@ -97,7 +97,7 @@ def test_tied_timer_ticks_still_show_a_step():
     ([1.0, None, "x"], [2.0, 3.0]),
 ])
 def test_degenerate_inputs_are_same_with_p_1(base, cur):
-    shift = regress.pairwise(base, cur, 0.05)
+    shift = two_runs.pairwise(base, cur, 0.05)
     assert shift.direction == "same" and shift.p_value == 1.0
 
 
@@ -136,16 +136,16 @@ def test_pass_to_fail_is_new_failure_and_back_is_fixed():
     ok = result("run-a")
     bad = result("run-b", status="fail", reason="3 elements outside tolerance\nmore",
                  outputs={"out": output(ALLCLOSE, passed=False, max_abs=1.0)})
-    findings = regress.compare_runs([ok], [bad])
+    findings = two_runs.compare_runs([ok], [bad])
     assert kinds(findings) == ["new_failure"]
     assert findings[0].baseline_run == "run-a" and findings[0].metric == "status"
     assert "3 elements outside tolerance" in findings[0].detail
     assert "more" not in findings[0].detail
-    assert kinds(regress.compare_runs([bad], [ok])) == ["fixed"]
-    assert regress.compare_runs([bad], [bad]) == []
+    assert kinds(two_runs.compare_runs([bad], [ok])) == ["fixed"]
+    assert two_runs.compare_runs([bad], [bad]) == []
     crashed = result("run-c", status="crash")
-    assert kinds(regress.compare_runs([ok], [crashed])) == ["new_failure"]
-    assert regress.compare_runs([ok], [result("run-c", status="skip")]) == []
+    assert kinds(two_runs.compare_runs([ok], [crashed])) == ["new_failure"]
+    assert two_runs.compare_runs([ok], [result("run-c", status="skip")]) == []
 
 
 @pytest.mark.parametrize("before, after, drifted", [
@@ -159,7 +159,7 @@ def test_pass_to_fail_is_new_failure_and_back_is_fixed():
 def test_drift_on_the_metric_the_tolerance_uses(before, after, drifted):
     base = result("run-a", outputs={"out": output(ALLCLOSE, max_abs=before)})
     cur = result("run-b", outputs={"out": output(ALLCLOSE, max_abs=after)})
-    findings = regress.compare_runs([base], [cur])
+    findings = two_runs.compare_runs([base], [cur])
     assert kinds(findings) == (["drift"] if drifted else [])
     if drifted:
         f = findings[0]
@@ -170,9 +170,9 @@ def test_drift_on_the_metric_the_tolerance_uses(before, after, drifted):
 def test_drift_of_a_cos_diff_output_reads_cos_diff_not_max_abs():
     base = result("run-a", outputs={"o": output(COS, max_abs=1e-4, cos_diff=1e-9)})
     same_cos = result("run-b", outputs={"o": output(COS, max_abs=1e-1, cos_diff=1.1e-9)})
-    assert regress.compare_runs([base], [same_cos]) == []
+    assert two_runs.compare_runs([base], [same_cos]) == []
     worse_cos = result("run-b", outputs={"o": output(COS, max_abs=1e-4, cos_diff=5e-8)})
-    assert kinds(regress.compare_runs([base], [worse_cos])) == ["drift"]
+    assert kinds(two_runs.compare_runs([base], [worse_cos])) == ["drift"]
 
 
 def test_drift_of_all_of_reads_its_first_part():
@@ -180,15 +180,15 @@ def test_drift_of_all_of_reads_its_first_part():
            "parts": [{"kind": "rel_l2", "bound": 0.01}, COS]}
     base = result("run-a", outputs={"o": output(tol, rel_l2=1e-5, cos_diff=1e-9)})
     cur = result("run-b", outputs={"o": output(tol, rel_l2=2e-4, cos_diff=1e-9)})
-    assert kinds(regress.compare_runs([base], [cur])) == ["drift"]
+    assert kinds(two_runs.compare_runs([base], [cur])) == ["drift"]
     cur = result("run-b", outputs={"o": output(tol, rel_l2=1e-5, cos_diff=1e-6)})
-    assert regress.compare_runs([base], [cur]) == []
+    assert two_runs.compare_runs([base], [cur]) == []
 
 
 def test_failing_output_is_not_drift():
     base = result("run-a")
     cur = result("run-b", status="fail", outputs={"out": output(ALLCLOSE, False, max_abs=1.0)})
-    assert "drift" not in kinds(regress.compare_runs([base], [cur]))
+    assert "drift" not in kinds(two_runs.compare_runs([base], [cur]))
 
 
 @pytest.fixture
@@ -222,19 +222,19 @@ def test_bits_changed_unless_the_op_is_nondeterministic(custom_ops):
                         ("vendor.atomic_sum", False)):
         base = result("run-a", op=op, output_hash="aaaa")
         cur = result("run-b", op=op, output_hash="bbbb")
-        assert kinds(regress.compare_runs([base], [cur])) == (["bits_changed"] if flagged
+        assert kinds(two_runs.compare_runs([base], [cur])) == (["bits_changed"] if flagged
                                                                else []), op
         same = result("run-b", op=op, output_hash="aaaa")
-        assert regress.compare_runs([base], [same]) == []
+        assert two_runs.compare_runs([base], [same]) == []
         unhashed = result("run-b", op=op, output_hash=None)
-        assert regress.compare_runs([base], [unhashed]) == []
+        assert two_runs.compare_runs([base], [unhashed]) == []
 
 
 def test_per_op_threshold_applies(custom_ops):
     base = result("run-a", op="vendor.loose", samples=draw(1))
     cur = result("run-b", op="vendor.loose", samples=draw(2, 1.3))
-    assert regress.compare_runs([base], [cur]) == []  # 30% is under its 50%
-    assert kinds(regress.compare_runs([base], [cur], threshold=lambda op: 0.05)) == [
+    assert two_runs.compare_runs([base], [cur]) == []  # 30% is under its 50%
+    assert kinds(two_runs.compare_runs([base], [cur], threshold=lambda op: 0.05)) == [
         "regression"]
 
 
@@ -242,23 +242,23 @@ def test_compare_runs_timing_matches_by_key_and_needs_two_passing_results():
     base = [result("run-a", samples=draw(1)), result("run-a", impl="slow", samples=draw(3))]
     cur = [result("run-b", samples=draw(2, 1.3)), result("run-b", impl="other",
                                                          samples=draw(4, 3.0))]
-    findings = regress.compare_runs(base, cur)
+    findings = two_runs.compare_runs(base, cur)
     assert kinds(findings) == ["regression"]
     f = findings[0]
     assert f.key == cur[0].key and f.metric == "median_ns" and f.baseline_run == "run-a"
     assert f.baseline == pytest.approx(np.median(draw(1)))
     assert f.current == pytest.approx(np.median(draw(2, 1.3)))
     assert f.p_value < 0.01 and f.ratio == pytest.approx(f.current / f.baseline)
-    faster = regress.compare_runs(base[:1], [result("run-b", samples=draw(5, 0.7))])
+    faster = two_runs.compare_runs(base[:1], [result("run-b", samples=draw(5, 0.7))])
     assert kinds(faster) == ["improvement"]
     failed = result("run-b", status="fail", samples=draw(6, 1.3))
-    assert kinds(regress.compare_runs(base[:1], [failed])) == ["new_failure"]
+    assert kinds(two_runs.compare_runs(base[:1], [failed])) == ["new_failure"]
 
 
 def test_format_findings_one_line_each():
     base = result("ab12cd34ef", samples=draw(1))
     cur = result("run-b", samples=draw(2, 1.3), output_hash="bbbb")
-    findings = regress.compare_runs([base], [cur])
+    findings = two_runs.compare_runs([base], [cur])
     lines = regress.format_findings(findings)
     assert len(lines) == len(findings) == 2
     assert all("\n" not in line for line in lines)
@@ -271,7 +271,7 @@ def test_format_findings_one_line_each():
 def test_finding_to_dict_is_strict_json():
     base = result("run-a", outputs={"out": output(ALLCLOSE, max_abs=0.0)})
     cur = result("run-b", outputs={"out": output(ALLCLOSE, max_abs=1e-9)})
-    (f,) = regress.compare_runs([base], [cur])
+    (f,) = two_runs.compare_runs([base], [cur])
     d = json.loads(json.dumps(f.to_dict(), allow_nan=False))
     assert d["kind"] == "drift" and d["ratio"] is None and d["current"] == 1e-9
 
@@ -702,8 +702,8 @@ def test_a_token_timing_makes_no_timing_finding_however_slow(tmp_path):
     finally:
         conn.close()
     base, cur = result("a", samples=draw(1)), token(result("b", samples=draw(2, 3.0)))
-    assert regress.compare_runs([base], [cur]) == []
-    rows = regress.compare_rows([base], [cur], regress.timing_shifts([base], [cur]))
+    assert two_runs.compare_runs([base], [cur]) == []
+    rows = two_runs.compare_rows([base], [cur], two_runs.timing_shifts([base], [cur]))
     assert rows[0]["verdict"] == "not a measurement (ranks contended)"
 
 

@@ -112,7 +112,7 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
     run against that run.
     """
     from harness.core.results import ResultsError
-    from harness.history import regress, sql, store
+    from harness.history import regress, sql, store, two_runs
 
     conn = open_history(db)
     try:
@@ -131,9 +131,9 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
     finally:
         conn.close()
 
-    shifts = regress.timing_shifts(results_a, results_b)  # one Mann-Whitney test per series
-    findings = regress.compare_runs(results_a, results_b, shifts=shifts)
-    rows = regress.compare_rows(results_a, results_b, shifts)
+    shifts = two_runs.timing_shifts(results_a, results_b)  # one Mann-Whitney test per series
+    findings = two_runs.compare_runs(results_a, results_b, shifts=shifts)
+    rows = two_runs.compare_rows(results_a, results_b, shifts)
     correctness = [f for f in findings if f.kind not in ("regression", "improvement")]
     counts = {d: sum(1 for s in shifts.values() if s.direction == d)
               for d in ("slower", "faster", "same")}
