@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.device import cuda
+from harness.device import cuda, kernel_launch
 
 ROOT = Path(__file__).parent.parent
 pytestmark = [
@@ -103,7 +103,7 @@ def test_a_python_int_argument_is_refused_on_the_gpu(tmp_path):
     src.write_text('extern "C" __global__ void k(float* x, long long n) {}\n')
     x = torch.zeros(4, device="cuda")
     impl = CudaSourceImplementation(src, lambda kernels, x: kernels.k(1, 32, (x, x.numel())))
-    with pytest.raises(cuda.KernelArgumentError, match="Python int"):
+    with pytest.raises(kernel_launch.KernelArgumentError, match="Python int"):
         impl(x=x)
 
 

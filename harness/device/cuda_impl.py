@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.device import cuda
+from harness.device import cuda, cuda_compile, kernel_launch
 from harness.device.pyfile import import_file
 
 
@@ -57,7 +57,7 @@ class Kernels:
     grid. One per (implementation, device), made on the first call: a launch pays no Python
     set-up that can be done once."""
 
-    def __init__(self, module: cuda.CompiledModule, device: Any):
+    def __init__(self, module: cuda_compile.CompiledModule, device: Any):
         self.module = module
         self.device = device
         self._launchers: dict[str, Callable[..., None]] = {}
@@ -74,8 +74,8 @@ class Kernels:
 
             def launcher(grid: Any, block: Any, args: Sequence[Any],
                          shared_mem: int = 0) -> None:
-                cuda.launch(module, name, grid, block, args, shared_mem=shared_mem,
-                            device=device)
+                kernel_launch.launch(module, name, grid, block, args, shared_mem=shared_mem,
+                                     device=device)
 
             self._launchers[name] = launcher
         return launcher
@@ -113,14 +113,14 @@ class CudaSourceImplementation:
         self.__doc__ = launch.__doc__
         #: compiled modules by architecture: a call must not reread and rehash the source
         #: (host time a small kernel's timing would see)
-        self._compiled: dict[str, cuda.CompiledModule] = {}
+        self._compiled: dict[str, cuda_compile.CompiledModule] = {}
         #: the Kernels of each device index, made once
         self._kernels: dict[int | None, Kernels] = {}
 
     def __repr__(self) -> str:
         return f"CudaSourceImplementation({str(self.source)!r}, {self.__name__})"
 
-    def compile(self, arch: str = cuda.DEFAULT_ARCH) -> cuda.CompiledModule:
+    def compile(self, arch: str = cuda.DEFAULT_ARCH) -> cuda_compile.CompiledModule:
         """The source compiled for ``arch`` plus this kernel's suffix (``sm_90`` + ``a``),
         cached by source, options and headers."""
         if self.arch_suffix and not arch.endswith(self.arch_suffix):
@@ -130,10 +130,10 @@ class CudaSourceImplementation:
         except OSError as exc:
             raise cuda.CudaCompileError(f"{self.source}: cannot read the source ({exc})",
                                         "") from exc
-        return cuda.compile_source(text, filename=str(self.source), arch=arch,
-                                   options=self.options,
-                                   name_expressions=self.name_expressions,
-                                   include_dirs=[self.source.parent])
+        return cuda_compile.compile_source(text, filename=str(self.source), arch=arch,
+                                           options=self.options,
+                                           name_expressions=self.name_expressions,
+                                           include_dirs=[self.source.parent])
 
     def runs_on(self, device_type: str) -> bool:
         """Whether this implementation can run on a device of this type at all."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.device import cuda, triton_impl
+from harness.device import cuda, cuda_compile, triton_impl
 
 
 def _cpu_model() -> str:
@@ -199,7 +199,7 @@ def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None
             torch_count = torch.cuda.device_count()
         except Exception:  # noqa: BLE001
             torch_count = 0
-    headers, headers_version = cuda.runtime_headers()
+    headers, headers_version = cuda_compile.runtime_headers()
     gpus = cuda.visible_gpus()
     triton = triton_impl.available()
     # Triton's launcher needs are read (an ldconfig call) only where kernels would compile
