@@ -28,7 +28,7 @@ import torch
 
 from harness.core import compare
 from harness.core.inputs import generate
-from harness.engine.runner import EXACT_OFF
+from harness.engine.case_setup import EXACT_OFF
 
 OUT = Path(__file__).with_name("results") / "precision_lens.json"
 BF16 = torch.bfloat16

@@ -141,7 +141,7 @@ class HarnessSession:
         self.calibration = _calibration_for(opt.harness_calibrations, self.world.device)
         self.golden = None if opt.harness_no_golden else GoldenShelf(
             self.registry.golden_dir_of, opt.harness_golden_dir)
-        from harness.engine.runner import SetupCache
+        from harness.engine.case_setup import SetupCache
 
         self.setups = SetupCache()  # a case's inputs and reference, shared by its impls
 

@@ -20,7 +20,8 @@ from harness.core.discovery import registry
 from harness.core.golden import GoldenShelf
 from harness.core.spec import Case
 from harness.device.runtime import World
-from harness.engine.runner import CaseSetup, run_case
+from harness.engine.case_setup import CaseSetup
+from harness.engine.runner import run_case
 
 SPEC = registry().specs["fp8_gemm.per_tensor"]
 CASES = SPEC.cases("smoke", 1)

@@ -780,7 +780,7 @@ def test_every_smoke_case_has_a_golden(committed: dict) -> None:
 def test_committed_allgather_goldens_are_what_the_reference_makes(committed: dict,
                                                                  world_size: int) -> None:
     from harness.core.discovery import registry
-    from harness.engine.runner import expected_outputs
+    from harness.engine.case_setup import expected_outputs
 
     spec = registry().specs["allgather"]
     store = GoldenStore(COMMITTED)

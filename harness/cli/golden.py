@@ -94,7 +94,7 @@ def derive(case: Any, tier: str) -> Derived:
     import torch
 
     from harness.core import golden, inputs
-    from harness.engine.runner import EXACT_SUFFIX, expected_outputs
+    from harness.engine.case_setup import EXACT_SUFFIX, expected_outputs
 
     key = golden.entry_key(case.id, case.world_size)
     # the precision lens's float64 values are recomputed at every check, never stored
@@ -121,7 +121,7 @@ class Difference:
 def differences(store: Any, case: Any, new: Derived) -> Difference:
     """Compare a re-derived golden with the stored one, output by output, on every rank."""
     from harness.core import compare, golden
-    from harness.engine.runner import tolerances
+    from harness.engine.case_setup import tolerances
 
     entry = store.entry(case.id, case.world_size)
     old_tensors = store.read_file(store.path_of(entry), entry)
