@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from harness.core import compare
-from harness.core.compare import Metrics, Tolerance
+from harness.core.compare import Tolerance
+from harness.core.metrics import Metrics
 
 INF = math.inf
 NAN = math.nan

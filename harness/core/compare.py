@@ -3,7 +3,8 @@
 Metrics (DESIGN.md): max_abs, max_rel, rel_l2 = ||a-e|| / ||e||, cos_diff =
 1 - 2<a,e> / (|a|^2 + |e|^2) (DeepGEMM's calc_diff), mismatch count and fraction, n_nan, n_inf,
 first_bad_index. They are computed on the tensors' device, in float64, a chunk at a time (no
-full host copy), as partial sums so that the metrics of every rank merge into one.
+full host copy), as partial sums so that the metrics of every rank merge into one
+(``harness.core.metrics.Metrics``).
 
 Tolerance kinds: ``exact`` (bitwise), ``allclose`` (|a-e| <= atol + rtol*|e|, plus
 ``magnitude_rtol`` times a per-element magnitude the op gives beside its reference, with an
@@ -19,10 +20,12 @@ same infinity.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from harness.core.metrics import Metrics
 
 CHUNK_ELEMS = 1 << 22
 
@@ -199,134 +202,6 @@ def default_for(dtype: torch.dtype) -> Tolerance:
     return exact()
 
 
-@dataclass
-class Metrics:
-    """Comparison metrics as mergeable partial sums (one per rank, merged across ranks)."""
-
-    numel: int = 0
-    n_mismatch: int = 0
-    n_nan: int = 0
-    n_inf: int = 0
-    #: NaN or infinite values that differ from the reference's (never within a mismatch budget)
-    n_bad_special: int = 0
-    max_abs: float = 0.0
-    max_rel: float = 0.0
-    sum_sq_diff: float = 0.0
-    sum_sq_expected: float = 0.0
-    sum_sq_actual: float = 0.0
-    sum_dot: float = 0.0
-    max_ulp: float = 0.0
-    #: allclose only: the worst finite element's |a-e| / (atol + rtol*|e|), the share of its
-    #: allowance it uses (1 is the tolerance's edge); what the dashboard plots against 1
-    max_tol_ratio: float = 0.0
-    #: flat index of the first element outside the elementwise tolerance, and its rank
-    first_bad_index: int | None = None
-    first_bad_rank: int | None = None
-    first_bad_actual: float | None = None
-    first_bad_expected: float | None = None
-    shape: list[int] = field(default_factory=list)
-    shape_error: str | None = None
-
-    @property
-    def mismatch_frac(self) -> float:
-        return self.n_mismatch / self.numel if self.numel else 0.0
-
-    @property
-    def rel_l2(self) -> float:
-        if self.sum_sq_expected == 0.0:
-            return 0.0 if self.sum_sq_diff == 0.0 else math.inf
-        return math.sqrt(self.sum_sq_diff / self.sum_sq_expected)
-
-    @property
-    def cos_diff(self) -> float:
-        denom = self.sum_sq_actual + self.sum_sq_expected
-        if denom == 0.0:
-            return 0.0  # both all zero: identical (DeepGEMM's convention)
-        if not math.isfinite(denom) or not math.isfinite(self.sum_dot):
-            return math.inf
-        return 1.0 - 2.0 * self.sum_dot / denom
-
-    def first_bad_position(self) -> list[int] | None:
-        """The first bad element as a multi-dimensional index."""
-        if self.first_bad_index is None or not self.shape:
-            return None if self.first_bad_index is None else [self.first_bad_index]
-        idx, pos = self.first_bad_index, []
-        for extent in reversed(self.shape):
-            pos.append(idx % extent if extent else 0)
-            idx //= max(extent, 1)
-        return pos[::-1]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON form: the raw partial sums plus the derived metrics."""
-        return {
-            "numel": self.numel,
-            "n_mismatch": self.n_mismatch,
-            "mismatch_frac": self.mismatch_frac,
-            "n_nan": self.n_nan,
-            "n_inf": self.n_inf,
-            "n_bad_special": self.n_bad_special,
-            "max_abs": self.max_abs,
-            "max_rel": self.max_rel,
-            "max_ulp": self.max_ulp,
-            "max_tol_ratio": self.max_tol_ratio,
-            "rel_l2": self.rel_l2,
-            "cos_diff": self.cos_diff,
-            "first_bad_index": self.first_bad_index,
-            "first_bad_position": self.first_bad_position(),
-            "first_bad_rank": self.first_bad_rank,
-            "first_bad_actual": self.first_bad_actual,
-            "first_bad_expected": self.first_bad_expected,
-            "shape": self.shape,
-            "shape_error": self.shape_error,
-            "sum_sq_diff": self.sum_sq_diff,
-            "sum_sq_expected": self.sum_sq_expected,
-            "sum_sq_actual": self.sum_sq_actual,
-            "sum_dot": self.sum_dot,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Metrics:
-        """Inverse of ``to_dict`` (derived fields are recomputed)."""
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in names})
-
-    @classmethod
-    def merge(cls, parts: list[Metrics]) -> Metrics:
-        """Combine per-rank metrics: sums add, maxima take the max, the first bad index is the
-        one of the lowest rank that has one."""
-        out = cls()
-        for p in parts:
-            out.numel += p.numel
-            out.n_mismatch += p.n_mismatch
-            out.n_nan += p.n_nan
-            out.n_inf += p.n_inf
-            out.n_bad_special += p.n_bad_special
-            out.max_abs = _nanmax(out.max_abs, p.max_abs)
-            out.max_rel = _nanmax(out.max_rel, p.max_rel)
-            out.max_ulp = _nanmax(out.max_ulp, p.max_ulp)
-            out.max_tol_ratio = _nanmax(out.max_tol_ratio, p.max_tol_ratio)
-            out.sum_sq_diff += p.sum_sq_diff
-            out.sum_sq_expected += p.sum_sq_expected
-            out.sum_sq_actual += p.sum_sq_actual
-            out.sum_dot += p.sum_dot
-            out.shape_error = out.shape_error or p.shape_error
-            if out.first_bad_index is None and p.first_bad_index is not None:
-                out.first_bad_index = p.first_bad_index
-                out.first_bad_rank = p.first_bad_rank
-                out.first_bad_actual = p.first_bad_actual
-                out.first_bad_expected = p.first_bad_expected
-                out.shape = p.shape
-        if not out.shape and parts:
-            out.shape = parts[0].shape
-        return out
-
-
-def _nanmax(a: float, b: float) -> float:
-    if math.isnan(a) or math.isnan(b):
-        return math.nan
-    return max(a, b)
-
-
 def _ulp_size(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Spacing of ``dtype`` at the magnitude of each expected value (float64)."""
     info = torch.finfo(dtype)
@@ -459,6 +334,21 @@ def _measure_chunk(
     if diff.numel():
         m.max_abs = max(m.max_abs, float(diff.max()))
         m.max_rel = max(m.max_rel, float(rel.max()))
+    _add_sums(m, a, e, finite, bad_special)
+    if elem is None:
+        bad = bad_special
+    elif elem.kind == "exact":
+        bad = _int_view(a_raw) != _int_view(e_raw)
+        bad = bad & ~(a_nan & e_nan)  # NaN payloads may differ
+    else:
+        bad = bad_special | (finite & _out_of_bounds(m, elem, a_raw, e_raw, e, diff, finite,
+                                                     bad_special, out_dtype, g_raw))
+    _count_bad(m, bad, a, e, offset, rank)
+
+
+def _add_sums(m: Metrics, a: torch.Tensor, e: torch.Tensor, finite: torch.Tensor,
+              bad_special: torch.Tensor) -> None:
+    """The chunk's sums of squares and products (rel_l2, cos_diff), over its finite values."""
     af = torch.where(finite, a, torch.zeros_like(a))
     ef = torch.where(finite, e, torch.zeros_like(e))
     if bool(bad_special.any()):
@@ -468,20 +358,22 @@ def _measure_chunk(
     m.sum_sq_actual += float((af * af).sum())
     m.sum_dot += float((af * ef).sum())
 
-    if elem is None:
-        bad = bad_special
-    elif elem.kind == "exact":
-        bad = _int_view(a_raw) != _int_view(e_raw)
-        bad = bad & ~(a_nan & e_nan)  # NaN payloads may differ
-    elif elem.kind == "allclose":
+
+def _out_of_bounds(m: Metrics, elem: Tolerance, a_raw: torch.Tensor, e_raw: torch.Tensor,
+                   e: torch.Tensor, diff: torch.Tensor, finite: torch.Tensor,
+                   bad_special: torch.Tensor, out_dtype: torch.dtype,
+                   g_raw: torch.Tensor | None) -> torch.Tensor:
+    """The finite elements outside an allclose, rounding or ulp tolerance (the caller keeps the
+    finite ones), with the tolerance's own metric (max_tol_ratio, max_ulp) recorded."""
+    if elem.kind == "allclose":
         allowed = elem.atol + elem.rtol * e.abs()
         if g_raw is not None:
             allowed = allowed + elem.magnitude_rtol * g_raw.to(torch.float64).abs()
-        bad = bad_special | (finite & (diff > allowed))
         if diff.numel():
             share = torch.where(finite & (diff > 0), diff / allowed, torch.zeros_like(diff))
             m.max_tol_ratio = max(m.max_tol_ratio, float(share.max()))
-    elif elem.kind == "rounding":
+        return diff > allowed
+    if elem.kind == "rounding":
         if out_dtype.itemsize <= 2:
             # "none beyond": for 16-bit outputs only, where a float32 sum's error is far below
             # the output's ulp (a float32 output's ulps grow with K and cancellation)
@@ -489,20 +381,23 @@ def _measure_chunk(
             if ulps.numel():
                 m.max_ulp = max(m.max_ulp, float(ulps.max()))
             once = correctly_rounded(e_raw.to(torch.float64), out_dtype)
-            off = _int_view(a_raw) != _int_view(once)
-        else:
-            once = e_raw.to(torch.float64).to(out_dtype)
-            off = _narrow(a_raw) & ~_narrow(once)
-        bad = bad_special | (finite & off)
-    else:  # ulp
-        if out_dtype.is_floating_point:
-            ulps = diff / _ulp_size(e, out_dtype)
-        else:
-            ulps = diff
-        ulps = torch.where(finite, ulps, torch.where(bad_special, math.inf, 0.0))
-        if ulps.numel():
-            m.max_ulp = max(m.max_ulp, float(ulps.max()))
-        bad = bad_special | (finite & (ulps > elem.ulps))
+            return _int_view(a_raw) != _int_view(once)
+        once = e_raw.to(torch.float64).to(out_dtype)
+        return _narrow(a_raw) & ~_narrow(once)
+    # ulp
+    if out_dtype.is_floating_point:
+        ulps = diff / _ulp_size(e, out_dtype)
+    else:
+        ulps = diff
+    ulps = torch.where(finite, ulps, torch.where(bad_special, math.inf, 0.0))
+    if ulps.numel():
+        m.max_ulp = max(m.max_ulp, float(ulps.max()))
+    return ulps > elem.ulps
+
+
+def _count_bad(m: Metrics, bad: torch.Tensor, a: torch.Tensor, e: torch.Tensor, offset: int,
+               rank: int) -> None:
+    """Count the chunk's bad elements, and keep the first one seen."""
     n_bad = int(bad.sum())
     if n_bad:
         m.n_mismatch += n_bad

@@ -31,6 +31,7 @@ import torch
 from harness.core import compare
 from harness.core.buffers import same_bits as same_bits_tensor
 from harness.core.discovery import builtin_suite_dir
+from harness.core.metrics import Metrics
 
 SCHEMA = 2  # 2: fingerprints count NaN/inf per chunk and sum finite elements only
 MANIFEST = "manifest.json"
@@ -230,7 +231,7 @@ class OutputCheck:
     """One output of one rank against its golden."""
 
     kind: str  # "whole" or "fingerprint"
-    metrics: compare.Metrics
+    metrics: Metrics
     tolerance: compare.Tolerance  # what the metrics were judged with
     sums_error: str = ""  # a fingerprint chunk sum outside its bound, else ""
 
@@ -256,9 +257,9 @@ def check_output(actual: torch.Tensor, stored: Stored, tol: compare.Tolerance, r
     sample_tol = tol.elementwise or _SPECIALS_ONLY
     # a golden may be wider than the output (a float32 second reference of a bf16 output)
     if tuple(actual.shape) != stored.shape:
-        m = compare.Metrics(numel=max(stored.numel, 1), n_mismatch=max(stored.numel, 1),
-                            shape=list(actual.shape),
-                            shape_error=f"shape {tuple(actual.shape)} != golden {stored.shape}")
+        m = Metrics(numel=max(stored.numel, 1), n_mismatch=max(stored.numel, 1),
+                    shape=list(actual.shape),
+                    shape_error=f"shape {tuple(actual.shape)} != golden {stored.shape}")
         return OutputCheck("fingerprint", m, sample_tol)
     flat = actual.detach().contiguous().reshape(-1)
     positions = stored.positions.to(flat.device)
@@ -282,8 +283,8 @@ def check_fingerprint(new: Fingerprint, old: Fingerprint, tol: compare.Tolerance
     sample_tol = tol.elementwise or _SPECIALS_ONLY
     if (new.shape, new.dtype) != (old.shape, old.dtype) or not same_bits_tensor(new.positions,
                                                                            old.positions):
-        m = compare.Metrics(numel=1, n_mismatch=1, shape=list(new.shape),
-                            shape_error=f"{new.shape} {new.dtype} != {old.shape} {old.dtype}")
+        m = Metrics(numel=1, n_mismatch=1, shape=list(new.shape),
+                    shape_error=f"{new.shape} {new.dtype} != {old.shape} {old.dtype}")
         return OutputCheck("fingerprint", m, sample_tol)
     m = compare.measure(new.values, old.values, sample_tol)
     return OutputCheck("fingerprint", m, sample_tol,

@@ -11,6 +11,7 @@ import torch
 
 from harness.core import compare
 from harness.core.golden import GoldenError, GoldenShelf, GoldenStore, check_output
+from harness.core.metrics import Metrics
 from harness.core.spec import Case, OpSpec
 from harness.device.memory import NOT_MEASURED
 from harness.device.runtime import World
@@ -38,7 +39,7 @@ def agree(world: World, local: Any, judge: Callable[[list[Any]], Any]) -> Any:
 
 
 def gather_verdict(world: World, case: Case, local_error: str,
-                    stages: dict[str, dict[str, Any]]) -> tuple[str, str, dict[str, Any], int]:
+                   stages: dict[str, dict[str, Any]]) -> tuple[str, str, dict[str, Any], int]:
     return agree(world, (local_error, stages), lambda gathered: _judge(gathered, case))
 
 
@@ -54,9 +55,9 @@ def gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None, 
 
 
 def golden_check(store: GoldenStore | GoldenShelf, case: Case,
-                  outputs: Mapping[str, torch.Tensor], tols: Mapping[str, compare.Tolerance],
-                  rank: int, magnitudes: Mapping[str, torch.Tensor] | None = None
-                  ) -> dict[str, Any]:
+                 outputs: Mapping[str, torch.Tensor], tols: Mapping[str, compare.Tolerance],
+                 rank: int, magnitudes: Mapping[str, torch.Tensor] | None = None
+                 ) -> dict[str, Any]:
     """This rank's outputs against the stored golden: {"file", "outputs"}, {"error"} or
     {"absent"} when the case has no golden."""
     try:
@@ -82,7 +83,7 @@ def golden_check(store: GoldenStore | GoldenShelf, case: Case,
 
 
 def judge_golden(gathered: list[dict[str, Any] | None]
-                  ) -> tuple[dict[str, Any] | None, str, str]:
+                 ) -> tuple[dict[str, Any] | None, str, str]:
     """Every rank's golden report merged into (summary, status, reason)."""
     if all(g is None for g in gathered):  # the case broke before its outputs existed
         return None, "pass", ""
@@ -97,7 +98,7 @@ def judge_golden(gathered: list[dict[str, Any] | None]
     for name in reports[0]["outputs"]:
         parts = [r["outputs"][name] for r in reports]
         tol_dict = parts[0]["tolerance"]
-        merged = compare.Metrics.merge([compare.Metrics.from_dict(p["metrics"]) for p in parts])
+        merged = Metrics.merge([Metrics.from_dict(p["metrics"]) for p in parts])
         ok, why = compare.verdict(merged, compare.Tolerance.from_dict(tol_dict))
         sums = next((f"rank {r}: {p['sums_error']}" for r, p in enumerate(parts)
                      if p["sums_error"]), "")
@@ -139,8 +140,8 @@ def _judge_stage(per_rank: list[dict[str, Any]], stage: str, spec: OpSpec
     for name in sorted(per_rank[0], key=lambda n: order.get(n.split(":")[0], len(order))):
         tol_dict = per_rank[0][name]["tolerance"]
         tol = compare.Tolerance.from_dict(tol_dict)
-        merged = compare.Metrics.merge(
-            [compare.Metrics.from_dict(m[name]["metrics"]) for m in per_rank])
+        merged = Metrics.merge(
+            [Metrics.from_dict(m[name]["metrics"]) for m in per_rank])
         ok, why = compare.verdict(merged, tol)
         wrong += merged.n_mismatch
         outputs[name] = {"metrics": merged.to_dict(), "tolerance": tol_dict, "passed": ok}
