@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -317,6 +317,24 @@ def generate(
     Different ``stream`` values give independent tensors for the same seed.
     """
     dt = _as_dtype(dtype)
+    seed, stream = _checked(dt, dtype, dist, seed, stream, chunk_elems)
+    values = _sampler(dt, dist, seed, stream, low, high, mean, std)
+    dims = _check_shape(shape)
+    base, kept = _plan(dims, region)
+    out_shape = tuple(n for n, _ in kept)
+    out = torch.empty(math.prod(out_shape), dtype=dt, device=device)
+    if out.numel() == 0:
+        return out.reshape(out_shape)
+    if out.device.type == "cpu":
+        chunk_elems = min(chunk_elems, _CPU_CHUNK)  # values never depend on the chunking
+    _fill(out, values, base, kept, chunk_elems, device)
+    return out.reshape(out_shape)
+
+
+def _checked(dt: torch.dtype, dtype: torch.dtype | str, dist: str, seed: int, stream: int,
+             chunk_elems: int) -> tuple[int, int]:
+    """``generate``'s arguments checked, a ValueError saying what is wrong; the seed and the
+    stream as ints."""
     if dist not in DISTS:
         raise ValueError(f"unknown dist {dist!r}; valid: {', '.join(DISTS)}")
     if dt not in _FLOATS and dist in ("uniform", "normal"):
@@ -333,19 +351,16 @@ def generate(
         raise ValueError(f"stream {stream} must lie in [0, {_MAX_STREAM})")
     if chunk_elems < 1:
         raise ValueError(f"chunk_elems must be >= 1, got {chunk_elems}")
+    return seed, stream
+
+
+def _sampler(dt: torch.dtype, dist: str, seed: int, stream: int, low: float, high: float,
+             mean: float, std: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The values of ``dist`` in ``dt`` at global element indices (an int64 tensor)."""
     if dist == "uniform":
         bounds = _uniform_bounds(low, high, dt)
     elif dist == "int":
         int_lo, int_hi = _int_range(low, high, dt)
-
-    dims = _check_shape(shape)
-    base, kept = _plan(dims, region)
-    out_shape = tuple(n for n, _ in kept)
-    out = torch.empty(math.prod(out_shape), dtype=dt, device=device)
-    if out.numel() == 0:
-        return out.reshape(out_shape)
-    if out.device.type == "cpu":
-        chunk_elems = min(chunk_elems, _CPU_CHUNK)  # values never depend on the chunking
 
     def values(index: torch.Tensor) -> torch.Tensor:
         s0 = _DRAWS_PER_STREAM * stream
@@ -364,6 +379,13 @@ def generate(
             v = int_lo + h % (int_hi - int_lo + 1)
         return _cast(v.to(torch.float64), dt) if dt in _FLOATS else v.to(dt)
 
+    return values
+
+
+def _fill(out: torch.Tensor, values: Callable[[torch.Tensor], torch.Tensor], base: int,
+          kept: list[tuple[int, int]], chunk_elems: int, device: str | torch.device) -> None:
+    """``out`` (flat) filled with the ``values`` of the region ``_plan`` gave (its ``base``
+    offset and (extent, step) of each kept dim), at most ``chunk_elems`` elements at a time."""
     # Split the kept dims into an inner block (the longest suffix of at most chunk_elems
     # elements, its offsets built once by broadcasting) and outer positions; a chunk is whole
     # inner blocks, so the div/mod unravelling runs per outer position, not per element.
@@ -389,7 +411,6 @@ def generate(
             off += pos * outer[0][1]  # pos < extent of the first dim: no modulo needed
         index = (off[:, None] + inner[None, :]).reshape(-1)
         out[a * inner_n : b * inner_n] = values(index)
-    return out.reshape(out_shape)
 
 
 def special_values(dtype: torch.dtype) -> torch.Tensor:
