@@ -697,7 +697,7 @@ def per_series_markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--record", action="store_true", help="re-record the noise first")
     parser.add_argument("--runs", type=int, default=40, help="runs to record")
@@ -722,19 +722,12 @@ def main() -> int:
     if not 0 <= args.prompt <= AFTER:
         parser.error(f"--prompt {args.prompt}: give 0 to {AFTER} (alarms per step are counted "
                      f"over {AFTER} nights after the step)")
-    if args.record:
-        record(args.runs, args.work, args.data, args.note)
-    meta, series = load(args.data)
-    detectors: dict[str, Nightly] = {
-        "ours (change points, 5%)": ours(0.05),
-        "pytest-benchmark median:5%": per_run_rule(pytest_benchmark_median_5pct),
-        "asv continuous --factor 1.1": per_run_rule(asv_continuous),
-        "harness 0.x rule (classify_series, 5%)": per_run_rule(v1_rule(0.05)),
-    }
-    result = evaluate(series, detectors, args.warmup, prompt=args.prompt, share=args.share)
-    for rows in result.values():
-        for row, s in zip(rows, series, strict=True):
-            row["run_to_run_noise"] = run_to_run_noise(s["runs"])
+    return args
+
+
+def _groups(series: list[dict]) -> tuple[dict[str, Callable[[dict], bool]], str]:
+    """The groups of series summarized, each a test of a result row, and the name of the
+    quiet group the goal is held on."""
     groups: dict[str, Callable[[dict], bool]] = {"all series": lambda r: True}
     for w in sorted({s["world_size"] for s in series}):
         groups[f"world size {w}"] = lambda r, w=w: r["world_size"] == w
@@ -742,27 +735,27 @@ def main() -> int:
     groups[quiet] = lambda r: r["world_size"] == 1 and r["run_to_run_noise"] < QUIET
     groups[f"world size 1, run-to-run noise >= {QUIET:.0%}"] = (
         lambda r: r["world_size"] == 1 and r["run_to_run_noise"] >= QUIET)
-    summary = {g: {n: summarize([r for r in rows if keep(r)]) for n, rows in result.items()}
-               for g, keep in groups.items()}
-    main_name = next(iter(detectors))
-    mine = summary[quiet][main_name]
-    goal = {
+    return groups, quiet
+
+
+def _goal(quiet: dict[str, dict], main_name: str, others: list[str]) -> dict:
+    """The goal held on the quiet series' summary: recall, false alarms against ``others``,
+    alarms per step."""
+    mine = quiet[main_name]
+    return {
         "quiet_recall_at_10pct": mine["recall"]["0.1"],
         "recall_goal_met": mine["recall"]["0.1"] >= GOAL_RECALL,
         "fewer_false_alarms_than_both": all(
-            mine["false_alarms"] < summary[quiet][n]["false_alarms"]
-            for n in list(detectors)[1:3]),
+            mine["false_alarms"] < quiet[n]["false_alarms"] for n in others),
         "alarms_per_step": mine["alarms_per_step"]["0.1"],
         "once_goal_met": mine["alarms_per_step"]["0.1"] <= GOAL_ALARMS_PER_STEP,
         "steps_with_two_unslowed_runs": mine["steps_with_two_unslowed_runs"],
         "steps_with_one_unslowed_run": mine["steps_with_one_unslowed_run"],
     }
-    if args.json:
-        print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "per_run_load"},
-                          "warmup": args.warmup, "prompt": args.prompt, "share": args.share,
-                          "slowdowns": list(SLOWDOWNS),
-                          "summary": summary, "goal": goal, "per_series": result}, indent=1))
-        return 0
+
+
+def _print_markdown(args: argparse.Namespace, meta: dict, series: list[dict], summary: dict,
+                    main_name: str, goal: dict) -> None:
     runs = [len(s["runs"]) for s in series]
     print(f"Noise: {len(series)} series, {min(runs)}-{max(runs)} runs each, recorded "
           f"{meta['date']} on {meta['machine']}; nights judged from run {args.warmup}; a step "
@@ -783,10 +776,38 @@ def main() -> int:
           f"quartile) in the {args.prompt + 1} nights they must be found in, "
           f"{_pct(goal['steps_with_one_unslowed_run'])} at least one; the rest of their runs "
           "read as the new level plus a slowdown of unknown size.")
+
+
+def main() -> int:
+    args = _arguments()
+    if args.record:
+        record(args.runs, args.work, args.data, args.note)
+    meta, series = load(args.data)
+    detectors: dict[str, Nightly] = {
+        "ours (change points, 5%)": ours(0.05),
+        "pytest-benchmark median:5%": per_run_rule(pytest_benchmark_median_5pct),
+        "asv continuous --factor 1.1": per_run_rule(asv_continuous),
+        "harness 0.x rule (classify_series, 5%)": per_run_rule(v1_rule(0.05)),
+    }
+    result = evaluate(series, detectors, args.warmup, prompt=args.prompt, share=args.share)
+    for rows in result.values():
+        for row, s in zip(rows, series, strict=True):
+            row["run_to_run_noise"] = run_to_run_noise(s["runs"])
+    groups, quiet = _groups(series)
+    summary = {g: {n: summarize([r for r in rows if keep(r)]) for n, rows in result.items()}
+               for g, keep in groups.items()}
+    main_name = next(iter(detectors))
+    goal = _goal(summary[quiet], main_name, list(detectors)[1:3])
+    if args.json:
+        print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "per_run_load"},
+                          "warmup": args.warmup, "prompt": args.prompt, "share": args.share,
+                          "slowdowns": list(SLOWDOWNS),
+                          "summary": summary, "goal": goal, "per_series": result}, indent=1))
+        return 0
+    _print_markdown(args, meta, series, summary, main_name, goal)
     if args.per_series:
         print("\n" + per_series_markdown(result))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
