@@ -79,7 +79,7 @@ def build(tmp: Path, *defines: str, source: Path = SOURCE) -> ctypes.CDLL:
 
 class HostKernels:
     """What a launch description gets as ``kernels``, launching the host build: each launch
-    runs the whole grid, as cuda.launch would (a grid of 0 launches nothing)."""
+    runs the whole grid, as kernel_launch.launch would (a grid of 0 launches nothing)."""
 
     sm_count = 2  # few blocks: every thread walks the grid-stride loop several times
 
