@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import regression_detection as rd  # noqa: E402
 from _figures import command, machine, record  # noqa: E402
 
-from harness import changepoints, changes  # noqa: E402
+from harness.history import changepoints, changes  # noqa: E402
 
 SLOWDOWN = 0.10
 #: a step's window by what its nights show (``rd.unslowed_in_windows``): two or more runs the

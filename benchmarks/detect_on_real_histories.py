@@ -31,7 +31,7 @@ Sources (each is skipped, with the reason, when its data is not here):
   (a one-run blip, a noisier machine: the level did not move; the synthetic histories' noise
   change is no change point either); a phase shift of a periodic signal is left out.
 
-Detectors: ``harness`` (``harness.changepoints.find`` called as ``harness detect --json`` calls
+Detectors: ``harness`` (``harness.history.changepoints.find`` called as ``harness detect --json`` calls
 it on a CSV at its defaults: one sample per run, the trend model, linear, runs read by their
 median, changes of at least ``regress.MIN_CHANGE_PCT``), ``perfherder`` (Mozilla's rule:
 tcpd_changepoints.perfherder) and ``none`` (no change point).
@@ -153,7 +153,7 @@ def harness_detect(values: np.ndarray) -> list[int]:
     """``harness detect --json`` on a CSV with one row per run, at its defaults
     (cli_changes.detect: --model trend, --linear, quantile 0.5, --min-change
     regress.MIN_CHANGE_PCT)."""
-    from harness import changepoints, regress
+    from harness.history import changepoints, regress
 
     return [cp.index for cp in changepoints.find([[float(v)] for v in values],
                                                   min_change_pct=regress.MIN_CHANGE_PCT,

@@ -50,7 +50,7 @@ sys.path.insert(0, str(HERE.parent))
 import tcpd_changepoints as tcpd  # noqa: E402  (this folder's scoring and Perfherder's rule)
 from _figures import command, machine, record  # noqa: E402
 
-from harness import changepoints, regress  # noqa: E402
+from harness.history import changepoints, regress  # noqa: E402
 
 FAMILIES = ("normal", "bimodal", "spikes", "bursts", "drift", "noise_change")
 SERIES_PER_FAMILY = 40

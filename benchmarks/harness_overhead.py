@@ -49,8 +49,8 @@ INSIDE_NS: list[int] = []
 def _noop_spec(cases: int):
     import torch
 
-    from harness.buffers import poisoned
-    from harness.spec import OpSpec
+    from harness.core.buffers import poisoned
+    from harness.core.spec import OpSpec
 
     def make_inputs(params, rank, world_size):
         x = torch.arange(N, dtype=torch.float32) + rank + params["i"]
@@ -81,7 +81,7 @@ class NoopPlugin:
         self.items: list[tuple[int, int]] = []  # (item wall ns, implementation ns)
 
     def pytest_configure(self, config) -> None:
-        from harness.discovery import registry
+        from harness.core.discovery import registry
 
         registry().add(_noop_spec(self.cases))
 
@@ -108,15 +108,15 @@ def worker(args: argparse.Namespace, pytest_args: list[str]) -> int:
 
 
 def run(world_size: int, mode: str, cases: int, tmp: Path) -> dict[str, float]:
-    from harness.launch import wait_environment
-    from harness.placement import usable_cpus
+    from harness.device.placement import usable_cpus
+    from harness.engine.launch import wait_environment
 
     out = tmp / f"w{world_size}-{mode}.json"
     flags = {"auto": [], "no-bench": ["--harness-set", "bench=false"],
              "bench": ["--harness-set", "bench=true"]}[mode]
     run_dir = tmp / f"w{world_size}-{mode}"
     run_dir.mkdir(exist_ok=True)
-    from harness.envinfo import find_launcher
+    from harness.device.envinfo import find_launcher
 
     mpiexec = find_launcher()  # what `harness run` launches with
     if mpiexec is None:

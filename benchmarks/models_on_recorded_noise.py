@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE.parent))
 import regression_detection  # noqa: E402  (this folder's loader and data)
 from _figures import command, machine, record  # noqa: E402
 
-from harness import changepoints, regress  # noqa: E402
+from harness.history import changepoints, regress  # noqa: E402
 
 STEPS = (0.05, 0.10, 0.20)
 MARGIN = 2

@@ -37,14 +37,14 @@ sys.path.insert(0, str(HERE))
 import mutants as mut  # noqa: E402
 from _figures import command, machine, record  # noqa: E402
 
-from harness.results import FAILING  # noqa: E402
+from harness.core.results import FAILING  # noqa: E402
 
 FIRST_CASES = 3
 #: the families that model a tiled, padded, mixed-precision kernel's bugs (``--families``)
 KERNEL_FAMILIES = ("padded_block", "extra_rounding", "narrow_output", "tail_mask", "drop_last")
 EQUIVALENT_FILE = HERE / "data" / "mutation_equivalent.json"
 MODULE_TEMPLATE = '''\
-from harness.discovery import registry
+from harness.core.discovery import registry
 from mutants import mutant_callable
 
 _IMPL = registry().specs[{op!r}].implementations["torch"]
@@ -55,7 +55,7 @@ def plan(selected: list[str], families: list[str] | None = None
          ) -> tuple[dict[str, list[mut.Mutant]], dict[str, list[str]], dict[str, bool]]:
     """({op: its own mutants}, {function key: every op that reaches it}, {op: distributed}),
     of the ``families`` given (default: all)."""
-    from harness.discovery import registry
+    from harness.core.discovery import registry
 
     specs = registry().specs
     trees = {name: mut.project_functions(spec.implementations["torch"])
@@ -94,7 +94,7 @@ def write_module(folder: Path, tag: str, op: str, batch: list[mut.Mutant]) -> st
 
 
 def case_ids(op: str, world_size: int) -> list[str]:
-    from harness.discovery import registry
+    from harness.core.discovery import registry
 
     return [c.id for c in registry().specs[op].cases("smoke", world_size)]
 
@@ -103,7 +103,7 @@ def run_batch(folder: Path, batch: list[mut.Mutant], world_size: int, runner_op:
               tag: str, cases: list[str]) -> dict[int, str]:
     """{mutant index: worst status} after one ``harness run`` of ``cases`` of ``runner_op``
     at one world size with every mutant of ``batch``."""
-    from harness.results import read_run_dir
+    from harness.core.results import read_run_dir
 
     module = write_module(folder, tag, runner_op, batch)
     out_dir = folder / f"runs-{tag}"

@@ -9,7 +9,7 @@ to bf16. And the ways a wrong one does: the GEMM result rounded to bf16 before t
 add, rmsnorm's normalised value rounded before the weight, a float32 output computed through
 bf16. For each it prints the lens's two figures against the float64 value: the fraction of
 elements that are not that value correctly rounded (``off``), and the largest distance in
-bf16 ulps. The tolerance ``harness.compare.rounding`` uses (ROUNDING_OFF below) sits between
+bf16 ulps. The tolerance ``harness.core.compare.rounding`` uses (ROUNDING_OFF below) sits between
 the correct orders' worst ``off`` and the double roundings' least. The distance is not
 bounded by default: where a K = 4096 dot product nearly cancels, correct orders land up to
 20 ulps of the small result away.
@@ -26,9 +26,9 @@ import sys
 import torch
 from _figures import command, machine, record
 
-from harness import compare
-from harness.inputs import generate
-from harness.runner import EXACT_OFF
+from harness.core import compare
+from harness.core.inputs import generate
+from harness.engine.case_setup import EXACT_OFF
 
 BF16 = torch.bfloat16
 F32 = torch.float32
@@ -131,7 +131,7 @@ def measure(quick: bool) -> dict:
             "rounding_off": ROUNDING_OFF, "quick": quick}
 
 
-#: the lens's default bound on the share of elements not rounded once (harness.runner)
+#: the lens's default bound on the share of elements not rounded once (harness.engine.runner)
 ROUNDING_OFF = EXACT_OFF
 
 

@@ -438,7 +438,7 @@ def asv_continuous(history: list[Samples], current: Samples, factor: float = 1.1
 # Every detector is replayed as a nightly: night t sees runs 0..t and says whether it alarms.
 # A per-run rule (pytest-benchmark, asv, harness 0.x) compares run t with what came before.
 # Ours is the analysis `harness run` stores: change points matched with the ones earlier
-# nights found (harness.changes.judge_series), an alarm being a *new* slower change point of
+# nights found (harness.history.changes.judge_series), an alarm being a *new* slower change point of
 # at least the threshold.
 
 Nightly = Callable[[list[Samples], int, "dict | None"], tuple[bool, "dict | None"]]
@@ -476,7 +476,7 @@ def ours(threshold: float = 0.05, history_runs: int | None = None, *,
     unreported, and is reported by the first night that may, as one found small and grown);
     ``first_sight(t)``: night ``t`` reports a slower outlier at once, without waiting for a
     second run at its level."""
-    from harness import changepoints, changes, regress
+    from harness.history import changepoints, changes, regress
 
     window = history_runs or regress.HISTORY_RUNS
 
@@ -743,66 +743,9 @@ def figure_details(summary: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--record", action="store_true", help="re-record the noise first")
-    parser.add_argument("--runs", type=int, default=40, help="runs to record")
-    parser.add_argument("--note", default="nothing else was meant to run on the machine",
-                        help="what else ran on the machine while recording (stored)")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/regression_noise"),
-                        help="scratch folder for the recording's DB")
-    parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of markdown")
-    parser.add_argument("--per-series", action="store_true", help="one row per series too")
-    parser.add_argument("--warmup", type=int, default=WARMUP,
-                        help="runs before the first night that is judged")
-    parser.add_argument("--prompt", type=int, default=PROMPT,
-                        help="nights after a step's own in which an alarm still finds it "
-                             f"(default {PROMPT}; at most {AFTER})")
-    parser.add_argument("--share", type=float, default=1.0,
-                        help="the share of each run's samples a step slows (default 1: all; "
-                             "0.6: a regression that slows 60%% of the launches)")
-    args = parser.parse_args()
-    if not 0 < args.share <= 1:
-        parser.error(f"--share {args.share}: give a share of the samples above 0, at most 1")
-    if not 0 <= args.prompt <= AFTER:
-        parser.error(f"--prompt {args.prompt}: give 0 to {AFTER} (alarms per step are counted "
-                     f"over {AFTER} nights after the step)")
-    if args.record:
-        record(args.runs, args.work, args.data, args.note)
-    meta, series = load(args.data)
-    detectors: dict[str, Nightly] = {
-        "ours (change points, 5%)": ours(0.05),
-        "pytest-benchmark median:5%": per_run_rule(pytest_benchmark_median_5pct),
-        "asv continuous --factor 1.1": per_run_rule(asv_continuous),
-        "harness 0.x rule (classify_series, 5%)": per_run_rule(v1_rule(0.05)),
-    }
-    result = evaluate(series, detectors, args.warmup, prompt=args.prompt, share=args.share)
-    for rows in result.values():
-        for row, s in zip(rows, series, strict=True):
-            row["run_to_run_noise"] = run_to_run_noise(s["runs"])
-    groups: dict[str, Callable[[dict], bool]] = {"all series": lambda r: True}
-    for w in sorted({s["world_size"] for s in series}):
-        groups[f"world size {w}"] = lambda r, w=w: r["world_size"] == w
-    quiet = f"world size 1, run-to-run noise < {QUIET:.0%}"
-    groups[quiet] = lambda r: r["world_size"] == 1 and r["run_to_run_noise"] < QUIET
-    groups[f"world size 1, run-to-run noise >= {QUIET:.0%}"] = (
-        lambda r: r["world_size"] == 1 and r["run_to_run_noise"] >= QUIET)
-    summary = {g: {n: summarize([r for r in rows if keep(r)]) for n, rows in result.items()}
-               for g, keep in groups.items()}
-    main_name = next(iter(detectors))
-    mine = summary[quiet][main_name]
-    goal = {
-        "quiet_recall_at_10pct": mine["recall"]["0.1"],
-        "recall_goal_met": mine["recall"]["0.1"] >= GOAL_RECALL,
-        "fewer_false_alarms_than_both": all(
-            mine["false_alarms"] < summary[quiet][n]["false_alarms"]
-            for n in list(detectors)[1:3]),
-        "alarms_per_step": mine["alarms_per_step"]["0.1"],
-        "once_goal_met": mine["alarms_per_step"]["0.1"] <= GOAL_ALARMS_PER_STEP,
-        "steps_with_two_unslowed_runs": mine["steps_with_two_unslowed_runs"],
-        "steps_with_one_unslowed_run": mine["steps_with_one_unslowed_run"],
-    }
+def _record(args: argparse.Namespace, meta: dict, summary: dict, quiet: str,
+            mine: dict, goal: dict) -> None:
+    """This replay's figure, named by its recording and settings."""
     tag = recording_tag(args.data) + ("" if args.share == 1 else f"_share{args.share:g}") + (
         "" if args.prompt == PROMPT else f"_prompt{args.prompt}") + (
         "" if args.warmup == WARMUP else f"_warmup{args.warmup}")
@@ -828,12 +771,67 @@ def main() -> int:
                  "recording": {"file": args.data.name, "date": meta.get("date"),
                                "machine": meta.get("machine")}},
         headline=tag == "")
-    if args.json:
-        print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "per_run_load"},
-                          "warmup": args.warmup, "prompt": args.prompt, "share": args.share,
-                          "slowdowns": list(SLOWDOWNS),
-                          "summary": summary, "goal": goal, "per_series": result}, indent=1))
-        return 0
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--record", action="store_true", help="re-record the noise first")
+    parser.add_argument("--runs", type=int, default=40, help="runs to record")
+    parser.add_argument("--note", default="nothing else was meant to run on the machine",
+                        help="what else ran on the machine while recording (stored)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/regression_noise"),
+                        help="scratch folder for the recording's DB")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of markdown")
+    parser.add_argument("--per-series", action="store_true", help="one row per series too")
+    parser.add_argument("--warmup", type=int, default=WARMUP,
+                        help="runs before the first night that is judged")
+    parser.add_argument("--prompt", type=int, default=PROMPT,
+                        help="nights after a step's own in which an alarm still finds it "
+                             f"(default {PROMPT}; at most {AFTER})")
+    parser.add_argument("--share", type=float, default=1.0,
+                        help="the share of each run's samples a step slows (default 1: all; "
+                             "0.6: a regression that slows 60%% of the launches)")
+    args = parser.parse_args()
+    if not 0 < args.share <= 1:
+        parser.error(f"--share {args.share}: give a share of the samples above 0, at most 1")
+    if not 0 <= args.prompt <= AFTER:
+        parser.error(f"--prompt {args.prompt}: give 0 to {AFTER} (alarms per step are counted "
+                     f"over {AFTER} nights after the step)")
+    return args
+
+
+def _groups(series: list[dict]) -> tuple[dict[str, Callable[[dict], bool]], str]:
+    """The groups of series summarized, each a test of a result row, and the name of the
+    quiet group the goal is held on."""
+    groups: dict[str, Callable[[dict], bool]] = {"all series": lambda r: True}
+    for w in sorted({s["world_size"] for s in series}):
+        groups[f"world size {w}"] = lambda r, w=w: r["world_size"] == w
+    quiet = f"world size 1, run-to-run noise < {QUIET:.0%}"
+    groups[quiet] = lambda r: r["world_size"] == 1 and r["run_to_run_noise"] < QUIET
+    groups[f"world size 1, run-to-run noise >= {QUIET:.0%}"] = (
+        lambda r: r["world_size"] == 1 and r["run_to_run_noise"] >= QUIET)
+    return groups, quiet
+
+
+def _goal(quiet: dict[str, dict], main_name: str, others: list[str]) -> dict:
+    """The goal held on the quiet series' summary: recall, false alarms against ``others``,
+    alarms per step."""
+    mine = quiet[main_name]
+    return {
+        "quiet_recall_at_10pct": mine["recall"]["0.1"],
+        "recall_goal_met": mine["recall"]["0.1"] >= GOAL_RECALL,
+        "fewer_false_alarms_than_both": all(
+            mine["false_alarms"] < quiet[n]["false_alarms"] for n in others),
+        "alarms_per_step": mine["alarms_per_step"]["0.1"],
+        "once_goal_met": mine["alarms_per_step"]["0.1"] <= GOAL_ALARMS_PER_STEP,
+        "steps_with_two_unslowed_runs": mine["steps_with_two_unslowed_runs"],
+        "steps_with_one_unslowed_run": mine["steps_with_one_unslowed_run"],
+    }
+
+
+def _print_markdown(args: argparse.Namespace, meta: dict, series: list[dict], summary: dict,
+                    main_name: str, goal: dict) -> None:
     runs = [len(s["runs"]) for s in series]
     print(f"Noise: {len(series)} series, {min(runs)}-{max(runs)} runs each, recorded "
           f"{meta['date']} on {meta['machine']}; nights judged from run {args.warmup}; a step "
@@ -854,10 +852,39 @@ def main() -> int:
           f"quartile) in the {args.prompt + 1} nights they must be found in, "
           f"{_pct(goal['steps_with_one_unslowed_run'])} at least one; the rest of their runs "
           "read as the new level plus a slowdown of unknown size.")
+
+
+def main() -> int:
+    args = _arguments()
+    if args.record:
+        record(args.runs, args.work, args.data, args.note)
+    meta, series = load(args.data)
+    detectors: dict[str, Nightly] = {
+        "ours (change points, 5%)": ours(0.05),
+        "pytest-benchmark median:5%": per_run_rule(pytest_benchmark_median_5pct),
+        "asv continuous --factor 1.1": per_run_rule(asv_continuous),
+        "harness 0.x rule (classify_series, 5%)": per_run_rule(v1_rule(0.05)),
+    }
+    result = evaluate(series, detectors, args.warmup, prompt=args.prompt, share=args.share)
+    for rows in result.values():
+        for row, s in zip(rows, series, strict=True):
+            row["run_to_run_noise"] = run_to_run_noise(s["runs"])
+    groups, quiet = _groups(series)
+    summary = {g: {n: summarize([r for r in rows if keep(r)]) for n, rows in result.items()}
+               for g, keep in groups.items()}
+    main_name = next(iter(detectors))
+    goal = _goal(summary[quiet], main_name, list(detectors)[1:3])
+    _record(args, meta, summary, quiet, summary[quiet][main_name], goal)
+    if args.json:
+        print(json.dumps({"meta": {k: v for k, v in meta.items() if k != "per_run_load"},
+                          "warmup": args.warmup, "prompt": args.prompt, "share": args.share,
+                          "slowdowns": list(SLOWDOWNS),
+                          "summary": summary, "goal": goal, "per_series": result}, indent=1))
+        return 0
+    _print_markdown(args, meta, series, summary, main_name, goal)
     if args.per_series:
         print("\n" + per_series_markdown(result))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from _figures import command, machine, record
 
-from harness import store
-from harness.exchange import RUN_FORMAT, RUN_FORMAT_SCHEMA
+from harness.history import store
+from harness.history.exchange import RUN_FORMAT, RUN_FORMAT_SCHEMA
 
 
 def _harness(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,6 @@
 """The built-in strided copy (suites/_cuda/strided_copy.cu) against torch's own copy, on the
 nightly tier's views: bytes per second as a ratio to torch's, timed alike (CUDA-graph replay
-through harness.timing, so neither side's Python launch cost counts), the two interleaved
+through harness.core.timing, so neither side's Python launch cost counts), the two interleaved
 in rounds on the same buffers. Needs a CUDA GPU and NVRTC.
 
     python benchmarks/strided_copy_speed.py [--rounds 3] [--json PATH]
@@ -43,9 +43,9 @@ def main() -> int:
         print("strided_copy_speed: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
 
-    from harness.discovery import registry
-    from harness.inputs import dtype_from_name
-    from harness.timing import TimingConfig, time_call
+    from harness.core.discovery import registry
+    from harness.core.inputs import dtype_from_name
+    from harness.core.timing import TimingConfig, time_call
     from suites.strided_copy import _storage_len
 
     device = torch.device("cuda", 0)

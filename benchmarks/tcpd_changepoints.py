@@ -13,7 +13,7 @@ definitions and checked against the examples of that file in tests/test_tcpd_sco
 
 Every detector gets one fixed setting for all series, as TCPDBench's "default" table does:
 
-* ``harness``: ``harness.changepoints.find`` with the trend model, what ``harness detect``
+* ``harness``: ``harness.history.changepoints.find`` with the trend model, what ``harness detect``
   runs on a CSV at its defaults (changes of at least 2%);
 * ``harness-min-change-0``: the same with ``--min-change 0`` (every significant change);
 * ``harness-level``: the same with the level model, what ``harness run`` and ``harness
@@ -119,7 +119,7 @@ def harness_find(model: str, min_change_pct: float | None = None) -> Detector:
     default ``--min-change`` (regress.MIN_CHANGE_PCT)."""
     def detect(values: np.ndarray) -> list[int]:
         sys.path.insert(0, str(HERE.parent))
-        from harness import changepoints, regress
+        from harness.history import changepoints, regress
 
         floor = regress.MIN_CHANGE_PCT if min_change_pct is None else min_change_pct
         return [cp.index for cp in changepoints.find([float(v) for v in values], model=model,

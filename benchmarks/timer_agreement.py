@@ -2,7 +2,7 @@
 
 The kernel is the built-in CUDA C++ strided copy (compiled with NVRTC, launched through
 cuda.core on torch's current stream), on a transposed bf16 view of --n x --n elements. It is
-timed by ``harness.timing.time_call`` with CUDA events around eager calls, with events around
+timed by ``harness.core.timing.time_call`` with CUDA events around eager calls, with events around
 CUDA-graph replays, and by torch.profiler (the kernel's own device time, CUPTI). Prints one
 line per clock with the median in microseconds, its ratio to the profiler's, and the copy's
 GB/s (bytes read + written). Needs a CUDA GPU and NVRTC.
@@ -30,8 +30,8 @@ def main() -> int:
         print("timer_agreement: needs a CUDA GPU (none visible)", file=sys.stderr)
         return 2
 
-    from harness.discovery import registry
-    from harness.timing import TimingConfig, time_call
+    from harness.core.discovery import registry
+    from harness.core.timing import TimingConfig, time_call
 
     device = torch.device("cuda", 0)
     impl = registry().specs["strided_copy"].implementations["cuda"]

@@ -16,8 +16,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 from _figures import command, machine, record  # noqa: E402
 
-from harness.local import run_cases  # noqa: E402
-from harness.discovery import registry  # noqa: E402
+from harness.core.discovery import registry  # noqa: E402
+from harness.engine.local import run_cases  # noqa: E402
 
 OPS = {"hopper_tasks.rmsnorm": ("torch", "triton"), "hopper_tasks.silu_mul": ("torch", "triton"),
        "hopper_tasks.embedding": ("torch", "triton"), "hopper_tasks.argmax": ("torch", "triton"),

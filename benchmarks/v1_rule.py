@@ -3,7 +3,7 @@
 Per run, against a lagging baseline: the median of the last LOOKBACK runs' medians with a MAD
 band, a Mann-Whitney U test against the pooled samples of recent typical runs, and two
 consecutive violations for a "regression". It was replaced by change points
-(``harness.changepoints``): with one value per run it never alarms (the test needs two
+(``harness.history.changepoints``): with one value per run it never alarms (the test needs two
 samples a side), and a real step is re-flagged on every run until the median catches up.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from harness.regress import Shift, _clean, _mwu_p, _ratio, pairwise
+from harness.history.two_runs import Shift, _clean, _mwu_p, _ratio, pairwise
 
 ALPHA = 0.01
 LOOKBACK = 30

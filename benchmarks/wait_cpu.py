@@ -65,7 +65,7 @@ def main() -> int:
     if args.worker:
         worker()
         return 0
-    from harness.envinfo import find_launcher
+    from harness.device.envinfo import find_launcher
 
     mpiexec = find_launcher()  # what `harness run` launches with
     if mpiexec is None:

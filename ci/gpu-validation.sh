@@ -97,7 +97,7 @@ run_step() {
     nightly1) harness run --tier nightly --world-sizes 1 --device cuda --fail-on never ;;
     # every negative control and the Triton kernels at 1 rank: a control that passes every
     # case on a GPU (named by the run's warning) is a bug the GPU hides from a check
-    controls1) mapfile -t impls < <(python3 -c 'from harness.discovery import registry
+    controls1) mapfile -t impls < <(python3 -c 'from harness.core.discovery import registry
 for c in sorted({c for s in registry().select([], "smoke") for c in s.negative_controls}):
     print("--impl", c, sep="\n")')
                harness run --world-sizes 1 --device cuda --no-bench --fail-on never \

@@ -1,6 +1,6 @@
 """``python -m harness`` is the ``harness`` command."""
 
-from harness.cli import main
+from harness.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -6,15 +6,15 @@ case_tensor, allclose``), never from the harness's other modules, which may chan
 built-in suites too.
 
 - Describing an op: ``OpSpec``, ``Work``, ``SpecError``.
-- Tolerances (``harness.compare``): ``exact``, ``allclose``, ``ulp``, ``cos_diff``,
+- Tolerances (``harness.core.compare``): ``exact``, ``allclose``, ``ulp``, ``cos_diff``,
   ``rel_l2``, ``all_of``, ``default_for``, and ``Tolerance`` itself.
-- Inputs (``harness.inputs``): ``case_tensor`` (an op's deterministic input, by name),
+- Inputs (``harness.core.inputs``): ``case_tensor`` (an op's deterministic input, by name),
   ``generate`` (the generator under it), ``seed_from``, ``hash32``, ``special_values`` and
   ``plant_specials`` (-0.0, subnormals, inf, NaN for ops that move bits), ``dtype_from_name``.
 - Testing an op in the suite's own tests: ``run_cases(spec, "impl or control")`` runs each
   case at world size 1 in this process, through every check of a run, and returns the
   results (``.status``, ``.reason``); multi-rank bugs need ``harness run --world-sizes 4``.
-- Buffers (``harness.buffers``): ``poisoned`` (a new buffer full of poison, for an op's
+- Buffers (``harness.core.buffers``): ``poisoned`` (a new buffer full of poison, for an op's
   output buffers) and ``overlaps`` (whether two tensors share memory).
 - Memory: ``available_bytes`` (what a new tensor can use on a device, for a case's skip).
 - CUDA C++ and Triton implementations: ``from_source`` (a CUDA C++ file made an
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from harness.buffers import overlaps, poisoned
-from harness.compare import (
+from harness.core.buffers import overlaps, poisoned
+from harness.core.compare import (
     DEFAULT_RTOL_ATOL,
     Tolerance,
     all_of,
@@ -45,8 +45,7 @@ from harness.compare import (
     rel_l2,
     ulp,
 )
-from harness.cuda_impl import cuda_launch, from_source
-from harness.inputs import (
+from harness.core.inputs import (
     dtype_from_name,
     generate,
     hash32,
@@ -54,10 +53,11 @@ from harness.inputs import (
     seed_from,
     special_values,
 )
-from harness.local import run_cases
-from harness.memory import available_bytes
-from harness.spec import OpSpec, SpecError, Work
-from harness.triton_impl import TritonImplementation
+from harness.core.spec import OpSpec, SpecError, Work
+from harness.device.cuda_impl import cuda_launch, from_source
+from harness.device.memory import available_bytes
+from harness.device.triton_impl import TritonImplementation
+from harness.engine.local import run_cases
 
 __all__ = [
     "DEFAULT_RTOL_ATOL", "OpSpec", "SpecError", "Tolerance", "TritonImplementation", "Work",

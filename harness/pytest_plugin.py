@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from harness import results as results_mod
-from harness import triton_impl
-from harness.discovery import BUILTIN_SUITE, builtin_suite_dir, registry, use_suites
-from harness.envinfo import env_id
-from harness.golden import GoldenShelf
-from harness.options import RunDir, RunOptions
-from harness.results import CaseResult, RunInfo
-from harness.spec import PlannedItem, Registry, SpecError
-from harness.timing import TimingConfig
+from harness.core import results as results_mod
+from harness.core.discovery import BUILTIN_SUITE, builtin_suite_dir, registry, use_suites
+from harness.core.golden import GoldenShelf
+from harness.core.results import CaseResult, RunInfo
+from harness.core.spec import PlannedItem, Registry, SpecError
+from harness.core.timing import TimingConfig
+from harness.device import triton_impl
+from harness.device.envinfo import env_id
+from harness.engine.options import RunDir, RunOptions
 
 _SESSION = pytest.StashKey["HarnessSession"]()
 
@@ -45,7 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--harness-set", action="append", default=[], metavar="NAME=VALUE",
                 help="set one run option by hand (repeatable): tier=nightly, "
                      "impls=torch,tile, bench=false, device=cpu, timeout=60 (the fields of "
-                     "harness.options.RunOptions); over the run directory's run.json")
+                     "harness.engine.options.RunOptions); over the run directory's run.json")
 
 
 def rank_settings(config: pytest.Config, world_size: int) -> tuple[RunOptions, RunInfo | None]:
@@ -68,7 +68,7 @@ def _calibration_for(path: Path | None, device: Any) -> dict[str, Any] | None:
     """This rank's device's calibration from the file the launcher wrote, if any."""
     if path is None or not path.is_file():
         return None
-    from harness.calibrate import device_key
+    from harness.engine.calibrate import device_key
 
     try:
         calibrations = json.loads(path.read_text(encoding="utf-8"))
@@ -83,8 +83,8 @@ class HarnessSession:
     def __init__(self, config: pytest.Config) -> None:
         from mpi4py import MPI
 
-        from harness.runtime import RuntimeSetupError, World, world_mismatch
-        from harness.watchdog import Watchdog
+        from harness.device.runtime import RuntimeSetupError, World, world_mismatch
+        from harness.engine.watchdog import Watchdog
 
         opt = config.option
         size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
@@ -112,7 +112,7 @@ class HarnessSession:
             self.registry: Registry = registry()
             self.world = World.from_mpi(options.device, timeout_s=self._group_timeout())
             # before any implementation is resolved: a Triton kernel is compiled or
-            # interpreted when its module is imported (harness.triton_impl)
+            # interpreted when its module is imported (harness.device.triton_impl)
             triton_impl.configure_rank(self.world.device.type)
         except (SpecError, RuntimeSetupError) as exc:
             # every rank decided the same; rank 0 tells the launcher, which stops with exit 2
@@ -132,7 +132,7 @@ class HarnessSession:
         self.calibration = _calibration_for(files and files.calibrations, self.world.device)
         self.golden = None if not options.use_golden else GoldenShelf(
             self.registry.golden_dir_of, options.golden_dir)
-        from harness.runner import SetupCache
+        from harness.engine.case_setup import SetupCache
 
         self.setups = SetupCache()  # a case's inputs and reference, shared by its impls
 
@@ -146,7 +146,7 @@ class HarnessSession:
                                   list(self.impls), self.world.device.type)
 
     def run(self, item: PlannedItem) -> CaseResult:
-        from harness.runner import run_case
+        from harness.engine.runner import run_case
 
         deadline = self.timeout or item.case.spec.deadline_s
         root = self.world.rank == 0
@@ -177,7 +177,7 @@ class HarnessSession:
         """The case's reason, extended, when it left a rank's CUDA context unusable; every
         rank gets the same answer (the status is agreed, the probes gathered over MPI, which
         needs no CUDA)."""
-        from harness.runtime import broken_context
+        from harness.device.runtime import broken_context
 
         # a fault surfaces as an exception (an "error"), never as wrong numbers alone; the
         # status is agreed, so every rank skips the gather alike, and the failing cases of
@@ -186,7 +186,7 @@ class HarnessSession:
             return None
         why = broken_context(self.world.device)
         if why and self.sanitizer_log:
-            from harness import sanitizer
+            from harness.device import sanitizer
 
             log = sanitizer.log_path(self.sanitizer_log, self.world.rank)
             report = sanitizer.first_error(log.read_text(errors="replace")) \

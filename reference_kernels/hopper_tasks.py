@@ -3,9 +3,9 @@
 bf16 data, float32 arithmetic, one rounding to the output dtype at the end of each task (the
 task writes its output tile once). eps is 1e-6 in every norm. The functions whose output is
 rounded once take ``wide=True`` to return the float64 value before that rounding: what the
-precision lens (harness.compare.rounding) holds an implementation to. Weights use nn.Linear's layout
-(out_features, in_features). Every function is a plain torch function of its inputs, written
-for reading, not for speed.
+precision lens (harness.core.compare.rounding) holds an implementation to. Weights use
+nn.Linear's layout (out_features, in_features). Every function is a plain torch function of its
+inputs, written for reading, not for speed.
 """
 
 from __future__ import annotations

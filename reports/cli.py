@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from harness.cli_common import (
+from harness.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
     EXIT_REGRESSION,
@@ -56,7 +56,7 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
     collectives), per run (environment, failures with their metrics) and a compare page per
     run against the previous run of its machine.
     """
-    from harness import store
+    from harness.history import store
     from reports import data, render
 
     start = time.perf_counter()
@@ -92,9 +92,9 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
 
 def _judge(history, run_ids: list[str], fail_on: str) -> int:
     """Print the judged runs' failures and regressions; the exit code ``fail_on`` asks for."""
-    from harness.cli_show import print_failure, print_findings
-    from harness.regress import Finding
-    from harness.results import FAILING
+    from harness.cli.show import print_failure, print_findings
+    from harness.core.results import FAILING
+    from harness.history.regress import Finding
     from reports.data import judged_runs
 
     runs = judged_runs(history, run_ids)

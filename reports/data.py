@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import regress, store
-from harness.results import FAILING, CaseResult, RunInfo
+from harness.core.results import FAILING, CaseResult, RunInfo
+from harness.history import regress, store, triage
 
 #: marker kinds on the latency trends: change points (slower, faster) and suspicious runs
 TIMING_KINDS = ("regression", "suspicious", "improvement")
@@ -71,7 +71,7 @@ class History:
     runs: list[Run]
     entries: list[Entry]
     findings: list[dict[str, Any]]
-    #: the timing series' change points with their triage (``store.change_points``)
+    #: the timing series' change points with their triage (``triage.change_points``)
     change_points: list[dict[str, Any]]
     #: op -> names of its negative controls (known-wrong versions that must fail)
     controls: dict[str, set[str]]
@@ -116,7 +116,7 @@ timing_label = regress.timing_label
 
 def analyze_missing(conn: sqlite3.Connection) -> list[str]:
     """Analyse and store the runs that have no stored findings yet (oldest first)."""
-    todo = store.unanalyzed_runs(conn)
+    todo = triage.unanalyzed_runs(conn)
     for run_id in todo:
         regress.analyze_and_store(conn, run_id)
     return todo
@@ -124,7 +124,7 @@ def analyze_missing(conn: sqlite3.Connection) -> list[str]:
 
 def _registry_view() -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
     try:
-        from harness.discovery import registry
+        from harness.core.discovery import registry
 
         reg = registry()
     except Exception:  # noqa: BLE001 - a broken suite must not stop the report of the history
@@ -169,8 +169,8 @@ def load(conn: sqlite3.Connection, db_label: str) -> History:
         entries.append(Entry(result, run))
     controls, known = _registry_view()
     return History(db_label=db_label, runs=runs, entries=entries,
-                   findings=store.stored_findings(conn),
-                   change_points=store.change_points(conn), controls=controls,
+                   findings=triage.stored_findings(conn),
+                   change_points=triage.change_points(conn), controls=controls,
                    ops_known=known)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from harness.cli_common import EXIT_INFRA, EXIT_USAGE, HarnessExit, console, parse_world_sizes
+from harness.cli.common import EXIT_INFRA, EXIT_USAGE, HarnessExit, console, parse_world_sizes
 
 #: a few cheap cases of every family: collectives of several sizes (busbw curves), Hopper
 #: tasks, FP8, MoE, strided copy, DTensor
@@ -89,7 +89,7 @@ def _summary(out: subprocess.CompletedProcess[str]) -> str:
 def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: str,
          quick: bool) -> None:
     """Build a demo history with real runs on this machine, then render its dashboard."""
-    from harness.cli import command_named
+    from harness.cli.main import command_named
 
     sizes = ",".join(map(str, parse_world_sizes(world_sizes)))
     if db.exists():

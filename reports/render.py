@@ -33,10 +33,10 @@ import jinja2
 from jinja2.utils import htmlsafe_json_dumps
 from markupsafe import Markup
 
-from harness import regress, store
-from harness.cli_common import fmt_us
-from harness.discovery import BUILTIN_SUITE
-from harness.results import FAILING
+from harness.cli.common import fmt_us
+from harness.core.discovery import BUILTIN_SUITE
+from harness.core.results import FAILING
+from harness.history import reads, regress, store, two_runs
 from reports import charts
 from reports.data import (
     INDEX_KINDS,
@@ -214,7 +214,7 @@ def _suite_order(row: dict[str, Any]) -> tuple[Any, ...]:
 def _size_of(history: History):
     """Message size per rank of a collective result: the work model's bytes (nccl-tests'
     size column) where the op is known, else algbw x time, which is the same number."""
-    from harness.discovery import registry
+    from harness.core.discovery import registry
 
     try:
         specs = registry().specs
@@ -258,7 +258,7 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
     paged_ids = {r.run_id for r in paged_runs}
     previous = {}  # run id -> the run its compare page compares it with
     for run in paged_runs:
-        other = store.previous_comparable_run(conn, run.run_id)
+        other = reads.previous_comparable_run(conn, run.run_id)
         if other is not None:
             previous[run.run_id] = runs_by_id[other]
     pairs = [(previous[r.run_id].run_id, r.run_id) for r in paged_runs if r.run_id in previous]
@@ -312,8 +312,8 @@ def render(conn: sqlite3.Connection, history: History, out_dir: Path, *,
     for a, b in pairs:
         results_a = store.results_for_run(conn, a)
         results_b = store.results_for_run(conn, b)
-        shifts = regress.timing_shifts(results_a, results_b)
-        rows = regress.compare_rows(results_a, results_b, shifts)
+        shifts = two_runs.timing_shifts(results_a, results_b)
+        rows = two_runs.compare_rows(results_a, results_b, shifts)
         by_a = {r.key: r for r in results_a}  # timing verdicts are in the rows already
         findings = [f.to_dict() for r in results_b if r.key in by_a
                     for f in regress.correctness_findings(by_a[r.key], r)]

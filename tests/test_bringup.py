@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from harness import bringup
-from harness.bringup import SiteFacts, checklist, run_blockers, worst
-from harness.placement import GpuFacts
+from harness.device import bringup
+from harness.device.bringup import SiteFacts, checklist, run_blockers, worst
+from harness.device.placement import GpuFacts
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -186,7 +186,7 @@ def test_the_timing_line_says_how_many_ranks_are_timed_fully():
 
 
 def test_triton_on_a_gpu_host_is_judged_and_on_a_cpu_not_at_all():
-    from harness import triton_impl
+    from harness.device import triton_impl
 
     assert levels(healthy())["Triton"] == "ok"
     assert levels(healthy(triton=False))["Triton"] == "note"

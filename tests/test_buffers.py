@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from harness.buffers import (
+from harness.core.buffers import (
     ALIGN_BYTES,
     free_blocks_to_poison,
     fresh_memory_poisoned,

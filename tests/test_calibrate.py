@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import calibrate, envinfo, store
-from harness.discovery import registry
-from harness.spec import TIERS
+from harness.core.discovery import registry
+from harness.core.spec import TIERS
+from harness.device import envinfo
+from harness.engine import calibrate
+from harness.history import store
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU to calibrate one")

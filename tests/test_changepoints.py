@@ -1,4 +1,5 @@
-"""The change point analysis as pure functions of numbers (harness/changepoints.py)."""
+"""The change point analysis as pure functions of numbers (harness/history/changepoints.py and
+the noise, excursions and segmentation modules it builds on)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from harness import changepoints as cp
+from harness.history import changepoints as cp
+from harness.history import excursions, segmentation
+from harness.history import noise as noise_mod
 
 
 def noise(seed: int, n: int, sigma: float = 1.0) -> np.ndarray:
@@ -20,10 +23,11 @@ def brute_force_segment(values: np.ndarray, pen: float) -> list[int]:
     ``pen`` per cut: the definition ``segment`` must meet, by enumeration."""
     n = values.size
     best, best_cuts = math.inf, []
-    for k in range(0, n // cp.MIN_SIZE):
-        for cuts in itertools.combinations(range(cp.MIN_SIZE, n - cp.MIN_SIZE + 1), k):
+    for k in range(0, n // segmentation.MIN_SIZE):
+        first, last = segmentation.MIN_SIZE, n - segmentation.MIN_SIZE
+        for cuts in itertools.combinations(range(first, last + 1), k):
             edges = [0, *cuts, n]
-            if any(b - a < cp.MIN_SIZE for a, b in itertools.pairwise(edges)):
+            if any(b - a < segmentation.MIN_SIZE for a, b in itertools.pairwise(edges)):
                 continue
             cost = sum(float(np.sum((values[a:b] - values[a:b].mean()) ** 2))
                        for a, b in itertools.pairwise(edges)) + pen * k
@@ -39,7 +43,7 @@ def test_segment_is_the_exact_optimum(seed):
     values = rng.normal(0, 1, n) + np.repeat(rng.normal(0, 3, 3), -(-n // 3))[:n]
     sigma, penalty = 1.0, float(rng.uniform(0.2, 3.0))
     expected = brute_force_segment(values, penalty * sigma ** 2 * math.log(n))
-    assert cp.segment(values, sigma, penalty) == expected
+    assert segmentation.segment(values, sigma, penalty) == expected
 
 
 def test_a_step_is_found_once_where_it_starts_in_both_directions():
@@ -84,7 +88,7 @@ def test_a_new_level_counts_a_run_far_past_the_old_one_though_slower_runs_pull_i
 
 def test_an_ordinary_run_between_two_spikes_is_not_a_spike():
     values = np.array([1.0, 1.01, 0.99, 1.5, 1.0, 1.5, 1.0, 0.99, 1.01])
-    cleaned = cp.despike(values, 0.01)
+    cleaned = excursions.despike(values, 0.01)
     assert cleaned[4] == 1.0  # off both neighbours, but not off the runs around it
     assert cleaned[3] == pytest.approx(0.995) and cleaned[5] == pytest.approx(1.0)
 
@@ -99,27 +103,28 @@ def test_samples_of_a_run_give_its_value_and_a_floor_on_the_noise():
     rng = np.random.default_rng(7)
     runs = [list(rng.normal(level, 5.0, 25)) for level in [100.0] * 10 + [104.0] * 10]
     # the run medians alone are as precise as the samples allow: 1.2533 * 5 / 5 = 1.25
-    assert cp.sample_floor(runs) == pytest.approx(1.25, rel=0.35)
+    assert noise_mod.sample_floor(runs) == pytest.approx(1.25, rel=0.35)
     assert [c.index for c in cp.find(runs)] == [10]
-    assert cp.run_values([[1.0, 2.0, 9.0], 4.0, [], [math.nan, 3.0]])[:2].tolist() == [2.0, 4.0]
+    values = noise_mod.run_values([[1.0, 2.0, 9.0], 4.0, [], [math.nan, 3.0]])
+    assert values[:2].tolist() == [2.0, 4.0]
 
 
 def test_a_low_quantile_of_each_run_is_analysed_and_its_floor_follows():
     # the 10th percentile of 1..10 interpolates the two smallest: 1 + 0.9 * (2 - 1); a run of
     # fewer than QUANTILE_SAMPLES samples is read by its median
     ten = [float(x) for x in range(10, 0, -1)]
-    assert cp.run_values([ten, [1.0, 2.0, 9.0], 4.0], 0.1).tolist() == pytest.approx(
+    assert noise_mod.run_values([ten, [1.0, 2.0, 9.0], 4.0], 0.1).tolist() == pytest.approx(
         [1.9, 2.0, 4.0])
-    assert cp.QUANTILE_SAMPLES == 10
+    assert noise_mod.QUANTILE_SAMPLES == 10
     # that quantile of n normal samples has a standard error sqrt(.09) / phi(1.2816) = 1.709
     # sigma / sqrt(n): 1.709 * 5 / 5 here, against 1.2533 * 5 / 5 for the median
     rng = np.random.default_rng(7)
     runs = [list(rng.normal(100.0, 5.0, 25)) for _ in range(20)]
-    assert cp.sample_floor(runs, 0.1) == pytest.approx(1.709, rel=0.35)
+    assert noise_mod.sample_floor(runs, 0.1) == pytest.approx(1.709, rel=0.35)
     few = [run[:5] for run in runs]  # read by their medians: the median's floor
-    assert cp.sample_floor(few, 0.1) == cp.sample_floor(few)
-    assert cp.sample_floor(runs, 0.1) / cp.sample_floor(runs) == pytest.approx(1.709 / 1.2533,
-                                                                              rel=1e-3)
+    assert noise_mod.sample_floor(few, 0.1) == noise_mod.sample_floor(few)
+    assert noise_mod.sample_floor(runs, 0.1) / noise_mod.sample_floor(runs) == pytest.approx(
+        1.709 / 1.2533, rel=1e-3)
 
 
 def test_contention_that_slows_most_samples_of_a_few_runs_is_no_change_at_a_low_quantile():
@@ -135,9 +140,10 @@ def test_contention_that_slows_most_samples_of_a_few_runs_is_no_change_at_a_low_
         runs.append(list(samples * (1.1 if r >= 30 else 1.0)))
     by_median = cp.find(runs, log=True)
     assert [(c.index, c.direction) for c in by_median] == [(20, "up"), (24, "down"), (30, "up")]
-    (step,) = cp._find(cp._readings(runs, True, (0.1,))[0])  # the low quantile's reading alone
+    low = noise_mod.readings(runs, True, (0.1,))[0]
+    (step,) = cp._find(low)  # the low quantile's reading alone
     assert (step.index, step.direction) == (30, "up")
-    assert step.after == pytest.approx(float(np.median(cp.run_values(runs)[30:])))
+    assert step.after == pytest.approx(float(np.median(noise_mod.run_values(runs)[30:])))
     assert step.change_pct == pytest.approx(10, abs=1)
     # with the medians' second reading, two such runs are still nothing; four make a level
     # (what a slow path taken by 60% of the launches, then fixed, would look like)
@@ -158,7 +164,8 @@ def test_a_step_that_slows_part_of_the_samples_is_found_by_the_medians_once_it_h
         if r >= 15:
             samples[rng.permutation(20)[:12]] *= 1.15
         runs.append(list(samples))
-    assert cp._find(cp._readings(runs, True, (0.1,))[0]) == []  # the low quantile's reading alone
+    low = noise_mod.readings(runs, True, (0.1,))[0]
+    assert cp._find(low) == []  # the low quantile's reading alone
     assert cp.find(runs[:17], log=True, quantile=0.1) == []  # two runs: not yet
     for n in (18, 22):
         (step,) = cp.find(runs[:n], log=True, quantile=0.1)
@@ -187,23 +194,24 @@ def test_log_scale_sees_a_step_of_a_kernel_that_became_far_slower_and_noisier():
 
 def test_noise_sigma_is_robust_to_a_step_and_to_spikes():
     values = 100 + noise(9, 400, 2.0)
-    assert cp.noise_sigma(values) == pytest.approx(2.0, rel=0.15)
+    assert noise_mod.noise_sigma(values) == pytest.approx(2.0, rel=0.15)
     stepped = values + np.where(np.arange(400) >= 200, 30.0, 0.0)
     spiky = values.copy()
     spiky[::4] += 50.0  # a quarter of the runs slow
-    assert cp.noise_sigma(stepped) == pytest.approx(2.0, rel=0.15)
-    assert cp.noise_sigma(spiky) < 4.0
-    assert cp.noise_sigma(values, floor=5.0) == 5.0
+    assert noise_mod.noise_sigma(stepped) == pytest.approx(2.0, rel=0.15)
+    assert noise_mod.noise_sigma(spiky) < 4.0
+    assert noise_mod.noise_sigma(values, floor=5.0) == 5.0
 
 
 def test_p_value_of_the_median_difference():
     a, b = np.array([1.0, 1.0, 1.0, 1.0]), np.array([1.0, 1.0])
-    assert cp.p_value(a, b, 0.1) == 1.0
+    assert segmentation.p_value(a, b, 0.1) == 1.0
     # t = 1 / (1.2533 * 0.1 * sqrt(1/4 + 1/2)) = 9.2 with 4 degrees of freedom: p = 7.7e-4
-    p = cp.p_value(a, b + 1.0, 0.1)
-    assert p == pytest.approx(cp.p_value(b + 1.0, a, 0.1)) and p == pytest.approx(7.7e-4, rel=0.05)
-    assert cp.p_value(a, b + 0.05, 0.1) > 0.5
-    assert cp.p_value(np.array([]), b, 0.1) == 1.0
+    p = segmentation.p_value(a, b + 1.0, 0.1)
+    assert p == pytest.approx(segmentation.p_value(b + 1.0, a, 0.1))
+    assert p == pytest.approx(7.7e-4, rel=0.05)
+    assert segmentation.p_value(a, b + 0.05, 0.1) > 0.5
+    assert segmentation.p_value(np.array([]), b, 0.1) == 1.0
 
 
 def test_to_dict_is_strict_json():
@@ -224,7 +232,7 @@ def test_a_spike_right_before_a_step_does_not_move_the_step():
     assert point.before == 5333.0
     # the spike between two runs of one level is still taken out
     x = np.log(np.array(nights))
-    despiked = cp.despike(x, 0.05)
+    despiked = excursions.despike(x, 0.05)
     assert despiked[2] == (x[1] + x[3]) / 2 and np.array_equal(despiked[3:], x[3:])
 
 
@@ -266,7 +274,7 @@ def test_ordinary_runs_among_many_slow_ones_are_no_spikes_down():
     values = np.log(np.array([0.98, 0.98, 0.98, 0.98, 1.00, 0.99, 1.62, 1.02, 1.64, 1.88,
                               1.01, 1.02, 1.65, 1.43, 0.98, 1.83, 1.00, 1.02, 1.79, 1.86,
                               1.85, 1.01, 0.99, 1.00]))
-    cleaned = cp.despike(values, 0.012)
+    cleaned = excursions.despike(values, 0.012)
     assert np.array_equal(cleaned[16:18], values[16:18])
     assert np.all(np.abs(cleaned[18:21] - math.log(1.01)) < 0.03)  # the slow ones set aside
 
@@ -285,8 +293,8 @@ def test_a_step_after_a_short_history_with_many_slow_runs_is_seen(seed):
     # quartile is a slow run's, 50 to 150 times the ordinary runs' noise
     history = list((100 + noise(seed, 16, 0.4)) * np.array(_SLOWED))
     values = np.log(history)
-    assert cp.noise_sigma(values) > 0.1
-    sigma = cp.level_sigma(values)
+    assert noise_mod.noise_sigma(values) > 0.1
+    sigma = excursions.level_sigma(values)
     assert 0.001 < sigma < 0.012  # the ordinary runs' noise (0.004), not a slow run's
     # with the slow run's it saw no +10% step at all; now it finds it (dated at the slow run
     # before it, the earliest run it can have come from), and nothing without one
@@ -304,8 +312,8 @@ def test_the_noise_estimate_is_left_alone_in_normal_noise():
     for n in (12, 16, 24, 40):
         for _ in range(500):
             values = rng.normal(0.0, 1.0, n)
-            switched += cp.level_sigma(values) != cp.noise_sigma(
-                cp.despike(values, cp.noise_sigma(values)))
+            switched += excursions.level_sigma(values) != noise_mod.noise_sigma(
+                excursions.despike(values, noise_mod.noise_sigma(values)))
     assert switched <= 2
 
 
@@ -343,7 +351,7 @@ def test_two_slow_runs_a_little_under_alike_excursions_are_held_all_the_same(mon
     [point] = cp.find(base + [158.6, 160.1, 159.5], log=True)
     assert point.index == 30
     # without that allowance the pair is a change point (the nightly's false alarm)
-    monkeypatch.setattr(cp, "_BAND_SIGMAS", 0.0)
+    monkeypatch.setattr(excursions, "_BAND_SIGMAS", 0.0)
     [point] = cp.find(base + [158.6, 160.1], log=True)
     assert (point.index, point.direction) == (30, "up")
 
@@ -382,7 +390,7 @@ def test_two_held_slow_runs_make_no_change_of_their_own_with_the_runs_before_the
 
 def brute_force_trend_segment(values: np.ndarray, pen: float) -> list[int]:
     """As ``brute_force_segment``, each stretch a least-squares line of TREND_MIN_SIZE or more."""
-    n, m = values.size, cp.TREND_MIN_SIZE
+    n, m = values.size, segmentation.TREND_MIN_SIZE
     best, best_cuts = math.inf, []
     for k in range(0, n // m):
         for cuts in itertools.combinations(range(m, n - m + 1), k):
@@ -401,7 +409,7 @@ def brute_force_trend_segment(values: np.ndarray, pen: float) -> list[int]:
 
 def test_trend_cost_is_the_residual_of_a_fitted_line():
     values = 1e6 + 50 * noise(7, 40) + np.linspace(0, 300, 40)  # large offset: conditioning
-    cost = cp.trend_cost(values)
+    cost = segmentation.trend_cost(values)
     for start, end in [(0, 40), (3, 9), (10, 13), (20, 40)]:
         t = np.arange(start, end, dtype=float)
         residual = values[start:end] - np.polyval(np.polyfit(t, values[start:end], 1), t)
@@ -417,7 +425,7 @@ def test_trend_segment_is_the_exact_optimum(seed):
     turn = int(rng.integers(3, n - 2))
     values = rng.normal(0, 1, n) + np.where(t < turn, 2 * t, 2 * turn - 3 * (t - turn))
     penalty = float(rng.uniform(0.2, 3.0))
-    assert cp.segment(values, 1.0, penalty, model="trend") == brute_force_trend_segment(
+    assert segmentation.segment(values, 1.0, penalty, model="trend") == brute_force_trend_segment(
         values, penalty * math.log(n))
 
 
@@ -526,29 +534,29 @@ def test_the_ordinary_runs_between_two_bursts_are_not_a_dip():
     values = 100 + noise(5, 40)
     values[18:21] += 25.0
     values[23:26] += 25.0
-    x, aside = cp.spikes(values, 1.0)
+    x, aside = excursions.spikes(values, 1.0)
     assert np.flatnonzero(aside).tolist() == [18, 19, 20, 23, 24, 25]
     assert np.all(np.abs(x - 100) < 5)
 
 
 def test_the_trend_model_reads_its_noise_from_its_fit_only_where_that_leaves_white_noise():
     steps = 100 + np.where(np.arange(300) >= 150, 10.0, 0.0) + noise(50, 300)
-    sigma = cp.trend_sigma(steps)
-    second, _ = cp.refit(steps, sigma, cp.segment(steps, sigma, model="trend"))
+    sigma = segmentation.trend_sigma(steps)
+    second, _ = segmentation.refit(steps, sigma, segmentation.segment(steps, sigma, model="trend"))
     assert second == pytest.approx(1.0, rel=0.15) and sigma > 2.5  # the noise, not the step
     for seed in range(3):  # a random walk: its residuals stay correlated, one line's noise
         walk = 100 + np.cumsum(noise(60 + seed, 300))
-        sigma = cp.trend_sigma(walk)
-        bounds = cp.segment(walk, sigma, model="trend")
-        assert cp.refit(walk, sigma, bounds) == (sigma, bounds)
-    assert cp.lag1_autocorrelation(noise(7, 1000)) == pytest.approx(0, abs=0.1)
-    assert cp.lag1_autocorrelation(np.cumsum(noise(7, 1000))) > 0.9
+        sigma = segmentation.trend_sigma(walk)
+        bounds = segmentation.segment(walk, sigma, model="trend")
+        assert segmentation.refit(walk, sigma, bounds) == (sigma, bounds)
+    assert segmentation.lag1_autocorrelation(noise(7, 1000)) == pytest.approx(0, abs=0.1)
+    assert segmentation.lag1_autocorrelation(np.cumsum(noise(7, 1000))) > 0.9
 
 
 def test_the_weighted_trend_cost_is_the_residual_of_a_weighted_line():
     values = 1e6 + 50 * noise(8, 40) + np.linspace(0, 300, 40)
     weights = np.random.default_rng(8).uniform(0.1, 3.0, 40)
-    cost = cp.trend_cost(values, weights)
+    cost = segmentation.trend_cost(values, weights)
     for start, end in [(0, 40), (3, 9), (20, 40)]:
         t, w = np.arange(start, end, dtype=float), weights[start:end]
         # np.polyfit's w multiplies the residuals: sqrt of the weights of the squares
@@ -557,20 +565,20 @@ def test_the_weighted_trend_cost_is_the_residual_of_a_weighted_line():
         assert cost(np.array([start]), end)[0] == pytest.approx(
             float(np.sum(w * residual ** 2)), rel=1e-6, abs=1e-6)
     # weights of 1 are the unweighted cost
-    ones = cp.trend_cost(values, np.ones(40))(np.array([0, 5]), 40)
-    assert ones == pytest.approx(cp.trend_cost(values)(np.array([0, 5]), 40), rel=1e-9)
+    ones = segmentation.trend_cost(values, np.ones(40))(np.array([0, 5]), 40)
+    assert ones == pytest.approx(segmentation.trend_cost(values)(np.array([0, 5]), 40), rel=1e-9)
     with pytest.raises(ValueError, match="trend model only"):
-        cp.segment(values, np.ones(40), model="level")
+        segmentation.segment(values, np.ones(40), model="level")
 
 
 def test_the_noise_profile_is_read_only_where_the_noise_changes():
     tripled = noise(53, 600)
     tripled[300:] *= 3.0
-    profile = cp.noise_profile(tripled)
+    profile = segmentation.noise_profile(tripled)
     assert profile is not None and profile.size == 600
     assert profile[:240].max() < 1.3 and profile[360:].min() > 2.4
-    assert cp.noise_profile(noise(54, 600)) is None  # one noise: none per run
-    assert cp.noise_profile(tripled[:80]) is None  # too short to tell
+    assert segmentation.noise_profile(noise(54, 600)) is None  # one noise: none per run
+    assert segmentation.noise_profile(tripled[:80]) is None  # too short to tell
 
 
 def _noise_tripled(seed: int) -> list[float]:
@@ -602,7 +610,7 @@ def test_a_series_whose_noise_triples_is_cut_at_its_steps_not_where_it_wanders(m
     # whole series (no profile is ever read)
     monkeypatch.setattr(cp, "_agreed", lambda points, *_: points)
     extra, missed = errors()
-    monkeypatch.setattr(cp, "NOISE_RATIO", math.inf)
+    monkeypatch.setattr(segmentation, "NOISE_RATIO", math.inf)
     one_noise_extra, one_noise_missed = errors()
     assert extra + missed < one_noise_extra + one_noise_missed
 
@@ -618,8 +626,8 @@ def test_an_excursion_of_up_to_three_runs_is_set_aside_and_a_step_beside_it_is_f
     for slow in ([190.0, 175.0], [160.0, 185.0, 170.0]):
         # slow runs that come back to the level around them: no level of their own
         values = np.log(np.array(base + slow + list(100 + noise(22, 6))))
-        sigma = cp.noise_sigma(values)
-        assert np.all(np.abs(cp.despike(values, sigma) - math.log(100)) < 0.05)
+        sigma = noise_mod.noise_sigma(values)
+        assert np.all(np.abs(excursions.despike(values, sigma) - math.log(100)) < 0.05)
         # and a +10% step two runs after them is judged against the level before them
         stepped = base + slow + [99.0, 101.0] + list(110 + noise(23, 2))
         found = [c for c in cp.find(stepped, log=True) if c.index == len(stepped) - 2]
@@ -627,6 +635,7 @@ def test_an_excursion_of_up_to_three_runs_is_set_aside_and_a_step_beside_it_is_f
         assert found[0].change_pct == pytest.approx(10, abs=2)
     # four slow runs are a level, and a step that stays is never set aside
     four = np.log(np.array(base + [180.0] * 4 + list(100 + noise(24, 6))))
-    assert np.allclose(cp.despike(four, cp.noise_sigma(four))[20:24], math.log(180.0))
+    cleaned = excursions.despike(four, noise_mod.noise_sigma(four))
+    assert np.allclose(cleaned[20:24], math.log(180.0))
     step = np.log(np.array(base + [180.0] * 3))
-    assert np.array_equal(cp.despike(step, cp.noise_sigma(step))[20:22], step[20:22])
+    assert np.array_equal(excursions.despike(step, noise_mod.noise_sigma(step))[20:22], step[20:22])

@@ -408,7 +408,7 @@ def test_report_ingests_into_a_postgresql_history(slurm_night, report_available,
     assert proc.returncode == 0, explain(proc)
     assert (tmp_path / "site" / "index.html").is_file()
     assert not any(p.name.startswith("postgres") for p in tmp_path.iterdir())
-    from harness import store
+    from harness.history import store
 
     conn = store.connect(postgres_url)
     try:

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import regress, store
-from harness.cli import main
-from harness.cli_show import print_findings
+from harness.cli.main import main
+from harness.cli.show import print_findings
+from harness.history import regress, store
 from tests.test_regress import T0, draw, kinds, nightly, put, result
 
 
@@ -281,7 +281,8 @@ def test_detect_log_scale_on_a_csv_and_a_value_without_a_log(tmp_path, capsys):
 
 def test_detect_models_a_csv_as_trends_and_a_history_db_as_levels(tmp_path, stepped_db,
                                                                    capsys):
-    from harness import changepoints, cli_changes
+    from harness.cli import changes as cli_changes
+    from harness.history import changepoints
 
     model = next(p for p in cli_changes.detect.params if p.name == "model")
     assert tuple(model.type.choices) == changepoints.MODELS

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import envinfo, store
-from harness.results import CaseResult, RunInfo
+from harness.core.results import CaseResult, RunInfo
+from harness.device import envinfo
+from harness.history import store
 
 T0 = 1_700_000_000.0
 MACHINE = "compare-test-box"  # HARNESS_MACHINE: a fingerprint of our choosing

@@ -181,7 +181,7 @@ def _registry_controls(family: str) -> set[tuple[str, str]]:
     tables below refine where some of them must fail; a control with no entry must fail at
     least one case, so a new op or control needs no edit here. Triton controls only where
     triton is installed (elsewhere they skip, saying how to install it)."""
-    from harness.discovery import registry
+    from harness.core.discovery import registry
 
     has_triton = importlib.util.find_spec("triton") is not None
     return {(spec.name.removeprefix(f"{family}."), control)
@@ -656,7 +656,7 @@ def test_a_wrong_user_callable_fails_every_case_with_exit_1(faults_run):
 ])
 def test_bad_input_is_one_clear_line_and_a_documented_exit_code(tmp_path, args, code, needle):
     if args[-1] == "cuda":
-        from harness import cuda
+        from harness.device import cuda
 
         if cuda.device_count():
             pytest.skip("a GPU is present")
@@ -670,7 +670,7 @@ def test_bad_input_is_one_clear_line_and_a_documented_exit_code(tmp_path, args, 
 def test_pytest_by_hand_under_mpiexec(tmp_path):
     """DESIGN.md: `mpiexec -n 4 python -m pytest --pyargs suites -p harness.pytest_plugin -k ...`
     is a valid way to run by hand."""
-    from harness.envinfo import find_launcher
+    from harness.device.envinfo import find_launcher
 
     cmd = [find_launcher(), "-n", "4", sys.executable, "-m", "pytest", "--pyargs", "suites",
            "-p", "harness.pytest_plugin", "-p", "no:cacheprovider", "-k", "allreduce and tile",
@@ -733,7 +733,7 @@ def test_env_reports_without_initialising_cuda(tmp_path):
         assert key in data
     assert data["torch"].startswith("2.") and "MPICH" in data["mpi_library"]
     check = subprocess.run([sys.executable, "-c", (
-        "import sys, harness, harness.cli, harness.envinfo as e, torch\n"
+        "import sys, harness, harness.cli.main, harness.device.envinfo as e, torch\n"
         "assert 'mpi4py.MPI' not in sys.modules\n"
         "e.environment(e.find_launcher()); e.machine()\n"
         "assert not torch.cuda.is_initialized()\n"

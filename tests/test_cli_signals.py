@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from harness import cli
+from harness.cli import main as cli
 
 
 def _run(argv: list[str]) -> int:

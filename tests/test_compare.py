@@ -1,4 +1,4 @@
-"""Tests for harness.compare: metrics, tolerance kinds at their boundaries, NaN/inf rules,
+"""Tests for harness.core.compare: metrics, tolerance kinds at their boundaries, NaN/inf rules,
 chunking, merging across ranks, serialisation and the per-dtype defaults.
 
 Every expected number below is worked out by hand (dyadic values, so float64 arithmetic on
@@ -13,8 +13,9 @@ import math
 import pytest
 import torch
 
-from harness import compare
-from harness.compare import Metrics, Tolerance
+from harness.core import compare
+from harness.core.compare import Tolerance
+from harness.core.metrics import Metrics
 
 INF = math.inf
 NAN = math.nan

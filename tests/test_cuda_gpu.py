@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import cuda
+from harness.device import cuda, kernel_launch
 
 ROOT = Path(__file__).parent.parent
 pytestmark = [
@@ -97,13 +97,13 @@ def test_the_guide_example_runs(tmp_path):
 
 
 def test_a_python_int_argument_is_refused_on_the_gpu(tmp_path):
-    from harness.cuda_impl import CudaSourceImplementation
+    from harness.device.cuda_impl import CudaSourceImplementation
 
     src = tmp_path / "k.cu"
     src.write_text('extern "C" __global__ void k(float* x, long long n) {}\n')
     x = torch.zeros(4, device="cuda")
     impl = CudaSourceImplementation(src, lambda kernels, x: kernels.k(1, 32, (x, x.numel())))
-    with pytest.raises(cuda.KernelArgumentError, match="Python int"):
+    with pytest.raises(kernel_launch.KernelArgumentError, match="Python int"):
         impl(x=x)
 
 
@@ -138,7 +138,7 @@ def test_a_kernel_that_faults_costs_its_own_case_only(tmp_path):
 
 
 def test_sanitize_names_the_faulting_kernel(tmp_path):
-    from harness import sanitizer
+    from harness.device import sanitizer
 
     if sanitizer.find() is None:
         pytest.skip("no compute-sanitizer (CUDA toolkit) on this machine")

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness import cuda, launch, memory, timing
+from harness.core import timing
+from harness.device import cuda, memory
+from harness.engine import launch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cuda_source import builtin_cuda_impls, instructions, needs_nvrtc, ptx_of  # noqa: E402
@@ -163,7 +165,7 @@ def test_the_launch_bound_verdict_and_graph_eligibility():
 
 
 def test_a_cpu_timing_reports_no_host_split():
-    from harness.runtime import World
+    from harness.device.runtime import World
 
     stats = timing.time_call(lambda: None, World.from_mpi("cpu"), False,
                              timing.TimingConfig(warmup=1, min_repeats=3, max_repeats=3))
@@ -315,8 +317,8 @@ def test_the_int32_control_clamps_every_read_into_the_storage():
 
 
 def test_the_results_table_marks_a_launch_bound_time(capsys):
-    from harness.cli_show import print_results
-    from harness.results import CaseResult
+    from harness.cli.show import print_results
+    from harness.core.results import CaseResult
 
     def result(bound: bool, case: str) -> CaseResult:
         return CaseResult("r", case, "strided_copy", "strided_copy", "cuda", 1, {}, "pass",
@@ -331,7 +333,7 @@ def test_the_results_table_marks_a_launch_bound_time(capsys):
 
 
 def test_gpus_come_from_torch_when_cuda_python_cannot_use_the_driver(monkeypatch):
-    from harness.placement import GpuFacts
+    from harness.device.placement import GpuFacts
 
     from_torch = (GpuFacts("GPU-t0", "H100"),)
     monkeypatch.setattr(cuda, "torch_gpus", lambda: from_torch)
@@ -356,7 +358,7 @@ def test_gpus_come_from_torch_when_cuda_python_cannot_use_the_driver(monkeypatch
 def test_a_broken_cuda_context_is_read_off_a_probe_and_never_on_the_cpu():
     import torch
 
-    from harness.runtime import broken_context
+    from harness.device.runtime import broken_context
 
     calls = []
 
@@ -376,7 +378,7 @@ def test_a_broken_cuda_context_is_read_off_a_probe_and_never_on_the_cpu():
 def test_a_device_left_out_for_its_uuid_keeps_the_others_on_their_own_ordinals(monkeypatch):
     """The driver will not give device 1's UUID: devices 0 and 2 stay, and the rank that takes
     the second of them runs on cuda:2, the GPU whose UUID it reports, not on cuda:1."""
-    from harness.placement import RankFacts, place
+    from harness.device.placement import RankFacts, place
 
     drv = FakeDriver(count=3, fail={("uuid", 1): CUresult.CUDA_ERROR_UNKNOWN})
     monkeypatch.setattr(cuda, "_device_records", lambda: cuda.device_records(drv))

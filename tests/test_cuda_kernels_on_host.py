@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.discovery import registry
+from harness.core.discovery import registry
 from suites._cuda.strided_copy import launch_strided_copy, launch_strided_copy_int32
 
 ROOT = Path(__file__).parent.parent
@@ -79,7 +79,7 @@ def build(tmp: Path, *defines: str, source: Path = SOURCE) -> ctypes.CDLL:
 
 class HostKernels:
     """What a launch description gets as ``kernels``, launching the host build: each launch
-    runs the whole grid, as cuda.launch would (a grid of 0 launches nothing)."""
+    runs the whole grid, as kernel_launch.launch would (a grid of 0 launches nothing)."""
 
     sm_count = 2  # few blocks: every thread walks the grid-stride loop several times
 

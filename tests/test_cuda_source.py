@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import cuda
-from harness.cuda_impl import CudaSourceImplementation, load
-from harness.discovery import registry
-from harness.spec import SpecError, load_callable
+from harness.core.discovery import registry
+from harness.core.spec import SpecError, load_callable
+from harness.device import cuda
+from harness.device.cuda_impl import CudaSourceImplementation, load
 
 ROOT = Path(__file__).parent.parent
 EXAMPLE = ROOT / "examples" / "cuda_embedding"
@@ -268,9 +268,9 @@ def test_harness_run_stops_on_a_compile_error_before_any_rank_starts(tmp_path):
 
 def test_registering_the_cuda_implementations_touches_nothing_of_cuda():
     # (torch itself imports cuda.bindings; cuda.core and the driver are ours to leave alone)
-    code = ("import sys, harness, harness.cuda_impl\n"
-            "from harness import cuda\n"
-            "from harness.discovery import registry\n"
+    code = ("import sys, harness, harness.device.cuda_impl\n"
+            "from harness.device import cuda\n"
+            "from harness.core.discovery import registry\n"
             "registry().plan('smoke', 1, ['strided_copy'], ['cuda'], 'cpu')\n"
             "print(sorted(m for m in sys.modules if m.startswith('cuda.core')),\n"
             "      cuda.driver_state.cache_info().currsize)\n")
@@ -337,7 +337,7 @@ def test_a_package_registers_a_cuda_kernel_through_the_entry_point(tmp_path, mon
     (dist / "entry_points.txt").write_text(
         "[harness.implementations]\nvendor_cuda = vendorkern:implementations\n")
     (site / "vendorkern.py").write_text(
-        "from harness.cuda_impl import from_source\n"
+        "from harness.device.cuda_impl import from_source\n"
         f"from importlib import util\n"
         f"spec = util.spec_from_file_location('emb', {str(EXAMPLE / 'embedding.py')!r})\n"
         "emb = util.module_from_spec(spec); spec.loader.exec_module(emb)\n"
@@ -359,7 +359,7 @@ def test_a_package_registers_a_cuda_kernel_through_the_entry_point(tmp_path, mon
 
 @needs_nvrtc
 def test_a_hopper_only_kernel_compiles_for_sm_90a(tmp_path, private_cache):
-    from harness.cuda_impl import cuda_launch
+    from harness.device.cuda_impl import cuda_launch
 
     src = tmp_path / "fence.cu"  # wgmma.fence exists on sm_90a only
     src.write_text('extern "C" __global__ void k() {\n'

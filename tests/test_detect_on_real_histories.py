@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import detect_on_real_histories as real  # noqa: E402
 
-from harness.cli import main  # noqa: E402
+from harness.cli.main import main  # noqa: E402
 
 
 def test_verdicts_map_to_changes_invalid_alerts_and_unsettled_ones():

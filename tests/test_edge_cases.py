@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 
 import suites._fp8.quant as quant
-from harness.discovery import registry
-from harness.inputs import plant_specials, special_values
-from harness.runner import run_case
-from harness.runtime import World
-from harness.spec import Case
+from harness.core.discovery import registry
+from harness.core.inputs import plant_specials, special_values
+from harness.core.spec import Case
+from harness.device.runtime import World
+from harness.engine.runner import run_case
 from reference_kernels import hopper_tasks as hopper_ref
 from suites._moe import torch_ops
 

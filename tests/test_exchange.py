@@ -20,10 +20,10 @@ from pytest_benchmark.logger import Logger
 from pytest_benchmark.stats import Stats
 from pytest_benchmark.storage.file import FileStorage
 
-from harness import exchange, store
-from harness import results as results_mod
-from harness.exchange import ExchangeError
-from harness.results import CaseResult, RunInfo
+from harness.core import results as results_mod
+from harness.core.results import CaseResult, RunInfo
+from harness.history import exchange, store
+from harness.history.exchange import ExchangeError
 
 RUN_A = "a1b2c3d4e5f60718293a4b5c6d7e8f90"
 RUN_B = "a1b2ffff00000000000000000000beef"

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from harness import project as project_mod
-from harness.cli import cli
-from harness.cli_common import HarnessExit
-from harness.discovery import registry, use_suites
-from harness.spec import SpecError
+from harness.cli.common import HarnessExit
+from harness.cli.main import cli
+from harness.core import project as project_mod
+from harness.core.discovery import registry, use_suites
+from harness.core.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "example_ops"
@@ -305,7 +305,7 @@ def _harness_imports(path: Path) -> set[str]:
 
 
 def test_external_suites_import_the_harness_only_through_harness_api(tmp_path):
-    from harness import scaffold
+    from harness.cli import scaffold
 
     files = {p: p.read_text() for p in EXAMPLE.rglob("*.py")}
     for rel, text in scaffold.op_files("ops", "softmax", "ops.softmax").items():
@@ -442,7 +442,7 @@ def test_new_op_distributed_refuses_a_taken_name_and_writes_nothing(monkeypatch,
 
 
 def test_new_op_writes_a_gitignore_or_adds_only_the_lines_it_lacks(monkeypatch, tmp_path):
-    from harness import scaffold
+    from harness.cli import scaffold
 
     text, added = scaffold.gitignore(None)
     assert added == ["harness-results/", ".benchmarks/"]

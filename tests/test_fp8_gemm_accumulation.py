@@ -15,12 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import compare
-from harness.discovery import registry
-from harness.golden import GoldenShelf
-from harness.runner import CaseSetup, run_case
-from harness.runtime import World
-from harness.spec import Case
+from harness.core import compare
+from harness.core.discovery import registry
+from harness.core.golden import GoldenShelf
+from harness.core.spec import Case
+from harness.device.runtime import World
+from harness.engine.case_setup import CaseSetup
+from harness.engine.runner import run_case
 
 SPEC = registry().specs["fp8_gemm.per_tensor"]
 CASES = SPEC.cases("smoke", 1)

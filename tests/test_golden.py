@@ -1,4 +1,4 @@
-"""The golden store (harness/golden.py) and `harness golden generate|verify|show`.
+"""The golden store (harness/core/golden.py) and `harness golden generate|verify|show`.
 
 Expectations are derived independently of the code under test: chunk sums with numpy on values
 chosen so that float64 sums are exact, perturbations built to a known fraction of a tolerance
@@ -23,8 +23,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from harness import compare, golden
-from harness.golden import CHUNK, Fingerprint, GoldenError, GoldenStore
+from harness.core import compare, golden
+from harness.core.golden import CHUNK, Fingerprint, GoldenError, GoldenStore
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "suites" / "golden"
@@ -764,7 +764,7 @@ def test_committed_files_match_the_manifest(committed: dict) -> None:
 
 
 def test_every_smoke_case_has_a_golden(committed: dict) -> None:
-    from harness.discovery import registry
+    from harness.core.discovery import registry
 
     cases = {golden.entry_key(c.id, w) for spec in registry().specs.values()
              for w in (1, 4, 8) for c in spec.cases("smoke", w)}
@@ -779,8 +779,8 @@ def test_every_smoke_case_has_a_golden(committed: dict) -> None:
 @pytest.mark.parametrize("world_size", [1, 4])
 def test_committed_allgather_goldens_are_what_the_reference_makes(committed: dict,
                                                                  world_size: int) -> None:
-    from harness.discovery import registry
-    from harness.runner import expected_outputs
+    from harness.core.discovery import registry
+    from harness.engine.case_setup import expected_outputs
 
     spec = registry().specs["allgather"]
     store = GoldenStore(COMMITTED)
@@ -801,8 +801,8 @@ def test_committed_allgather_goldens_are_what_the_reference_makes(committed: dic
 
 
 def test_a_run_with_cases_lacking_a_golden_says_so(capsys):
-    from harness.cli_show import print_results
-    from harness.results import CaseResult
+    from harness.cli.show import print_results
+    from harness.core.results import CaseResult
 
     def result(golden: dict | None, case: str, w: int = 1) -> CaseResult:
         return CaseResult("r", case, "toy", "toy", "torch", w, {}, "pass", golden=golden)

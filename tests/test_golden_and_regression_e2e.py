@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file, save_file
 
-from harness.golden import GoldenStore, default_dir, file_sha256
+from harness.core.golden import GoldenStore, default_dir, file_sha256
 from tests.test_cli_integration import harness, rows
 
 pytestmark = pytest.mark.mpi

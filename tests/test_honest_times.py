@@ -1,7 +1,7 @@
 """Times that cannot be faked: a time below the calibrated limits, a replaced clock, a result
 cached by buffer or by call, and work left running after the call returns each fail the case
-(harness/timing.py ``impossible`` and ``clock_tampering``, harness/runner.py's checks after
-timing). The cheats are in tests/helpers/timing_cheats.py."""
+(harness/core/timing.py ``impossible`` and ``clock_tampering``, harness/engine/runner.py's
+checks after timing). The cheats are in tests/helpers/timing_cheats.py."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import time
 
 import pytest
 import torch
-
-from harness import timing
-from harness.spec import Work
-
 from test_cli_integration import harness
+
+from harness.core import timing
+from harness.core.spec import Work
 
 CAL = {"copy_gbps": 32.0, "matmul_tflops": {"fp32": 0.2, "bf16": 0.4}}
 
@@ -46,7 +45,7 @@ def test_a_replaced_clock_is_named_and_restored():
     time.perf_counter_ns = lambda: 0
     timing.Clock.time = lambda self, fn: 1.0
     try:
-        assert sorted(timing.clock_tampering()) == ["harness.timing.Clock.time",
+        assert sorted(timing.clock_tampering()) == ["harness.core.timing.Clock.time",
                                                     "time.perf_counter_ns"]
     finally:
         time.perf_counter_ns = trusted
@@ -77,7 +76,7 @@ def test_cached_late_clock_patching_and_unwritten_implementations_fail_and_torch
         results = [v for (impl, _), v in got.items() if impl == f"timing_cheats:{cheat}"]
         assert results and all(s == "fail" and any(w in r for w in words)
                                for s, r in results), (cheat, results)
-    # harness/buffers.py fresh_memory_poisoned: the unwritten tail holds 0xFE bytes, -1.7e38
+    # harness/core/buffers.py fresh_memory_poisoned: the unwritten tail holds 0xFE bytes, -1.7e38
     tail = [v for (impl, _), v in got.items() if impl == "unwritten:tail"]
     assert tail and all(s == "fail" and "e+38" in r for s, r in tail), tail
 
@@ -102,7 +101,7 @@ def test_on_the_gpu_side_stream_cached_and_clock_cheats_fail_and_torch_passes(tm
 SUITE = textwrap.dedent('''
     import torch
     from harness.api import OpSpec, allclose, case_tensor
-    from harness.spec import Work
+    from harness.core.spec import Work
 
     def inputs(p, rank, world_size):
         n = p["n"]
@@ -142,8 +141,8 @@ def test_a_time_past_the_calibrated_peak_fails_as_impossible(tmp_path):
 
 
 def test_a_control_that_passes_every_case_it_ran_is_called_out(capsys):
-    from harness.cli_show import print_uncaught_controls
-    from harness.results import CaseResult
+    from harness.cli.show import print_uncaught_controls
+    from harness.core.results import CaseResult
 
     def result(case, impl, status):
         return CaseResult(run_id="r", case_id=f"hopper_tasks.argmax[{case}]",

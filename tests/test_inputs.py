@@ -1,4 +1,4 @@
-"""Tests for harness.inputs: determinism, shard addressing, the documented hash, statistics."""
+"""Tests for harness.core.inputs: determinism, shard addressing, the documented hash, statistics."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from harness.inputs import (
+from harness.core.inputs import (
     GENERATOR_VERSION,
     dtype_from_name,
     dtype_name,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.launch import (
+from harness.core.results import CaseResult, append
+from harness.engine.launch import (
     HEAVY_YIELD,
     LaunchConfig,
     RecordedKeys,
@@ -18,8 +19,7 @@ from harness.launch import (
     srun_args,
     wait_environment,
 )
-from harness.options import RunOptions
-from harness.results import CaseResult, append
+from harness.engine.options import RunOptions
 
 
 def cfg(tmp_path: Path, **options) -> LaunchConfig:
@@ -65,7 +65,7 @@ def test_srun_serves_the_ranks_pmi2_unless_told_which_mpi(tmp_path):
 
 
 def test_a_rank_whose_mpi_world_is_not_the_job_started_says_why():
-    from harness.runtime import world_mismatch
+    from harness.device.runtime import world_mismatch
 
     assert world_mismatch(4, 4) is None and world_mismatch(None, 1) is None
     why = world_mismatch(4, 1)
@@ -106,7 +106,7 @@ def test_recorded_keys_skips_a_torn_line_the_next_launch_wrote_past(tmp_path):
 
 
 def test_a_dead_case_is_recorded_on_the_device_its_ranks_ran_on():
-    from harness.launch import dead_case_device
+    from harness.engine.launch import dead_case_device
 
     gpu = {"backend": "gloo", "devices": ["cuda:0", "cuda:0", "cuda:0", "cuda:0"]}
     assert dead_case_device(gpu, "cuda") == "cuda:0"  # was "cpu" on the H200

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from harness.nccl_table import format_blocks
-from harness.results import CaseResult
-from harness.spec import Work
+from harness.cli.nccl_table import format_blocks
+from harness.core.results import CaseResult
+from harness.core.spec import Work
 
 
 def _result(n, inplace, busbw, status="pass", wrong=0, impl="torch", peak=None):

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from harness.cli import run as run_command
-from harness.launch import LaunchConfig, build_command
-from harness.options import RunDir, RunOptions
+from harness.cli.main import run as run_command
+from harness.engine.launch import LaunchConfig, build_command
+from harness.engine.options import RunDir, RunOptions
 
 
 def test_every_run_option_is_one_field_and_every_field_one_option():

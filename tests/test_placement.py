@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from harness.placement import (
+from harness.device.placement import (
     GpuFacts,
     PlacementError,
     RankFacts,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import regress, store
-from harness.cli import main
-from harness.results import CaseResult, RunInfo
+from harness.cli.main import main
+from harness.core.results import CaseResult, RunInfo
+from harness.history import regress, store
 
 T0 = 1_760_000_000.0
 

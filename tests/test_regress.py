@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from harness import changepoints, regress, store
-from harness.discovery import registry
-from harness.results import CaseResult, RunInfo
-from harness.spec import OpSpec
+from harness.core.discovery import registry
+from harness.core.results import CaseResult, RunInfo
+from harness.core.spec import OpSpec
+from harness.history import changepoints, regress, sql, store, triage, two_runs
 
 BASE_NS = 100_000.0
 NOISE = 0.02  # within-run spread (relative sd)
@@ -35,7 +35,7 @@ def flat_history(n_runs: int, seed: int = 100, run_jitter: float = 0.01) -> list
 
 def test_clear_20_percent_slowdown_is_slower_and_significant():
     base, cur = draw(1), draw(2, 1.2)
-    shift = regress.pairwise(base, cur, 0.05)
+    shift = two_runs.pairwise(base, cur, 0.05)
     assert shift.direction == "slower"
     assert shift.p_value < 0.01
     assert shift.ratio == pytest.approx(np.median(cur) / np.median(base))
@@ -43,46 +43,46 @@ def test_clear_20_percent_slowdown_is_slower_and_significant():
 
 
 def test_clear_speedup_is_faster():
-    shift = regress.pairwise(draw(3), draw(4, 0.8), 0.05)
+    shift = two_runs.pairwise(draw(3), draw(4, 0.8), 0.05)
     assert shift.direction == "faster" and shift.p_value < 0.01 and shift.ratio < 0.85
 
 
 def test_identical_distributions_are_same():
-    shift = regress.pairwise(draw(5), draw(6), 0.05)
+    shift = two_runs.pairwise(draw(5), draw(6), 0.05)
     assert shift.direction == "same"
     assert shift.p_value > 0.01
 
 
 def test_false_positive_rate_stays_near_alpha_without_a_threshold():
     # threshold 0 leaves the test alone to decide: it must be calibrated, not trigger-happy
-    flagged = sum(regress.pairwise(draw(1000 + 2 * s), draw(1001 + 2 * s), 0.0).direction
+    flagged = sum(two_runs.pairwise(draw(1000 + 2 * s), draw(1001 + 2 * s), 0.0).direction
                   != "same" for s in range(300))
     assert flagged <= 9  # 2 * alpha * 300 = 6 expected; 9 leaves room for chance
 
 
 def test_small_significant_shift_under_threshold_is_same():
     base, cur = draw(7, n=500, noise=0.005), draw(8, 1.03, n=500, noise=0.005)
-    shift = regress.pairwise(base, cur, 0.05)
+    shift = two_runs.pairwise(base, cur, 0.05)
     assert shift.p_value < 1e-6  # certainly real ...
     assert shift.direction == "same"  # ... but below the 5% that matters
-    assert regress.pairwise(base, cur, 0.01).direction == "slower"
+    assert two_runs.pairwise(base, cur, 0.01).direction == "slower"
 
 
 def test_big_shift_with_too_few_samples_is_not_significant():
     # 3 against 3 cannot go below p = 1/20 with a one-sided exact test
-    shift = regress.pairwise([100.0, 101.0, 102.0], [150.0, 151.0, 152.0], 0.05)
+    shift = two_runs.pairwise([100.0, 101.0, 102.0], [150.0, 151.0, 152.0], 0.05)
     assert shift.direction == "same" and shift.p_value == pytest.approx(0.05)
 
 
 def test_a_few_outliers_do_not_make_a_run_slower():
     cur = draw(10)
     cur[:3] = [BASE_NS * 5] * 3  # three preemptions in 30 repeats
-    assert regress.pairwise(draw(9), cur, 0.05).direction == "same"
+    assert two_runs.pairwise(draw(9), cur, 0.05).direction == "same"
 
 
 def test_tied_timer_ticks_still_show_a_step():
     # coarse timers give all-equal samples per run: a real step must still count
-    shift = regress.pairwise([100.0] * 30, [130.0] * 30, 0.05)
+    shift = two_runs.pairwise([100.0] * 30, [130.0] * 30, 0.05)
     assert shift.direction == "slower" and shift.p_value < 1e-6
 
 
@@ -97,7 +97,7 @@ def test_tied_timer_ticks_still_show_a_step():
     ([1.0, None, "x"], [2.0, 3.0]),
 ])
 def test_degenerate_inputs_are_same_with_p_1(base, cur):
-    shift = regress.pairwise(base, cur, 0.05)
+    shift = two_runs.pairwise(base, cur, 0.05)
     assert shift.direction == "same" and shift.p_value == 1.0
 
 
@@ -136,16 +136,16 @@ def test_pass_to_fail_is_new_failure_and_back_is_fixed():
     ok = result("run-a")
     bad = result("run-b", status="fail", reason="3 elements outside tolerance\nmore",
                  outputs={"out": output(ALLCLOSE, passed=False, max_abs=1.0)})
-    findings = regress.compare_runs([ok], [bad])
+    findings = two_runs.compare_runs([ok], [bad])
     assert kinds(findings) == ["new_failure"]
     assert findings[0].baseline_run == "run-a" and findings[0].metric == "status"
     assert "3 elements outside tolerance" in findings[0].detail
     assert "more" not in findings[0].detail
-    assert kinds(regress.compare_runs([bad], [ok])) == ["fixed"]
-    assert regress.compare_runs([bad], [bad]) == []
+    assert kinds(two_runs.compare_runs([bad], [ok])) == ["fixed"]
+    assert two_runs.compare_runs([bad], [bad]) == []
     crashed = result("run-c", status="crash")
-    assert kinds(regress.compare_runs([ok], [crashed])) == ["new_failure"]
-    assert regress.compare_runs([ok], [result("run-c", status="skip")]) == []
+    assert kinds(two_runs.compare_runs([ok], [crashed])) == ["new_failure"]
+    assert two_runs.compare_runs([ok], [result("run-c", status="skip")]) == []
 
 
 @pytest.mark.parametrize("before, after, drifted", [
@@ -159,7 +159,7 @@ def test_pass_to_fail_is_new_failure_and_back_is_fixed():
 def test_drift_on_the_metric_the_tolerance_uses(before, after, drifted):
     base = result("run-a", outputs={"out": output(ALLCLOSE, max_abs=before)})
     cur = result("run-b", outputs={"out": output(ALLCLOSE, max_abs=after)})
-    findings = regress.compare_runs([base], [cur])
+    findings = two_runs.compare_runs([base], [cur])
     assert kinds(findings) == (["drift"] if drifted else [])
     if drifted:
         f = findings[0]
@@ -170,9 +170,9 @@ def test_drift_on_the_metric_the_tolerance_uses(before, after, drifted):
 def test_drift_of_a_cos_diff_output_reads_cos_diff_not_max_abs():
     base = result("run-a", outputs={"o": output(COS, max_abs=1e-4, cos_diff=1e-9)})
     same_cos = result("run-b", outputs={"o": output(COS, max_abs=1e-1, cos_diff=1.1e-9)})
-    assert regress.compare_runs([base], [same_cos]) == []
+    assert two_runs.compare_runs([base], [same_cos]) == []
     worse_cos = result("run-b", outputs={"o": output(COS, max_abs=1e-4, cos_diff=5e-8)})
-    assert kinds(regress.compare_runs([base], [worse_cos])) == ["drift"]
+    assert kinds(two_runs.compare_runs([base], [worse_cos])) == ["drift"]
 
 
 def test_drift_of_all_of_reads_its_first_part():
@@ -180,15 +180,15 @@ def test_drift_of_all_of_reads_its_first_part():
            "parts": [{"kind": "rel_l2", "bound": 0.01}, COS]}
     base = result("run-a", outputs={"o": output(tol, rel_l2=1e-5, cos_diff=1e-9)})
     cur = result("run-b", outputs={"o": output(tol, rel_l2=2e-4, cos_diff=1e-9)})
-    assert kinds(regress.compare_runs([base], [cur])) == ["drift"]
+    assert kinds(two_runs.compare_runs([base], [cur])) == ["drift"]
     cur = result("run-b", outputs={"o": output(tol, rel_l2=1e-5, cos_diff=1e-6)})
-    assert regress.compare_runs([base], [cur]) == []
+    assert two_runs.compare_runs([base], [cur]) == []
 
 
 def test_failing_output_is_not_drift():
     base = result("run-a")
     cur = result("run-b", status="fail", outputs={"out": output(ALLCLOSE, False, max_abs=1.0)})
-    assert "drift" not in kinds(regress.compare_runs([base], [cur]))
+    assert "drift" not in kinds(two_runs.compare_runs([base], [cur]))
 
 
 @pytest.fixture
@@ -222,19 +222,19 @@ def test_bits_changed_unless_the_op_is_nondeterministic(custom_ops):
                         ("vendor.atomic_sum", False)):
         base = result("run-a", op=op, output_hash="aaaa")
         cur = result("run-b", op=op, output_hash="bbbb")
-        assert kinds(regress.compare_runs([base], [cur])) == (["bits_changed"] if flagged
+        assert kinds(two_runs.compare_runs([base], [cur])) == (["bits_changed"] if flagged
                                                                else []), op
         same = result("run-b", op=op, output_hash="aaaa")
-        assert regress.compare_runs([base], [same]) == []
+        assert two_runs.compare_runs([base], [same]) == []
         unhashed = result("run-b", op=op, output_hash=None)
-        assert regress.compare_runs([base], [unhashed]) == []
+        assert two_runs.compare_runs([base], [unhashed]) == []
 
 
 def test_per_op_threshold_applies(custom_ops):
     base = result("run-a", op="vendor.loose", samples=draw(1))
     cur = result("run-b", op="vendor.loose", samples=draw(2, 1.3))
-    assert regress.compare_runs([base], [cur]) == []  # 30% is under its 50%
-    assert kinds(regress.compare_runs([base], [cur], threshold=lambda op: 0.05)) == [
+    assert two_runs.compare_runs([base], [cur]) == []  # 30% is under its 50%
+    assert kinds(two_runs.compare_runs([base], [cur], threshold=lambda op: 0.05)) == [
         "regression"]
 
 
@@ -242,23 +242,23 @@ def test_compare_runs_timing_matches_by_key_and_needs_two_passing_results():
     base = [result("run-a", samples=draw(1)), result("run-a", impl="slow", samples=draw(3))]
     cur = [result("run-b", samples=draw(2, 1.3)), result("run-b", impl="other",
                                                          samples=draw(4, 3.0))]
-    findings = regress.compare_runs(base, cur)
+    findings = two_runs.compare_runs(base, cur)
     assert kinds(findings) == ["regression"]
     f = findings[0]
     assert f.key == cur[0].key and f.metric == "median_ns" and f.baseline_run == "run-a"
     assert f.baseline == pytest.approx(np.median(draw(1)))
     assert f.current == pytest.approx(np.median(draw(2, 1.3)))
     assert f.p_value < 0.01 and f.ratio == pytest.approx(f.current / f.baseline)
-    faster = regress.compare_runs(base[:1], [result("run-b", samples=draw(5, 0.7))])
+    faster = two_runs.compare_runs(base[:1], [result("run-b", samples=draw(5, 0.7))])
     assert kinds(faster) == ["improvement"]
     failed = result("run-b", status="fail", samples=draw(6, 1.3))
-    assert kinds(regress.compare_runs(base[:1], [failed])) == ["new_failure"]
+    assert kinds(two_runs.compare_runs(base[:1], [failed])) == ["new_failure"]
 
 
 def test_format_findings_one_line_each():
     base = result("ab12cd34ef", samples=draw(1))
     cur = result("run-b", samples=draw(2, 1.3), output_hash="bbbb")
-    findings = regress.compare_runs([base], [cur])
+    findings = two_runs.compare_runs([base], [cur])
     lines = regress.format_findings(findings)
     assert len(lines) == len(findings) == 2
     assert all("\n" not in line for line in lines)
@@ -271,7 +271,7 @@ def test_format_findings_one_line_each():
 def test_finding_to_dict_is_strict_json():
     base = result("run-a", outputs={"out": output(ALLCLOSE, max_abs=0.0)})
     cur = result("run-b", outputs={"out": output(ALLCLOSE, max_abs=1e-9)})
-    (f,) = regress.compare_runs([base], [cur])
+    (f,) = two_runs.compare_runs([base], [cur])
     d = json.loads(json.dumps(f.to_dict(), allow_nan=False))
     assert d["kind"] == "drift" and d["ratio"] is None and d["current"] == 1e-9
 
@@ -389,7 +389,7 @@ def test_analyze_correctness_against_the_previous_verdict(tmp_path):
 def test_analyze_unknown_run_is_a_store_error(tmp_path):
     conn = series_db(tmp_path, [1.0])
     try:
-        with pytest.raises(store.StoreError, match="nope"):
+        with pytest.raises(sql.StoreError, match="nope"):
             regress.analyze_run(conn, "nope")
     finally:
         conn.close()
@@ -410,24 +410,24 @@ def test_analyze_ingested_stores_findings_and_redoes_later_runs_out_of_order(tmp
                              [result(run, samples=draw(i, levels[run]))])
         assert regress.analyze_ingested(conn, first) == first
         # r7 alone is off the level: suspicious, not yet a change point
-        assert [(f["run_id"], f["kind"]) for f in store.stored_findings(conn)] == [
+        assert [(f["run_id"], f["kind"]) for f in triage.stored_findings(conn)] == [
             ("r7", "suspicious")]
-        assert store.unanalyzed_runs(conn) == []
+        assert triage.unanalyzed_runs(conn) == []
 
         store.ingest(conn, run_info("r6", T0 + 6), [result("r6", samples=draw(6, 1.3))])
         # r6 is analysed, and r7 again: it now confirms the level r6 started
         assert regress.analyze_ingested(conn, ["r6"]) == ["r6", "r7"]
-        stored = [(f["run_id"], f["kind"]) for f in store.stored_findings(conn)]
+        stored = [(f["run_id"], f["kind"]) for f in triage.stored_findings(conn)]
         assert stored == [("r6", "suspicious"), ("r7", "regression")]
-        (point,) = store.change_points(conn)
+        (point,) = triage.change_points(conn)
         assert (point["run_id"], point["found_in_run"], point["direction"]) == ("r6", "r7", "up")
         # analysing again finds the same, and keeps the one change point
         assert [f.to_dict() for f in regress.analyze_run(conn, "r7")] == [
             {k: v for k, v in f.items() if k not in ("run_id", "triage")}
             | {"key": "w1:vendor.op[n=1024]@fast"}
-            for f in store.stored_findings(conn, "r7")]
+            for f in triage.stored_findings(conn, "r7")]
         regress.analyze_ingested(conn, ["r7"])
-        assert [p["id"] for p in store.change_points(conn)] == [point["id"]]
+        assert [p["id"] for p in triage.change_points(conn)] == [point["id"]]
     finally:
         conn.close()
 
@@ -457,7 +457,7 @@ def test_a_slow_stretch_already_over_when_first_analysed_is_neither_reported_nor
         newest = f"r{len(levels) - 1:02d}"
         found = regress.analyze_and_store(conn, newest)
         assert [k for k in kinds(found) if k != "improvement"] == reported
-        points = store.change_points(conn)
+        points = triage.change_points(conn)
         if not reported:
             assert points == [] and kinds(found) == []
         else:
@@ -482,7 +482,7 @@ def test_a_step_right_after_three_slow_runs_is_reported_when_its_level_shows(tmp
         # the step once two runs show its level, dated at the first slow run before it
         assert seen[21] == ["regression"] and seen[24] == ["regression"]
         assert "improvement" not in sum(seen, [])
-        step = next(p for p in store.change_points(conn) if p["state"] == "open")
+        step = next(p for p in triage.change_points(conn) if p["state"] == "open")
         assert (step["run_id"], step["direction"]) == ("r20", "up")
         assert 8 < step["change_pct"] < 12
     finally:
@@ -495,13 +495,13 @@ def test_a_held_step_is_reported_once_and_a_return_marks_it_fixed(tmp_path):
         seen = nightly(conn, [1.0] * 10 + [1.25] * 12)
         assert seen[10] == ["suspicious"] and seen[11] == ["regression"]
         assert all(k == [] for i, k in enumerate(seen) if i not in (10, 11))
-        (point,) = store.change_points(conn)
+        (point,) = triage.change_points(conn)
         assert point["run_id"] == "r10" and point["triage"] is None
         assert point["n_after"] == 12 and 24 < point["change_pct"] < 26  # refreshed nightly
         # back to the old level: the recovery is an improvement, and the step is fixed
         seen = nightly(conn, [1.0] * 3, start=22)
         assert seen == [[], ["improvement"], []]
-        step = store.get_change_point(conn, point["id"])
+        step = triage.get_change_point(conn, point["id"])
         assert step["triage"] == "fixed" and step["triage_by"] == "harness"
         assert "back to" in step["triage_note"] and "r22" in step["triage_note"]
     finally:
@@ -557,7 +557,7 @@ def test_a_regression_that_slows_part_of_the_samples_is_reported_at_its_third_ru
         regressions = [i for i, k in enumerate(seen) if "regression" in k]
         assert (regressions == [12]) is reported, seen
         if reported:
-            (point,) = store.change_points(conn)
+            (point,) = triage.change_points(conn)
             assert (point["run_id"], point["found_in_run"]) == ("r10", "r12")
             assert 15 < point["change_pct"] < 25
             assert "part of the samples moved" in details[0], details
@@ -577,7 +577,7 @@ def test_a_step_right_after_two_slow_runs_is_reported_as_itself(tmp_path):
         seen = nightly(conn, [1.0] * 10 + [1.8, 1.75] + [1.1] * 4)
         assert seen[11] == ["regression"] and seen[13] == ["regression"]
         assert all(k in ([], ["suspicious"]) for i, k in enumerate(seen) if i not in (11, 13))
-        slow, step = store.change_points(conn)
+        slow, step = triage.change_points(conn)
         assert (slow["found_in_run"], slow["state"]) == ("r11", "withdrawn")
         assert (step["run_id"], step["found_in_run"], step["state"]) == ("r10", "r13", "open")
         assert 8 < step["change_pct"] < 12
@@ -597,20 +597,20 @@ def test_a_triaged_slow_report_hands_its_mark_to_the_step_found_at_its_run(
         # the same run: marked expected or acknowledged, it is that change to its user and is
         # not reported again; marked invalid (noise), the step is news
         nightly(conn, [1.0] * 10 + [1.8, 1.75])
-        (slow,) = store.change_points(conn)
-        store.triage_change_point(conn, slow["id"], mark, note="new tiling")
+        (slow,) = triage.change_points(conn)
+        triage.triage_change_point(conn, slow["id"], mark, note="new tiling")
         seen = nightly(conn, [1.1] * 4, start=12)
         assert seen[1] == ([] if carried else ["regression"]), seen
         assert all(k in ([], ["suspicious"]) for k in seen[2:])
         # analysed again, the run says the same
         assert ("regression" in kinds(regress.analyze_and_store(conn, "r13"))) != carried
-        step = store.get_change_point(conn, slow["id"] + 1)
+        step = triage.get_change_point(conn, slow["id"] + 1)
         assert (step["run_id"], step["found_in_run"], step["state"]) == ("r10", "r13", "open")
         if carried:
             assert (step["triage"], step["triage_by"]) == (mark, "harness")
             assert f"change point {slow['id']}" in step["triage_note"]
             assert "new tiling" in step["triage_note"]
-            assert step["id"] not in {p["id"] for p in store.change_points(conn, untriaged=True)}
+            assert step["id"] not in {p["id"] for p in triage.change_points(conn, untriaged=True)}
         else:
             assert step["triage"] is None
     finally:
@@ -625,9 +625,9 @@ def test_a_change_found_below_the_threshold_is_reported_once_when_it_grows(tmp_p
         # threshold, is reported, once
         seen = nightly(conn, [1.0] * 12 + [1.045] * 2 + [1.06] * 4)
         assert [i for i, k in enumerate(seen) if k] == [15]
-        (point,) = store.change_points(conn)
+        (point,) = triage.change_points(conn)
         assert (point["run_id"], point["found_in_run"]) == ("r12", "r13")
-        (f,) = store.stored_findings(conn, "r15")
+        (f,) = triage.stored_findings(conn, "r15")
         assert f["kind"] == "regression" and f["change_point_id"] == point["id"]
     finally:
         conn.close()
@@ -641,11 +641,11 @@ def test_a_change_its_user_marked_before_it_reached_the_threshold_is_reported_wh
         # grows: the mark was given to +4.5%, not to what it settles at, so the +6% is reported
         # once as it would be unmarked (only a mark taken over from a report silences growth)
         nightly(conn, [1.0] * 12 + [1.045] * 2)
-        (point,) = store.change_points(conn)
-        store.triage_change_point(conn, point["id"], "expected", note="bigger tiles")
+        (point,) = triage.change_points(conn)
+        triage.triage_change_point(conn, point["id"], "expected", note="bigger tiles")
         seen = nightly(conn, [1.06] * 4, start=14)
         assert seen == [[], ["regression"], [], []], seen
-        assert store.get_change_point(conn, point["id"])["triage"] == "expected"
+        assert triage.get_change_point(conn, point["id"])["triage"] == "expected"
     finally:
         conn.close()
 
@@ -654,21 +654,21 @@ def test_triage_marks_are_kept_and_read_with_the_findings(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
         nightly(conn, [1.0] * 6 + [1.3] * 2)
-        (point,) = store.change_points(conn, untriaged=True)
-        marked = store.triage_change_point(conn, point["id"], "expected", note="new tiling",
-                                           by="ana")
+        (point,) = triage.change_points(conn, untriaged=True)
+        marked = triage.triage_change_point(conn, point["id"], "expected", note="new tiling",
+                                            by="ana")
         assert (marked["triage"], marked["triage_note"], marked["triage_by"]) == (
             "expected", "new tiling", "ana")
-        assert store.change_points(conn, untriaged=True) == []
-        (finding,) = store.stored_findings(conn, "r07")
+        assert triage.change_points(conn, untriaged=True) == []
+        (finding,) = triage.stored_findings(conn, "r07")
         assert finding["kind"] == "regression" and finding["triage"] == "expected"
         # a re-analysis keeps the mark and the one change point
         regress.analyze_ingested(conn, ["r06"])
-        assert [p["triage"] for p in store.change_points(conn)] == ["expected"]
-        with pytest.raises(store.StoreError, match="unknown triage state 'wontfix'"):
-            store.triage_change_point(conn, point["id"], "wontfix")
-        with pytest.raises(store.StoreError, match="no change point #999"):
-            store.triage_change_point(conn, 999, "invalid")
+        assert [p["triage"] for p in triage.change_points(conn)] == ["expected"]
+        with pytest.raises(sql.StoreError, match="unknown triage state 'wontfix'"):
+            triage.triage_change_point(conn, point["id"], "wontfix")
+        with pytest.raises(sql.StoreError, match="no change point #999"):
+            triage.triage_change_point(conn, 999, "invalid")
     finally:
         conn.close()
 
@@ -702,8 +702,8 @@ def test_a_token_timing_makes_no_timing_finding_however_slow(tmp_path):
     finally:
         conn.close()
     base, cur = result("a", samples=draw(1)), token(result("b", samples=draw(2, 3.0)))
-    assert regress.compare_runs([base], [cur]) == []
-    rows = regress.compare_rows([base], [cur], regress.timing_shifts([base], [cur]))
+    assert two_runs.compare_runs([base], [cur]) == []
+    rows = two_runs.compare_rows([base], [cur], two_runs.timing_shifts([base], [cur]))
     assert rows[0]["verdict"] == "not a measurement (ranks contended)"
 
 
@@ -714,9 +714,9 @@ def test_a_slow_stretch_that_settles_above_the_old_level_is_not_fixed(tmp_path, 
         # four runs 40% slower (too long to be an excursion): reported; then the series settles
         # 8% above where it was. That is no return: +8% is a regression by the 5% threshold
         nightly(conn, [1.0] * 10 + [1.4] * 4)
-        (slow,) = store.change_points(conn)
+        (slow,) = triage.change_points(conn)
         if mark:
-            store.triage_change_point(conn, slow["id"], mark, note="a busy week")
+            triage.triage_change_point(conn, slow["id"], mark, note="a busy week")
         seen = nightly(conn, [1.08] * 6, start=14)
         back = next(i for i, k in enumerate(seen) if "improvement" in k)
         assert all(k in ([], ["suspicious"]) for i, k in enumerate(seen) if i != back)
@@ -724,7 +724,7 @@ def test_a_slow_stretch_that_settles_above_the_old_level_is_not_fixed(tmp_path, 
         assert kinds(found) == seen[back]  # analysed again, the run says the same
         (recovery,) = [f for f in found if f.kind == "improvement"]
         assert f"only partway back from change point {slow['id']}" in recovery.detail
-        point = store.get_change_point(conn, slow["id"])
+        point = triage.get_change_point(conn, slow["id"])
         assert point["state"] == "open"
         if mark != "invalid":  # its user's mark stands, and nothing more is reported
             assert [f.kind for f in found] == ["improvement"]
@@ -736,7 +736,7 @@ def test_a_slow_stretch_that_settles_above_the_old_level_is_not_fixed(tmp_path, 
         assert regression.change_point_id == slow["id"]
         assert 5 < 100 * (regression.ratio - 1) < 11 and "marked invalid" in regression.detail
         assert point["triage"] is None and "marked invalid" in point["triage_note"]
-        assert slow["id"] in {p["id"] for p in store.change_points(conn, untriaged=True)}
+        assert slow["id"] in {p["id"] for p in triage.change_points(conn, untriaged=True)}
         assert nightly(conn, [1.08] * 2, start=20) == [[], []]
     finally:
         conn.close()
@@ -747,7 +747,7 @@ def test_a_slow_stretch_that_comes_back_below_the_threshold_is_fixed(tmp_path):
     conn = store.connect(tmp_path / "h.db")
     try:
         nightly(conn, [1.0] * 10 + [1.4] * 4 + [1.02] * 6)
-        (slow, recovery) = store.change_points(conn)
+        (slow, recovery) = triage.change_points(conn)
         assert recovery["direction"] == "down"
         assert slow["triage"] == "fixed" and slow["triage_by"] == "harness"
     finally:
@@ -767,7 +767,7 @@ def test_a_step_whose_first_and_third_runs_were_slowed_is_reported_at_its_third_
         # level too, it is a level, not one odd run (a night earlier than waiting for a fourth)
         seen = nightly(conn, [1.0] * 10 + [1.65, 1.10, 1.45, 1.10, 1.10])
         assert [i for i, k in enumerate(seen) if "regression" in k] == [12]
-        (step,) = store.change_points(conn)
+        (step,) = triage.change_points(conn)
         assert (step["run_id"], step["found_in_run"]) == ("r10", "r12")
         assert 8 < step["change_pct"] < 12  # refreshed as the level's runs came
     finally:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import store
-from harness.results import CaseResult, RunInfo
+from harness.core.results import CaseResult, RunInfo
+from harness.history import store
 from reports import charts, data, render
 
 T0 = 1_700_000_000.0

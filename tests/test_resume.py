@@ -1,5 +1,5 @@
 """`harness run --resume`: a run killed half-way is finished, not started over
-(harness/resume.py), with a real SIGKILL of a real `harness run` and its MPI ranks."""
+(harness/engine/resume.py), with a real SIGKILL of a real `harness run` and its MPI ranks."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import resume, store
-from harness.cli import main
-from harness.results import RunInfo
+from harness.cli.main import main
+from harness.core.results import RunInfo
+from harness.engine import resume
+from harness.history import store
 
 HELPERS = Path(__file__).parent / "helpers"
 # slow enough that the kill lands mid-way, fast enough for the test budget: one world size
@@ -100,7 +101,7 @@ def test_a_run_killed_with_sigkill_is_finished_by_resume_once(request, tmp_path,
 def _run_dir(tmp_path: Path, run_id: str, **changes) -> Path:
     run_dir = tmp_path / "runs" / run_id
     run_dir.mkdir(parents=True)
-    from harness import envinfo
+    from harness.device import envinfo
 
     fields = dict(run_id=run_id, started_at=1.0, tier="smoke", world_sizes=[1],
                   machine=envinfo.machine(), env={}, git_commit=None,
@@ -135,7 +136,7 @@ def test_resume_says_which_run_it_cannot_find_or_tell_apart(tmp_path, monkeypatc
 
 
 def test_resume_refuses_another_machine_another_commit_and_an_unrecorded_run(tmp_path):
-    from harness import envinfo
+    from harness.device import envinfo
 
     here = envinfo.machine()
     elsewhere = _run_dir(tmp_path, "r1", machine={**here, "fingerprint": "f0", "hostname": "n7"})

@@ -7,13 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import memory, runner
-from harness.buffers import poisoned
-from harness.inputs import generate
-from harness.runner import SetupCache, run_case
-from harness.runtime import World
-from harness.spec import Case, OpSpec
-from harness.timing import TimingConfig
+from harness.core.buffers import poisoned
+from harness.core.inputs import generate
+from harness.core.spec import Case, OpSpec
+from harness.core.timing import TimingConfig
+from harness.device import memory
+from harness.device.runtime import World
+from harness.engine import case_setup, runner
+from harness.engine.case_setup import SetupCache
+from harness.engine.runner import run_case
 
 TIMING = TimingConfig(warmup=1, min_repeats=3, max_repeats=6, budget_s=0.01)
 
@@ -278,7 +280,7 @@ def test_a_shared_set_up_still_catches_a_clobbered_input_in_every_implementation
 
 
 def test_inputs_over_the_cap_are_generated_for_every_call(world, monkeypatch):
-    monkeypatch.setattr(runner, "SETUP_CACHE_CAP_BYTES", 1024)
+    monkeypatch.setattr(case_setup, "SETUP_CACHE_CAP_BYTES", 1024)
     calls: dict = {}
     case = Case(_counting_spec(calls), {"n": 1031}, 1)
     setups = SetupCache()

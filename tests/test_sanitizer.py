@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import sanitizer
-from harness.envinfo import find_launcher
+from harness.device import sanitizer
+from harness.device.envinfo import find_launcher
 
 #: what compute-sanitizer 2025.3 wrote on an H100 for tests/test_cuda_gpu.py's faulting kernel
 H100 = """========= COMPUTE-SANITIZER

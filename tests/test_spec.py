@@ -1,4 +1,5 @@
-"""Tests for harness.spec: case ids, the registry, selectors, implementation resolution, plans."""
+"""Tests for harness.core.spec: case ids, the registry, selectors, implementation resolution,
+plans."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from collections import Counter
 import pytest
 import torch
 
-from harness.discovery import registry
-from harness.results import result_key
-from harness.spec import OpSpec, Registry, SpecError, case_id, glob_match, load_callable
+from harness.core.discovery import registry
+from harness.core.results import result_key
+from harness.core.spec import OpSpec, Registry, SpecError, case_id, glob_match, load_callable
 
 
 def _identity(x):
@@ -279,7 +280,7 @@ def test_a_name_several_selected_ops_share_is_reported_with_the_ops(reg):
 
 
 def test_run_of_a_single_device_op_at_4_ranks_says_it_runs_at_1_only(tmp_path, capfd):
-    from harness.cli import main
+    from harness.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["run", "hopper_tasks.rmsnorm", "--world-sizes", "4", "--db",

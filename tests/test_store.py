@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import results as results_mod
-from harness import store
-from harness.results import CaseResult, RunInfo
-from harness.store import StoreError
+from harness.core import results as results_mod
+from harness.core.results import CaseResult, RunInfo
+from harness.history import reads, schema, store, triage
+from harness.history.sql import StoreError
 
 TABLES = {"machines", "runs", "results", "annotations", "calibrations"}
 
@@ -129,7 +129,7 @@ def test_fresh_db_has_the_current_schema_and_all_tables(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "dir" / "history.db"  # parent directories are created
     conn = store.connect(path)
     assert path.is_file()
-    assert user_version(conn) == store.SCHEMA_VERSION == len(store.MIGRATIONS) == 4
+    assert user_version(conn) == schema.SCHEMA_VERSION == len(schema.MIGRATIONS) == 4
     assert TABLES | {"findings", "change_points"} <= tables(conn)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
@@ -152,13 +152,13 @@ def test_reopen_does_not_rerun_migrations_and_keeps_data(tmp_path: Path) -> None
     def counting(i: int):
         def run(c: sqlite3.Connection) -> None:
             calls.append(i)
-            store.MIGRATIONS[i](c)
+            schema.MIGRATIONS[i](c)
 
         return run
 
-    conn = store.connect(path, migrations=[counting(i) for i in range(len(store.MIGRATIONS))])
+    conn = store.connect(path, migrations=[counting(i) for i in range(len(schema.MIGRATIONS))])
     assert calls == []
-    assert user_version(conn) == store.SCHEMA_VERSION
+    assert user_version(conn) == schema.SCHEMA_VERSION
     assert count(conn, "results") == 4
     assert store.run_ids(conn) == ["run-0001"]
     conn.close()
@@ -173,7 +173,7 @@ def test_empty_db_with_user_version_0_is_migrated(tmp_path: Path) -> None:
     raw.close()
     assert path.stat().st_size > 0
     conn = store.connect(path)
-    assert user_version(conn) == store.SCHEMA_VERSION
+    assert user_version(conn) == schema.SCHEMA_VERSION
     assert TABLES <= tables(conn)
     conn.close()
 
@@ -182,7 +182,7 @@ def test_zero_byte_file_is_migrated(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
     path.write_bytes(b"")
     conn = store.connect(path)
-    assert user_version(conn) == store.SCHEMA_VERSION
+    assert user_version(conn) == schema.SCHEMA_VERSION
     conn.close()
 
 
@@ -196,7 +196,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
     msg = str(info.value)
     assert "\n" not in msg
     assert "history.db" in msg
-    assert f"schema v99, newer than this harness (v{store.SCHEMA_VERSION})" in msg
+    assert f"schema v99, newer than this harness (v{schema.SCHEMA_VERSION})" in msg
     assert "upgrade kernel-harness or pass another --db" in msg
 
 
@@ -244,13 +244,13 @@ def test_forward_migration_keeps_existing_data(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
     conn = store.connect(path)
     store.ingest(conn, make_run(), some_results())
-    store.add_annotation(conn, "driver 550 regression", run_id="run-0001", author="ana")
+    reads.add_annotation(conn, "driver 550 regression", run_id="run-0001", author="ana")
     before_results = store.results_for_run(conn, "run-0001")
     before_run = store.get_run(conn, "run-0001")
     conn.close()
 
-    conn = store.connect(path, migrations=[*store.MIGRATIONS, _next_add_notes])
-    assert user_version(conn) == store.SCHEMA_VERSION + 1
+    conn = store.connect(path, migrations=[*schema.MIGRATIONS, _next_add_notes])
+    assert user_version(conn) == schema.SCHEMA_VERSION + 1
     assert "baselines" in tables(conn)
     columns = {r["name"] for r in conn.execute("PRAGMA table_info(results)")}
     assert "triage" in columns
@@ -264,22 +264,22 @@ def test_forward_migration_keeps_existing_data(tmp_path: Path) -> None:
     conn.close()
 
     # and this harness now refuses the newer file instead of corrupting it
-    with pytest.raises(StoreError, match=f"schema v{store.SCHEMA_VERSION + 1}, newer than "
-                                         "this harness"):
+    with pytest.raises(StoreError, match=f"schema v{schema.SCHEMA_VERSION + 1}, newer than "
+                                          "this harness"):
         store.connect(path)
 
 
 def test_v1_file_migrates_to_v2_keeping_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
-    conn = store.connect(path, migrations=store.MIGRATIONS[:1])  # what v1 harnesses wrote
+    conn = store.connect(path, migrations=schema.MIGRATIONS[:1])  # what v1 harnesses wrote
     assert user_version(conn) == 1
     assert "calibrations" not in tables(conn)
     store.ingest(conn, make_run(), some_results())
-    store.add_annotation(conn, "baseline", run_id="run-0001")
+    reads.add_annotation(conn, "baseline", run_id="run-0001")
     before = list(conn.iterdump())
     conn.close()
 
-    conn = store.connect(path, migrations=store.MIGRATIONS[:2])
+    conn = store.connect(path, migrations=schema.MIGRATIONS[:2])
     assert user_version(conn) == 2
     assert "calibrations" in tables(conn)
     after = list(conn.iterdump())
@@ -304,28 +304,28 @@ def _finding(kind: str = "regression", **kw):
 
 def test_v2_file_migrates_to_v3_and_its_runs_count_as_never_analysed(tmp_path: Path) -> None:
     path = tmp_path / "history.db"
-    conn = store.connect(path, migrations=store.MIGRATIONS[:2])  # what v2 harnesses wrote
+    conn = store.connect(path, migrations=schema.MIGRATIONS[:2])  # what v2 harnesses wrote
     store.ingest(conn, make_run(), some_results())
     before_results = store.results_for_run(conn, "run-0001")
     before_run = store.get_run(conn, "run-0001")
     conn.close()
 
     conn = store.connect(path)  # v2 -> v3 -> v4
-    assert user_version(conn) == store.SCHEMA_VERSION
+    assert user_version(conn) == schema.SCHEMA_VERSION
     assert store.results_for_run(conn, "run-0001") == before_results
     assert store.get_run(conn, "run-0001") == before_run
-    assert store.unanalyzed_runs(conn) == ["run-0001"]
-    assert store.stored_findings(conn) == []
+    assert triage.unanalyzed_runs(conn) == ["run-0001"]
+    assert triage.stored_findings(conn) == []
     conn.close()
 
 
 def test_v3_file_migrates_to_v4_and_its_history_gets_change_points(tmp_path: Path) -> None:
     # a v3 history: 6 runs at one level, 2 at a slower one, analysed with v3's rule (whose
     # findings are replaced: v4 re-analyses every run, oldest first)
-    from harness import regress
+    from harness.history import regress
 
     path = tmp_path / "history.db"
-    conn = store.connect(path, migrations=store.MIGRATIONS[:3])
+    conn = store.connect(path, migrations=schema.MIGRATIONS[:3])
     for i in range(8):
         run_id = f"run-{i:04d}"
         r = make_result(run_id, 1031, median=100_000.0 * (1.3 if i >= 6 else 1.0))
@@ -342,12 +342,12 @@ def test_v3_file_migrates_to_v4_and_its_history_gets_change_points(tmp_path: Pat
     conn = store.connect(path)
     assert user_version(conn) == 4
     assert store.results_for_run(conn, "run-0007") == before
-    assert len(store.unanalyzed_runs(conn)) == 8 and store.change_points(conn) == []
-    assert regress.analyze_ingested(conn, store.unanalyzed_runs(conn))[-1] == "run-0007"
-    (point,) = store.change_points(conn)
+    assert len(triage.unanalyzed_runs(conn)) == 8 and triage.change_points(conn) == []
+    assert regress.analyze_ingested(conn, triage.unanalyzed_runs(conn))[-1] == "run-0007"
+    (point,) = triage.change_points(conn)
     assert (point["run_id"], point["found_in_run"], point["direction"]) == (
         "run-0006", "run-0007", "up")
-    assert [(f["run_id"], f["kind"], f["change_point_id"]) for f in store.stored_findings(conn)
+    assert [(f["run_id"], f["kind"], f["change_point_id"]) for f in triage.stored_findings(conn)
             ] == [("run-0006", "suspicious", None), ("run-0007", "regression", point["id"])]
     conn.close()
 
@@ -357,23 +357,23 @@ def test_findings_round_trip_replace_and_mark_the_run_analysed(tmp_path: Path) -
     store.ingest(conn, make_run("run-0002", started_at=1_700_100_000.0),
                  some_results("run-0002"))
     store.ingest(conn, make_run(), some_results())
-    assert store.unanalyzed_runs(conn) == ["run-0001", "run-0002"]  # oldest first
+    assert triage.unanalyzed_runs(conn) == ["run-0001", "run-0002"]  # oldest first
 
-    assert store.save_findings(conn, "run-0002", [_finding(), _finding("drift", ratio=None,
-                                                                        metric="out")]) == 2
-    got = store.stored_findings(conn, "run-0002")
+    assert triage.save_findings(conn, "run-0002", [_finding(), _finding("drift", ratio=None,
+                                                                         metric="out")]) == 2
+    got = triage.stored_findings(conn, "run-0002")
     assert [f["kind"] for f in got] == ["regression", "drift"]
     assert got[0] == {"run_id": "run-0002", **_finding(), "change_point_id": None, "triage": None}
     assert got[1]["ratio"] is None
-    assert store.unanalyzed_runs(conn) == ["run-0001"]
+    assert triage.unanalyzed_runs(conn) == ["run-0001"]
     # an analysed run with nothing to report is analysed all the same
-    assert store.save_findings(conn, "run-0001", []) == 0
-    assert store.unanalyzed_runs(conn) == []
+    assert triage.save_findings(conn, "run-0001", []) == 0
+    assert triage.unanalyzed_runs(conn) == []
     # analysing again replaces, never appends
-    store.save_findings(conn, "run-0002", [_finding("bits_changed")])
-    assert [f["kind"] for f in store.stored_findings(conn)] == ["bits_changed"]
+    triage.save_findings(conn, "run-0002", [_finding("bits_changed")])
+    assert [f["kind"] for f in triage.stored_findings(conn)] == ["bits_changed"]
     with pytest.raises(StoreError, match="run-9999 is not in history DB"):
-        store.save_findings(conn, "run-9999", [_finding()])
+        triage.save_findings(conn, "run-9999", [_finding()])
     # findings go with their run
     conn.execute("DELETE FROM runs WHERE run_id = 'run-0002'")
     assert count(conn, "findings") == 0
@@ -389,9 +389,9 @@ def test_migration_failure_rolls_back_that_step(tmp_path: Path) -> None:
         raise RuntimeError("migration bug")
 
     with pytest.raises(RuntimeError, match="migration bug"):
-        store.connect(path, migrations=[*store.MIGRATIONS, broken])
+        store.connect(path, migrations=[*schema.MIGRATIONS, broken])
     conn = store.connect(path)
-    assert user_version(conn) == store.SCHEMA_VERSION
+    assert user_version(conn) == schema.SCHEMA_VERSION
     assert "half_done" not in {r["name"] for r in conn.execute("PRAGMA table_info(results)")}
     conn.close()
 
@@ -579,7 +579,7 @@ def test_concurrent_ingest_from_processes(request, tmp_path: Path, backend: str)
     assert [p.exitcode for p in procs] == [0] * len(workers)
 
     conn = store.connect(target)
-    assert store._schema_version(conn) == store.SCHEMA_VERSION
+    assert schema._schema_version(conn) == schema.SCHEMA_VERSION
     assert count(conn, "runs") == 8 * n_runs and count(conn, "machines") == 8
     assert count(conn, "results") == 8 * n_runs * 40
     keys = conn.execute("SELECT count(DISTINCT run_id || case_id || impl || world_size) "
@@ -607,7 +607,7 @@ def test_concurrent_migration_is_done_once(tmp_path: Path) -> None:
 
     def counting(c: sqlite3.Connection) -> None:
         calls.append(0)
-        store.MIGRATIONS[0](c)
+        schema.MIGRATIONS[0](c)
 
     outcome: list[object] = []
 
@@ -622,7 +622,7 @@ def test_concurrent_migration_is_done_once(tmp_path: Path) -> None:
     thread = threading.Thread(target=opener)
     thread.start()
     time.sleep(1.0)  # the opener reads version 0 (WAL snapshot) and queues on the lock
-    store.MIGRATIONS[0](holder)
+    schema.MIGRATIONS[0](holder)
     holder.execute("PRAGMA user_version = 1")
     holder.execute("COMMIT")
     thread.join(60)
@@ -713,33 +713,33 @@ def test_run_ids_history_and_annotations(db: sqlite3.Connection) -> None:
     assert store.run_ids(db, limit=2) == ["gpu-run", "run-2"]
 
     case = "allreduce[dtype=f32,n=1031,op=sum]"
-    rows = store.history(db, case, "torch", 4, machine_fingerprint="fp-cpu-2core")
+    rows = reads.history(db, case, "torch", 4, machine_fingerprint="fp-cpu-2core")
     assert [r["run_id"] for r in rows] == ["run-2", "run-1", "run-0"]
     assert [r["median_ns"] for r in rows] == [12_000.0, 11_000.0, 10_000.0]
     assert rows[0]["run_started_at"] == 1002.0
     assert rows[0]["machine_fingerprint"] == "fp-cpu-2core"
     assert rows[0]["status"] == "pass" and rows[0]["run_status"] == "running"
-    assert len(store.history(db, case, "torch", 4)) == 4
-    assert len(store.history(db, case, "torch", 4, limit=1)) == 1
-    assert store.history(db, case, "torch", 8) == []
+    assert len(reads.history(db, case, "torch", 4)) == 4
+    assert len(reads.history(db, case, "torch", 4, limit=1)) == 1
+    assert reads.history(db, case, "torch", 8) == []
 
-    note = store.add_annotation(
+    note = reads.add_annotation(
         db, "known slow: gloo on 2 cores", run_id="run-1", case_id=case, author="ana"
     )
-    store.add_annotation(db, "op retuned", case_id=case, kind="change", created_at=1.0)
+    reads.add_annotation(db, "op retuned", case_id=case, kind="change", created_at=1.0)
     assert isinstance(note, int)
-    assert [a["text"] for a in store.annotations(db, run_id="run-1", case_id=case)] == [
+    assert [a["text"] for a in reads.annotations(db, run_id="run-1", case_id=case)] == [
         "op retuned",
         "known slow: gloo on 2 cores",
     ]
-    assert [a["text"] for a in store.annotations(db, run_id="run-2")] == ["op retuned"]
+    assert [a["text"] for a in reads.annotations(db, run_id="run-2")] == ["op retuned"]
     with pytest.raises(StoreError, match="run nope is not in history DB"):
-        store.add_annotation(db, "x", run_id="nope")
+        reads.add_annotation(db, "x", run_id="nope")
 
     # deleting a run takes its results and annotations with it
     db.execute("DELETE FROM runs WHERE run_id = 'run-1'")
     assert db.execute("SELECT count(*) FROM results WHERE run_id = 'run-1'").fetchone()[0] == 0
-    assert [a["text"] for a in store.annotations(db)] == ["op retuned"]
+    assert [a["text"] for a in reads.annotations(db)] == ["op retuned"]
 
 
 def test_shared_fingerprint_keeps_each_runs_hostname(db: sqlite3.Connection) -> None:
@@ -842,10 +842,10 @@ def test_previous_comparable_run_is_the_newest_earlier_run_with_a_shared_series(
     store.ingest(conn, make_run("b", started_at=t + 1), [
         dataclasses.replace(r, case_id="other[n=1]") for r in other])
     store.ingest(conn, make_run("c", started_at=t + 2), some_results("c"))
-    assert store.previous_comparable_run(conn, "c") == "a"  # b ran nothing c ran
-    assert store.previous_comparable_run(conn, "b") == "a"  # nothing shared: the newest
-    assert store.previous_comparable_run(conn, "a") is None  # the machine's first run
-    assert store.previous_comparable_run(conn, "c", search=1) == "b"  # searched too little
+    assert reads.previous_comparable_run(conn, "c") == "a"  # b ran nothing c ran
+    assert reads.previous_comparable_run(conn, "b") == "a"  # nothing shared: the newest
+    assert reads.previous_comparable_run(conn, "a") is None  # the machine's first run
+    assert reads.previous_comparable_run(conn, "c", search=1) == "b"  # searched too little
     with pytest.raises(StoreError, match="nope is not in history DB"):
-        store.previous_comparable_run(conn, "nope")
+        reads.previous_comparable_run(conn, "nope")
     conn.close()

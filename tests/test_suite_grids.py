@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.discovery import builtin_suite
+from harness.core.discovery import builtin_suite
 from reference_kernels import dtensor, strided_copy
 from suites import dtensor as dtensor_suite
 from suites import strided_copy as strided_suite

@@ -11,8 +11,8 @@ import re
 import pytest
 import torch
 
-from harness.discovery import registry
-from harness.runner import normalize_outputs
+from harness.core.discovery import registry
+from harness.engine.case_setup import normalize_outputs
 from suites._fp8.gemm import GEMM_PER_TENSOR, per_tensor_scaled_mm, scaled_mm_cuda_limits
 
 #: what meta tensors cannot do (data-dependent shapes or values): not a device bug

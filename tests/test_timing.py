@@ -8,10 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import gpu_telemetry
-from harness.runtime import World
-from harness.spec import Work
-from harness.timing import (
+from harness.core.spec import Work
+from harness.core.timing import (
     FALLBACK_LLC_BYTES,
     L2Flusher,
     TimingConfig,
@@ -22,6 +20,8 @@ from harness.timing import (
     percent_of_peak,
     time_call,
 )
+from harness.device import gpu_telemetry
+from harness.device.runtime import World
 
 CPU = torch.device("cpu")
 SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -37,7 +37,7 @@ def world(device: torch.device = CPU) -> World:
 
 
 def sysfs_llc_bytes() -> int | None:
-    """The largest cache of CPU 0, read here independently of harness.timing."""
+    """The largest cache of CPU 0, read here independently of harness.core.timing."""
     sizes = []
     for f in SYSFS.glob("index*/size"):
         text = f.read_text().strip()

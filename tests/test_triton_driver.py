@@ -10,8 +10,8 @@ import os
 import pytest
 import torch
 
-from harness import triton_impl
-from harness.triton_impl import DriverFacts, driver_facts, driver_problem
+from harness.device import triton_impl
+from harness.device.triton_impl import DriverFacts, driver_facts, driver_problem
 
 GOOD = DriverFacts(compiler="/usr/bin/gcc", python_include="/usr/include/python3.12",
                    python_h=True, libcuda_dirs=("/usr/lib/x86_64-linux-gnu",),
@@ -59,7 +59,7 @@ def test_the_facts_are_read_as_triton_reads_them(tmp_path):
 
 
 def test_a_triton_implementation_on_cuda_skips_naming_what_is_missing(monkeypatch):
-    from harness.discovery import registry
+    from harness.core.discovery import registry
 
     if not triton_impl.available():
         pytest.skip("triton is not installed")

@@ -1,4 +1,4 @@
-"""Triton implementations (harness.triton_impl): the decisions as plain functions, and the
+"""Triton implementations (harness.device.triton_impl): the decisions as plain functions, and the
 example of docs/cuda-and-triton.md through a real `harness run` with `--impl path.py:fn`,
 beside a wrong kernel of the kind a new user writes. The built-in kernels pass and their
 controls fail in the real runs of tests/test_cli_integration.py (the controls run, the
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import triton_impl
-from harness.spec import SpecError, load_callable
+from harness.core.spec import SpecError, load_callable
+from harness.device import triton_impl
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -68,7 +68,7 @@ def test_only_triton_implementations_are_marked_interpreted():
 
 
 def test_each_op_the_issue_names_has_a_triton_kernel_and_a_triton_control():
-    from harness.discovery import registry
+    from harness.core.discovery import registry
 
     specs = registry().specs
     for op, impl in (("hopper_tasks.rmsnorm", "triton"), ("hopper_tasks.silu_mul", "triton"),
@@ -135,7 +135,7 @@ def test_triton_imported_before_the_interpreter_was_set_is_a_skip_that_says_so()
         "import os\n"
         "os.environ.pop('TRITON_INTERPRET', None)\n"
         "import triton\n"
-        "from harness import triton_impl\n"
+        "from harness.device import triton_impl\n"
         "triton_impl.configure_rank('cpu')\n"
         "print(triton_impl.mode_problem(lambda: None, 'cpu'))\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -146,9 +146,9 @@ def test_triton_imported_before_the_interpreter_was_set_is_a_skip_that_says_so()
 
 
 def test_an_interpreted_result_is_marked_and_stays_out_of_the_series():
-    from harness.regress import in_series
-    from harness.results import CaseResult
-    from harness.timing import TimingConfig
+    from harness.core.results import CaseResult
+    from harness.core.timing import TimingConfig
+    from harness.history.regress import in_series
 
     cfg = TimingConfig.for_tier("smoke").interpreted("triton")
     assert (cfg.min_repeats, cfg.max_repeats, cfg.minimal) == (1, 1, True)

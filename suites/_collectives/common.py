@@ -50,7 +50,7 @@ def rank_values(tag: str, params: Mapping[str, Any], rank: int, world_size: int,
     when ``sums`` (reductions), over the dtype's whole exact range otherwise (data movement,
     where many distinct values make a misplaced element visible). ``random`` mode: uniform
     values in [-1, 1) for floats; integers as in exact mode. ``special`` mode: for data
-    movement, exact mode with -0.0, subnormals, +-inf and NaN planted (harness.inputs.
+    movement, exact mode with -0.0, subnormals, +-inf and NaN planted (harness.core.inputs.
     plant_specials), which a copy carries bit for bit and arithmetic on the way does not; for
     sums, ``plant_sum_specials``.
     """

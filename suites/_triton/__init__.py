@@ -1,5 +1,5 @@
 """Built-in Triton implementations: the kernels live in this package's modules, which import
-triton and are imported on an implementation's first call (``harness.triton_impl``): a
+triton and are imported on an implementation's first call (``harness.device.triton_impl``): a
 machine without triton still loads every op, and a rank chooses compiled or interpreted
 kernels before they are defined."""
 

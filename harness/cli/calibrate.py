@@ -1,0 +1,90 @@
+"""`harness calibrate`: measure the device's copy bandwidth and matmul peak, store them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from harness.cli.common import EXIT_USAGE, HarnessExit, console, err_console
+
+
+def _device(choice: str) -> Any:
+    """The torch device to calibrate; --device cuda without a GPU is a usage error."""
+    import torch
+
+    if choice == "cpu":
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if choice == "cuda":
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only"
+        raise HarnessExit(f"--device cuda: torch ({build} build) sees no CUDA device: use "
+                          "--device cpu, or run on a machine with a GPU and a CUDA torch",
+                          EXIT_USAGE)
+    return torch.device("cpu")
+
+
+def _table(cal: dict[str, Any], cal_id: int) -> Table:
+    table = Table(title=f"calibration {cal_id}: {escape(cal['device_name'] or cal['device'])}",
+                  title_justify="left")
+    table.add_column("measure")
+    table.add_column("peak", justify="right")
+    d = cal["details"]
+    table.add_row(f"copy ({d['copy_bytes'] // 2**20} MiB, read + write)",
+                  f"{cal['copy_gbps']:.1f} GB/s")
+    for dtype, tflops in cal["matmul_tflops"].items():
+        table.add_row(f"matmul {dtype} ({d['matmul_n']}^3)", f"{tflops:.3g} TFLOP/s")
+    for dtype, why in d.get("skipped", {}).items():
+        table.add_row(f"matmul {dtype}", f"[yellow]skipped[/yellow]: {escape(why)}")
+    if d["quick"]:
+        table.caption = "--quick: rough figures"
+    return table
+
+
+@click.command("calibrate")
+@click.option("--device", "device_choice", default="auto", show_default=True,
+              type=click.Choice(["auto", "cpu", "cuda"]),
+              help="What to measure (auto: the current CUDA device when there is one).")
+@click.option("--db", default=None, help="History DB (default $HARNESS_DB or "
+                                         "harness-results/history.db).")
+@click.option("--quick", is_flag=True,
+              help="Smaller buffers and fewer repeats: seconds, but rougher figures.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def calibrate(device_choice: str, db: str | None, quick: bool, as_json: bool) -> None:
+    """Measure copy bandwidth and matmul TFLOP/s per dtype, and store them for this machine.
+
+    Runs report their throughput as a percentage of the newest calibration of the same
+    machine and device.
+    """
+    from harness.device import envinfo
+    from harness.engine import calibrate as calibrate_mod
+    from harness.history import sql, store
+
+    device = _device(device_choice)
+    db_path = store.resolve_db_path(db)
+    # open the DB first: a bad --db must fail before a minute of measuring, not after
+    try:
+        conn = store.connect(db_path)
+    except sql.StoreError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    try:
+        if not as_json:
+            err_console.print(f"calibrating {device} ({'quick' if quick else 'full'})...")
+        cal = calibrate_mod.measure(device, quick=quick)
+        machine = envinfo.machine()
+        cal_id = store.save_calibration(conn, machine, cal)
+    except sql.StoreError as exc:
+        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    finally:
+        conn.close()
+    if as_json:
+        click.echo(json.dumps({"id": cal_id, "db": str(db_path),
+                               "machine_fingerprint": machine["fingerprint"], **cal},
+                              indent=2, sort_keys=True))
+    else:
+        console.print(_table(cal, cal_id))
+        console.print(f"stored in {escape(str(db_path))}", soft_wrap=True)

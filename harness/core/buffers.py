@@ -1,0 +1,240 @@
+"""Buffer tricks that make wrong kernels visible: poison, overlap, relocation.
+
+- ``poison_`` fills a buffer with a value no correct kernel leaves behind (NaN for floats, the
+  most negative integer for signed types), so an element an implementation forgot to write
+  fails the check (nccl-tests initialises its receive buffers the same way).
+- ``fresh_memory_poisoned`` makes the memory an implementation allocates during a case's
+  first checked call start as poison, so an element it never writes in an output it
+  allocates itself cannot hold the right value left there by the reference or an earlier
+  call (allocators hand the block just freed straight back). On CUDA the caching
+  allocator's free blocks are filled with 0xFF first (NaN in every float format); on a glibc
+  CPU, malloc fills what it hands out with 0xFE (``M_PERTURB``: -1.7e38 in f32 and bf16, NaN
+  in f16 and e5m2, -448 in e4m3).
+- ``relocate`` copies a set of inputs to fresh memory at a byte offset, keeping which inputs
+  are the same tensor or views of one buffer (an in-place case passes ``out`` as ``x``, or
+  ``x`` as a slice of ``out``). Calling an implementation on relocated inputs after poisoning
+  the old ones catches caches keyed by address and reads of stale buffers; nccl-tests shifts
+  its buffers between iterations for the same reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from harness.device.memory import libc
+
+#: offsets are multiples of this, so every dtype stays aligned as cudaMalloc would align it
+ALIGN_BYTES = 256
+
+
+def poison_value(dtype: torch.dtype) -> float | int | bool:
+    """The fill value of a poisoned buffer of ``dtype``."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    info = torch.iinfo(dtype)
+    return info.min if info.min < 0 else info.max
+
+
+def poison_(t: torch.Tensor) -> torch.Tensor:
+    """Fill ``t`` with its dtype's poison value, in place."""
+    return t.fill_(poison_value(t.dtype))
+
+
+#: the byte free device memory is filled with: 0xFF is a NaN in f32, bf16, f16 and both fp8s
+FREE_POISON_BYTE = 0xFF
+
+
+def free_blocks_to_poison(segments: list[Mapping[str, Any]], device_index: int
+                          ) -> list[tuple[int, int]]:
+    """(address, size) of every free block of the caching allocator's default pool on
+    ``device_index``, from ``torch.cuda.memory_snapshot()``'s segments (their keys as
+    torch/csrc/cuda/memory_snapshot.cpp writes them). None of an expandable segment (a free
+    range there may be unmapped: a write would be an illegal address) and none of a CUDA
+    graph's private pool (its replays own that memory)."""
+    blocks = []
+    for seg in segments:
+        if (seg.get("device") != device_index or seg.get("is_expandable", True)
+                or tuple(seg.get("segment_pool_id", (-1, -1))) != (0, 0)):
+            continue
+        blocks += [(b["address"], b["size"]) for b in seg.get("blocks", ())
+                   if b.get("state") == "inactive" and b.get("size", 0) > 0]
+    return blocks
+
+
+class _DeviceBytes:
+    """Raw device memory as a uint8 array for ``torch.as_tensor`` (CUDA array interface v2:
+    torch wraps the pointer with ``at::from_blob``, copying nothing)."""
+
+    def __init__(self, address: int, size: int):
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1",
+                                         "data": (address, False), "version": 2}
+
+
+def poison_free_device_memory(device: torch.device) -> int:
+    """Fill the caching allocator's free blocks on CUDA ``device`` with ``FREE_POISON_BYTE``
+    and wait for it; the bytes filled (0 on another device)."""
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    blocks = free_blocks_to_poison(torch.cuda.memory_snapshot(), index)
+    with torch.cuda.device(index):
+        for address, size in blocks:
+            torch.as_tensor(_DeviceBytes(address, size), device=device).fill_(FREE_POISON_BYTE)
+        # before an allocation on another stream reuses a block this stream is filling
+        torch.cuda.synchronize(index)
+    return sum(size for _, size in blocks)
+
+
+#: glibc's mallopt parameter (malloc.h): malloc fills what it returns with the complement of
+#: the byte given, free fills what it takes back with the byte; 0 turns it off
+M_PERTURB = -6
+HEAP_PERTURB_BYTE = 0x01
+
+#: on the CPU a case whose inputs pass this size is not perturbed: its large blocks come from
+#: fresh mmap'd pages (glibc's mmap threshold is at most 32 MiB), zero rather than a freed
+#: right answer, so filling gigabytes of them would cost time and catch nothing
+HEAP_POISON_CAP_BYTES = 1 << 28
+
+
+@contextlib.contextmanager
+def fresh_memory_poisoned(device: torch.device, case_bytes: int = 0) -> Iterator[None]:
+    """Memory allocated inside the block starts as poison (see the module's docstring): on
+    CUDA the free blocks are filled on entry; on the CPU glibc perturbs every allocation until
+    the block ends, unless ``case_bytes`` passes ``HEAP_POISON_CAP_BYTES``. Outputs of up to
+    1032 bytes can escape on the CPU: glibc's per-thread cache hands such blocks back without
+    the perturbation (``tcache_get`` skips ``alloc_perturb``), and turning the cache off in the
+    ranks slowed them by a quarter on the 2**31-element tests. Nothing where neither applies
+    (another C library)."""
+    if device.type == "cuda":
+        poison_free_device_memory(device)
+        yield
+        return
+    lib = libc() if device.type == "cpu" and case_bytes <= HEAP_POISON_CAP_BYTES else None
+    if lib is None or not hasattr(lib, "mallopt") or not lib.mallopt(M_PERTURB, HEAP_PERTURB_BYTE):
+        yield
+        return
+    try:
+        yield
+    finally:
+        lib.mallopt(M_PERTURB, 0)
+
+
+def poisoned(shape: int | tuple[int, ...], dtype: torch.dtype,
+             device: str | torch.device = "cpu") -> torch.Tensor:
+    """A new buffer of ``shape`` full of poison."""
+    return poison_(torch.empty(shape, dtype=dtype, device=device))
+
+
+def tensors(values: Mapping[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor among ``values``, lists and tuples included."""
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor):
+            yield name, v
+        elif isinstance(v, (list, tuple)):
+            for i, item in enumerate(v):
+                if isinstance(item, torch.Tensor):
+                    yield f"{name}[{i}]", item
+
+
+def flat_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The elements of ``t`` as one flat uint8 tensor (on ``t``'s device), to read only: a view
+    of ``t`` where its elements are already one dense run, else a copy."""
+    flat = t.detach().reshape(-1)
+    if flat.dtype == torch.bool:
+        flat = flat.to(torch.uint8)
+    if flat.stride(0) == 1:  # dense (a 2 GiB input is compared without two copies)
+        return flat.view(torch.uint8)
+    # a single element may keep any stride, which view() to bytes refuses; a clone in
+    # contiguous format has standard strides
+    return flat.clone(memory_format=torch.contiguous_format).view(torch.uint8)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of shape, dtype and elements (NaN equals the same NaN, unlike
+    torch.equal; -0.0 differs from 0.0)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return torch.equal(flat_bytes(a), flat_bytes(b))
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage address, first byte, one past the last byte) that ``t`` can touch."""
+    size = t.element_size()
+    if t.numel() == 0:
+        start = t.storage_offset() * size
+        return t.untyped_storage().data_ptr(), start, start
+    span = sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride(), strict=True))
+    start = t.storage_offset() * size
+    return t.untyped_storage().data_ptr(), start, start + (span + 1) * size
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` can touch a common byte (same storage, ranges intersect)."""
+    if a.device != b.device:
+        return False
+    sa, a0, a1 = _byte_range(a)
+    sb, b0, b1 = _byte_range(b)
+    return sa == sb and a0 < a1 and b0 < b1 and a0 < b1 and b0 < a1
+
+
+def lies_within(inner: torch.Tensor, outer: torch.Tensor) -> bool:
+    """Whether every byte ``inner`` can touch belongs to ``outer``'s range."""
+    si, i0, i1 = _byte_range(inner)
+    so, o0, o1 = _byte_range(outer)
+    return inner.device == outer.device and si == so and o0 <= i0 and i1 <= o1
+
+
+def nbytes(values: Mapping[str, Any]) -> int:
+    """Bytes of the distinct storages behind the tensors of ``values``."""
+    seen: dict[tuple[str, int], int] = {}
+    for _, t in tensors(values):
+        seen[(str(t.device), t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
+             device: torch.device | str | None = None) -> dict[str, Any]:
+    """A copy of ``values`` whose tensors live in new storage, ``shift_bytes`` past its start,
+    on ``device`` (default: where they are). Tensors that shared a storage share the new one
+    with the same offsets and strides; the same tensor object maps to one new object. Plain
+    mutable values (lists, dicts, sets) are copied too; immutable ones are shared."""
+    if shift_bytes % ALIGN_BYTES:
+        raise ValueError(f"shift_bytes must be a multiple of {ALIGN_BYTES}")
+    storages: dict[tuple[str, int], torch.UntypedStorage] = {}
+    memo: dict[int, torch.Tensor] = {}
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in memo:
+            return memo[id(t)]
+        target = torch.device(device) if device is not None else t.device
+        old = t.untyped_storage()
+        key = (str(t.device), old.data_ptr())
+        if key not in storages:
+            fresh = torch.empty(shift_bytes + old.nbytes(), dtype=torch.uint8, device=target)
+            src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(old, 0, (old.nbytes(),))
+            fresh[shift_bytes:].copy_(src)
+            storages[key] = fresh.untyped_storage()
+        new = torch.empty(0, dtype=t.dtype, device=target).set_(
+            storages[key], t.storage_offset() + shift_bytes // t.element_size(), t.shape,
+            t.stride())
+        memo[id(t)] = new
+        return new
+
+    out: dict[str, Any] = {}
+    for name, v in values.items():
+        if isinstance(v, torch.Tensor):
+            out[name] = move(v)
+        elif isinstance(v, (list, tuple)) and any(isinstance(i, torch.Tensor) for i in v):
+            out[name] = type(v)(move(i) if isinstance(i, torch.Tensor) else i for i in v)
+        elif isinstance(v, (list, dict, set)):  # a list of split sizes is the copy's own too
+            out[name] = copy.deepcopy(v)
+        else:
+            out[name] = v
+    return out

@@ -1,0 +1,160 @@
+"""One rank's setup of a case: its inputs, made once for all of the case's implementations and
+copied fresh into new memory for each call, its reference outputs (with the precision lens's
+float64 values), the tolerance of each output, and an implementation's return value read as
+named outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from harness.core import compare
+from harness.core.buffers import nbytes, relocate
+from harness.core.spec import Case
+
+
+class CaseError(Exception):
+    """The implementation broke a contract (raised, wrong output type, clobbered an input)."""
+
+
+def normalize_outputs(value: Any, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """An implementation's return value as {output name: tensor}."""
+    if isinstance(value, torch.Tensor):
+        return {names[0]: value}
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (tuple, list)):
+        if len(value) != len(names):
+            raise CaseError(f"returned {len(value)} outputs, expected {len(names)} {names}")
+        return dict(zip(names, value, strict=True))
+    raise CaseError(f"returned a {type(value).__name__}; expected a tensor, tuple or dict")
+
+
+#: the parameter that reseeds a case's inputs for the check after timing (CaseSetup.twin)
+TWIN_PARAM = "twin"
+
+#: the name suffix of an output's float64 value before its rounding (OpSpec.exact)
+EXACT_SUFFIX = ":exact"
+#: the precision lens's default share of elements that may differ from the float64 value
+#: rounded once: correct float32 orders move a fraction of a percent, a second rounding a quarter.
+#: chosen by benchmarks/precision_lens.py (benchmarks/RESULTS.md)
+EXACT_OFF = 0.02
+
+
+def tolerances(case: Case, expected: Mapping[str, torch.Tensor]) -> dict[str, compare.Tolerance]:
+    """The tolerance of each output: the spec's (fixed, per output, or a function of the case),
+    else the dtype's default."""
+    tol = case.spec.tolerance
+    if callable(tol) and not isinstance(tol, compare.Tolerance):
+        tol = tol(case.params, case.world_size)
+    out = {}
+    for name, exp in expected.items():
+        if name.endswith(EXACT_SUFFIX):  # the precision lens (OpSpec.exact)
+            given = tol.get(name) if isinstance(tol, Mapping) else None
+            out[name] = given or compare.rounding(EXACT_OFF)
+        elif isinstance(tol, compare.Tolerance):
+            out[name] = tol
+        elif isinstance(tol, Mapping) and name in tol:
+            out[name] = tol[name]
+        else:
+            out[name] = compare.default_for(exp.dtype)
+    return out
+
+
+def interpreted_lens(tols: Mapping[str, compare.Tolerance]) -> dict[str, compare.Tolerance]:
+    """The precision lens for a kernel run by Triton's interpreter, which converts float32 to
+    bf16 by truncation (suites/_triton/hopper.py): the share of elements off the value rounded
+    once says nothing of the compiled kernel, so only an explicit ``ulps`` bound holds."""
+    return {name: compare.rounding(1.0, t.ulps)
+            if name.endswith(EXACT_SUFFIX) and t.kind == "rounding" else t
+            for name, t in tols.items()}
+
+
+def expected_outputs(case: Case, rank: int) -> dict[str, torch.Tensor]:
+    spec = case.spec
+    if spec.expected is not None:
+        value = spec.expected(case.params, rank, case.world_size)
+    else:
+        value = spec.reference(**spec.make_inputs(case.params, rank, case.world_size))
+    return normalize_outputs(value, spec.outputs)
+
+
+#: a case's pristine inputs are kept for its next implementation up to this size; bigger ones
+#: (the stress tier) are generated again, as a copy would double their memory
+SETUP_CACHE_CAP_BYTES = 256 << 20
+
+
+class CaseSetup:
+    """One rank's inputs and reference outputs of one case, made once for all of the case's
+    implementations (they run back to back): each call gets a fresh copy of the pristine
+    inputs, in new memory, bit for bit what generating them again would give. Inputs over
+    ``SETUP_CACHE_CAP_BYTES`` are not kept; each copy is then generated afresh."""
+
+    def __init__(self, case: Case, rank: int, *, lens: bool = True) -> None:
+        spec = case.spec
+        self.case, self.rank = case, rank
+        made = spec.make_inputs(case.params, rank, case.world_size)
+        self.pristine: dict[str, Any] | None = (
+            made if nbytes(made) <= SETUP_CACHE_CAP_BYTES else None)
+        if spec.expected is None and self.pristine is not None:
+            # the reference gets its own copy of the kept inputs: it may write them
+            self.expected = normalize_outputs(spec.reference(**relocate(made)), spec.outputs)
+        else:
+            self.expected = expected_outputs(case, rank)
+        #: per output, what a chunk equal to the reference adds to the metrics (compare.measure)
+        self.memos: dict[str, dict[Any, Any]] = {}
+        #: per output, each element's magnitude (``OpSpec.magnitude``), or nothing
+        self.magnitudes: dict[str, torch.Tensor] = (
+            dict(spec.magnitude(**made)) if spec.magnitude else {})
+        if spec.exact is not None and lens:
+            # a second reference per output: the float64 value before its one rounding
+            for name, value in spec.exact(**made).items():
+                self.expected[f"{name}{EXACT_SUFFIX}"] = value
+        self._first: dict[str, Any] | None = made if self.pristine is None else None
+        self._twin: CaseSetup | None = None
+
+    def twin(self) -> CaseSetup:
+        """The same case with other input values (``TWIN_PARAM`` in its params reseeds every
+        input keyed on them) and their reference: what an implementation is checked on, in
+        buffers it has seen, after its timing. Made once for all the case's implementations."""
+        if self._twin is None:
+            twin = Case(self.case.spec, {**self.case.params, TWIN_PARAM: 1}, self.case.world_size)
+            self._twin = CaseSetup(twin, self.rank, lens=False)  # staleness, not precision
+        return self._twin
+
+    def inputs(self, device: torch.device, shift_bytes: int = 0) -> dict[str, Any]:
+        """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory."""
+        if self.pristine is not None:
+            return relocate(self.pristine, shift_bytes=shift_bytes, device=device)
+        made, self._first = self._first, None
+        if made is None:  # not kept: generate again
+            made = self.case.spec.make_inputs(self.case.params, self.rank, self.case.world_size)
+        return _place(made, device, shift_bytes)
+
+
+class SetupCache:
+    """The ``CaseSetup`` of the last case a rank ran. A case whose inputs are over the cap
+    keeps it too: its inputs are made afresh per call, but its reference outputs and
+    magnitudes, the costly part of a stress case, are made once for all its
+    implementations."""
+
+    def __init__(self) -> None:
+        self._last: CaseSetup | None = None
+
+    def get(self, case: Case, rank: int) -> CaseSetup:
+        last = self._last
+        if last is None or last.case.spec is not case.spec or last.case.id != case.id or \
+                last.rank != rank or last.case.world_size != case.world_size:
+            self._last = None  # free the last case's tensors before making the next
+            last = self._last = CaseSetup(case, rank)
+        return last
+
+
+def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0
+           ) -> dict[str, Any]:
+    """Inputs on the device (aliasing kept); shifted into fresh memory when asked."""
+    if device.type == "cpu" and shift_bytes == 0:
+        return dict(values)
+    return relocate(values, shift_bytes=shift_bytes, device=device)

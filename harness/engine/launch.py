@@ -1,0 +1,396 @@
+"""Launch the ranks: one MPI job per world size, relaunched after a timeout or crash.
+
+Each job is ``mpiexec -n N python -m pytest --pyargs suites -p harness.pytest_plugin ...``.
+Rank 0 appends results to the run's ``results.jsonl`` and names the case in progress in a
+progress file. When a job dies (its in-rank watchdog aborted it, a rank crashed, or this
+launcher's own backstop killed it past the deadline plus a grace period), the case in progress
+is recorded as ``timeout`` or ``crash`` and a new job runs the cases not yet recorded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.core import results as results_mod
+from harness.core.discovery import SUITES_PACKAGE
+from harness.core.results import CaseResult
+from harness.core.spec import PlannedItem
+from harness.device import cuda, sanitizer, triton_impl
+from harness.device.placement import usable_cpus
+from harness.engine.options import RunDir, RunOptions
+
+#: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
+_PYTEST_NORMAL = (0, 1, 5)
+
+
+class LauncherError(RuntimeError):
+    """The MPI launcher is missing or keeps failing (exit code 4)."""
+
+
+class PlacementFailed(RuntimeError):
+    """The ranks started but found no placement for themselves (a CPU-only torch beside GPUs,
+    ranks sharing an exclusive GPU): a configuration error, said in one line (exit code 2)."""
+
+
+@dataclass
+class LaunchConfig:
+    """What the launcher needs besides the run's options: where the run is, under which id,
+    and the resolved launcher (and compute-sanitizer) to start the ranks with."""
+
+    launcher: str
+    run_dir: Path
+    run_id: str
+    options: RunOptions = field(default_factory=RunOptions)
+    env_id: str = ""
+    #: compute-sanitizer to run every rank under (memcheck), or None
+    sanitizer: str | None = None
+    #: launches in a row that record nothing before the launcher gives up
+    max_fruitless: int = 2
+
+    @property
+    def files(self) -> RunDir:
+        return RunDir(self.run_dir)
+
+    @property
+    def results_path(self) -> Path:
+        return self.files.results
+
+
+@dataclass
+class WorldOutcome:
+    """What happened at one world size."""
+
+    world_size: int
+    launches: int = 0
+    infra_error: str | None = None
+    #: the ranks' devices, backend and any warning about them (rank 0's placement report)
+    placement: dict | None = None
+    logs: list[Path] = field(default_factory=list)
+
+
+def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
+    """The ranks' environment: ``base`` plus the run id, where harness was started (relative
+    ``--impl`` paths resolve there; ranks run in the run directory), unbuffered output, and
+    ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it. A GPU-enabled MPICH initialises CUDA in
+    every rank at MPI_Init (MPICH 4.0's yaksa makes a context on every visible GPU, which an
+    exclusive compute mode refuses); the harness never hands MPI device memory (its ``mpi``
+    implementations stage through the host), so it turns that off. An implementation that
+    passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set by its user.
+
+    And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the ranks' pytest loads the harness's plugin
+    (``-p``) and no other installed one. A plugin that reorders items (pytest-randomly
+    shuffles with a seed of its own in every process) would have the ranks run their cases in
+    different orders and meet in the wrong collectives: wrong results, or a hang."""
+    env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
+           "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd()),
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
+    return env
+
+
+#: MPICH: ranks waiting in MPI sleep briefly between polls instead of calling sched_yield.
+#: mpi4py initialises MPI_THREAD_MULTIPLE, so a waiting rank's progress loop yields MPICH's
+#: global lock on every turn; with this set the yield is a nanosleep (mpidu_thread_fallback.h,
+#: MPIR_CVAR_ENABLE_HEAVY_YIELD), which takes the rank off the run queue for the timer slack.
+#: chosen by benchmarks/wait_cpu.py (benchmarks/RESULTS.md)
+HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
+#: launcher options that place ranks on other hosts
+_HOST_OPTIONS = ("-f", "-hostfile", "--hostfile", "-machinefile", "-host", "-hosts", "--host")
+
+
+def one_node(cfg: LaunchConfig, env: Mapping[str, str]) -> bool:
+    """Whether every rank of a job runs on this host: mpiexec or mpirun with no host list,
+    outside a SLURM allocation of several nodes (hydra spreads ranks over one); srun inside an
+    allocation of one node (outside one, srun may place the ranks anywhere)."""
+    nodes = (env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "").strip()
+    if Path(cfg.launcher).name.startswith("srun"):
+        return nodes == "1"
+    if cfg.options.hostfile:
+        return False
+    if any(a.split("=")[0] in _HOST_OPTIONS for a in cfg.options.launcher_args):
+        return False
+    return nodes in ("", "1")
+
+
+def wait_environment(world_size: int, cpus: int, single_node: bool) -> dict[str, str]:
+    """Settings for ranks that wait politely: where more ranks than CPUs share this host, a
+    rank spinning in MPI steals the core the rank it waits for needs. Never otherwise: the
+    sleep between polls would add to the latency of the ``mpi`` implementations' timings."""
+    if single_node and world_size > cpus:
+        return {HEAVY_YIELD: "1"}
+    return {}
+
+
+#: the PMI that srun serves the ranks unless told otherwise: the mpich wheel's MPICH (and any
+#: MPICH built with its own "simple" PMI) speaks the PMI-1/PMI-2 wire protocol, which Slurm's
+#: mpi/pmi2 plugin serves (Slurm's mpi_guide: "srun --mpi=pmi2" for MPICH). Under a
+#: cluster's MpiDefault of none each rank came up alone, as its own world of one (seen on
+#: Slurm 22.05 with the mpich 4 wheel: four ranks of "world size 4" each ran every case at 1).
+SRUN_MPI = "--mpi=pmi2"
+
+
+def srun_args(launcher_args: Sequence[str]) -> list[str]:
+    """srun's own options: the user's, with SRUN_MPI first unless they chose an --mpi."""
+    chosen = any(a == "--mpi" or a.startswith("--mpi=") for a in launcher_args)
+    return list(launcher_args) if chosen else [SRUN_MPI, *launcher_args]
+
+
+def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]:
+    """The mpiexec (or srun) command line of one job: the ranks get the run directory and
+    their world size, and read every other setting from the run's ``run.json``."""
+    opts, files = cfg.options, cfg.files
+    name = Path(cfg.launcher).name
+    args = srun_args(opts.launcher_args) if name.startswith("srun") else opts.launcher_args
+    cmd = [cfg.launcher, *args, "-n", str(world_size)]
+    if opts.hostfile and name != "srun":
+        cmd += ["-hostfile", opts.hostfile]
+    if cfg.sanitizer:
+        cmd += sanitizer.command_prefix(cfg.sanitizer, str(files.of(world_size, "sanitizer")))
+    return cmd + [
+        sys.executable, "-m", "pytest", "--pyargs", SUITES_PACKAGE, "-p", "harness.pytest_plugin",
+        "-p", "no:cacheprovider", "-p", "no:unraisableexception",
+        "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
+        "--junitxml", str(files.junit(world_size, attempt)),
+        "--harness-run-dir", str(cfg.run_dir), "--harness-world-size", str(world_size)]
+
+
+class RecordedKeys:
+    """The result keys of one world size in a results file, read incrementally: each
+    ``update`` parses only the complete lines appended since the last (the launcher polls
+    five times a second while the file grows to megabytes of timing samples)."""
+
+    def __init__(self, path: Path, world_size: int) -> None:
+        self.path, self.prefix = path, f"w{world_size}:"
+        self.offset = 0
+        self.keys: set[str] = set()
+
+    def update(self) -> set[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return set(self.keys)
+        end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
+        self.offset += end
+        for line in data[:end].splitlines():
+            try:
+                d = json.loads(line)
+                key = results_mod.result_key(d["case_id"], d["impl"], int(d["world_size"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line: ingest reports it; the poll only counts results
+            if key.startswith(self.prefix):
+                self.keys.add(key)
+        return set(self.keys)
+
+
+def _read_progress(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+#: prctl(2)'s option that sets the signal a process gets when its parent exits
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_harness() -> Callable[[], None] | None:
+    """A ``preexec_fn`` for the MPI launcher: SIGTERM to it when harness exits, however
+    harness exits (prctl(2) PR_SET_PDEATHSIG, kept across execve; Linux only, else None).
+    The launcher runs in a session of its own, so a signal to harness's process group never
+    reaches it, and without this a killed harness left the job running (mpiexec, given
+    SIGTERM, stops its ranks; srun cancels its step). The signal comes when the *thread* that
+    started the launcher ends: `harness run` starts it from its main thread. prctl is looked
+    up here, in the parent: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # harness exited before the line above: no signal comes
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def dead_case_device(placement: Mapping[str, Any] | None, requested: str) -> str:
+    """The device a case that killed its job ran on, as its ranks record it (rank 0's, from
+    the job's placement file); without one, the device asked for ("cpu" for auto). On an
+    H200, crashes of 4 ranks sharing the GPU were recorded as "cpu" beside their "cuda:0"
+    neighbours."""
+    devices = (placement or {}).get("devices") or []
+    if devices:
+        return str(devices[0])
+    return requested if requested not in ("", "auto") else "cpu"
+
+
+def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason: str,
+                      placement: Mapping[str, Any] | None = None) -> None:
+    spec = item.case.spec
+    results_mod.append(cfg.results_path, CaseResult(
+        run_id=cfg.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
+        impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),
+        status=status, reason=reason, started_at=time.time(), env_id=cfg.env_id,
+        device=dead_case_device(placement, cfg.options.device)))
+
+
+def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
+    """The environment of one job's ranks (``rank_environment`` plus Triton's and the wait
+    settings; a setting the user made wins)."""
+    env = rank_environment(os.environ, cfg.run_id)
+    # before anything in a rank imports triton (harness.device.triton_impl)
+    device = cfg.options.device
+    gpus = cuda.device_count() if device == "auto" else 0
+    for name, value in triton_impl.launcher_environment(device, gpus, env).items():
+        env.setdefault(name, value)
+    for name, value in wait_environment(world_size, len(usable_cpus()),
+                                        one_node(cfg, env)).items():
+        env.setdefault(name, value)
+    return env
+
+
+def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
+           progress_path: Path, report: Callable[[set[str]], None]) -> dict | None:
+    """Wait for a job to end, reporting progress; kill it when its case in progress outlives
+    its deadline plus the grace period (the in-rank watchdog did not fire). Returns the
+    progress record of the case it was killed on, or None."""
+    killed: dict | None = None
+    try:
+        while proc.poll() is None:
+            time.sleep(0.2)
+            now_done = recorded.update()
+            report(now_done)
+            prog = _read_progress(progress_path)
+            if (prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.options.grace
+                    and prog["key"] not in now_done):
+                killed = prog
+                _kill_group(proc)
+    except BaseException:
+        _kill_group(proc)  # Ctrl-C: take the ranks down with us
+        raise
+    return killed
+
+
+def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, killed: bool,
+                             rc: int | None, log_path: Path, placement: dict | None) -> None:
+    """The case a job died in, recorded as a timeout (killed, or past its deadline: a rank's
+    watchdog aborted the job before rank 0 could record it) or a crash."""
+    overdue = time.time() - prog["started"] >= prog["deadline_s"]
+    if killed:
+        status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline "
+                                  f"(+{cfg.options.grace:g} s grace); the job was killed")
+    elif overdue:
+        status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline; "
+                                  f"the job was aborted (log: {log_path})")
+    else:
+        status, why = "crash", (f"the job died with exit code {rc} during this case; "
+                                f"log: {log_path}")
+    _record_dead_case(cfg, item, status, why, placement)
+
+
+def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
+                   on_progress: Callable[[int], None] | None = None) -> WorldOutcome:
+    """Run every item at one world size, relaunching after timeouts and crashes."""
+    outcome = WorldOutcome(world_size)
+    by_key = {item.key: item for item in items}
+    files = cfg.files
+    progress_path = files.of(world_size, "progress.json")
+    placement_path = files.of(world_size, "placement.json")
+    fruitless = 0
+    recorded = RecordedKeys(cfg.results_path, world_size)
+
+    def report(done: set[str]) -> None:
+        if on_progress:
+            on_progress(len(done & by_key.keys()))
+
+    while True:
+        done = recorded.update()
+        report(done)
+        if by_key.keys() <= done:
+            return outcome
+        files.of(world_size, "skip").write_text("\n".join(sorted(done)))
+        progress_path.unlink(missing_ok=True)
+        placement_path.unlink(missing_ok=True)
+        outcome.launches += 1
+        log_path = files.launch_log(world_size, outcome.launches)
+        outcome.logs.append(log_path)
+        # ranks run in the run directory; relative --impl paths (kernel.cu:launch) are the
+        # user's, so they resolve against the directory harness was started in
+        env = job_environment(cfg, world_size)
+        cmd = build_command(cfg, world_size, outcome.launches)
+        with open(log_path, "w") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            try:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        cwd=cfg.run_dir, start_new_session=True,
+                                        preexec_fn=_stop_with_harness())
+            except OSError as exc:
+                raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc
+            killed = _watch(cfg, proc, recorded, progress_path, report)
+        rc = proc.returncode
+        placement = _read_progress(placement_path)
+        if placement and placement.get("error"):
+            raise PlacementFailed(f"world size {world_size}: {placement['error']}")
+        outcome.placement = placement or outcome.placement
+        after = recorded.update()
+        new = len(after - done)
+        prog = _read_progress(progress_path)
+        if rc in _PYTEST_NORMAL and not killed:
+            # finished, or the job stopped recording (pytest's -x): do not loop. A job that
+            # ends "normally" having recorded nothing while cases remain (a launcher that
+            # exits 1 at once, a collection that finds nothing) ran nothing: never a pass
+            if after >= by_key.keys() or new == 0:
+                if new == 0:
+                    outcome.infra_error = (f"world size {world_size}: the MPI job exited with "
+                                           f"code {rc} and no case ran; see {log_path}")
+                return outcome
+            continue
+        if prog and prog["key"] in by_key and prog["key"] not in after:
+            _record_case_in_progress(cfg, by_key[prog["key"]], prog, killed is not None, rc,
+                                     log_path, outcome.placement)
+            fruitless = 0
+            continue
+        fruitless = 0 if new else fruitless + 1
+        if fruitless >= cfg.max_fruitless:
+            outcome.infra_error = (
+                f"world size {world_size}: the MPI job exited with code {rc} "
+                f"{fruitless} times in a row without running a case; last lines of "
+                f"{log_path}:\n{_tail(log_path)}")
+            return outcome

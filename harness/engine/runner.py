@@ -1,0 +1,504 @@
+"""run_case: inputs -> implementation -> compare -> time -> CaseResult.
+
+Every rank calls ``run_case`` for the same case in the same order. The verdict is reached
+collectively (metrics of all ranks merged on rank 0 and broadcast), so every rank agrees on
+pass or fail and pytest's ``-x`` stops all ranks at the same item. Only rank 0 returns the full
+``CaseResult``; the others return one with the same status.
+
+A case is checked up to three times, each check catching a class of bug the others miss:
+
+1. ``call``: the implementation on fresh inputs, output buffers poisoned (an element it does
+   not write stays NaN or a sentinel and fails).
+2. ``shifted``: again on a fresh copy of the inputs in new memory at a shifted offset, after
+   poisoning every buffer of the first call (catches caches keyed by address and reads of
+   stale buffers). Its peak memory is the case's peak memory.
+3. ``after_timing``: the timed repeats rotate over shifted copies of the inputs (as nccl-tests
+   shifts its buffers between iterations); the last repeat's output is checked again, when the
+   case does not write its inputs in place.
+
+A case's inputs, reference and tolerances are ``harness.engine.case_setup``'s; merging every
+rank's checks into one verdict is ``harness.engine.verdict``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import itertools
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.core import compare
+from harness.core.buffers import (
+    ALIGN_BYTES,
+    flat_bytes,
+    fresh_memory_poisoned,
+    lies_within,
+    nbytes,
+    overlaps,
+    poison_,
+    relocate,
+    same_bits,
+    tensors,
+)
+from harness.core.golden import GoldenShelf, GoldenStore
+from harness.core.results import CaseResult
+from harness.core.spec import Case, OpSpec
+from harness.core.timing import (
+    TimingConfig,
+    clock_tampering,
+    derived,
+    impossible,
+    llc_bytes,
+    percent_of_peak,
+    time_call,
+)
+from harness.device import triton_impl
+from harness.device.memory import PeakMemory
+from harness.device.runtime import World
+from harness.engine.case_setup import (
+    CaseError,
+    CaseSetup,
+    SetupCache,
+    interpreted_lens,
+    normalize_outputs,
+    tolerances,
+)
+from harness.engine.verdict import agree, gather_peak, gather_verdict, golden_check, judge_golden
+
+#: how long a host thread gets to change an output after the call returned
+SETTLE_S = 0.001
+
+
+def _hash(outputs: Mapping[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(outputs):
+        t = outputs[name]
+        if isinstance(t, torch.Tensor):
+            h.update(name.encode())
+            h.update(str(t.dtype).encode())
+            h.update(str(tuple(t.shape)).encode())
+            h.update(flat_bytes(t).cpu().numpy().data)  # hashed in place, not copied
+    return h.hexdigest()
+
+
+#: the second check moves inputs this far into fresh memory
+SHIFT_BYTES = ALIGN_BYTES
+#: inputs bigger than this are not copied for the shifted check
+RELOCATE_CAP_BYTES = 1 << 30
+#: at most this many shifted input sets rotate between timed repeats, within this budget
+TIMING_SLOTS, TIMING_SLOT_BUDGET_BYTES = 4, 256 << 20
+
+
+def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
+    """Inputs an implementation may write: the output buffers, the in-place inputs of an
+    in-place case, and every input that overlaps one of them (x as a slice of out)."""
+    spec = case.spec
+    roots = set(spec.out_buffers.values()) | set(spec.readwrite_inputs)
+    if case.params.get("inplace"):
+        roots |= set(spec.inplace_inputs)
+    root_tensors = [inputs[r] for r in roots if isinstance(inputs.get(r), torch.Tensor)]
+    return {k for k, v in inputs.items() if isinstance(v, torch.Tensor)
+            and (k in roots or any(overlaps(v, t) for t in root_tensors))}
+
+
+def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[str, Any],
+          fresh_poison: bool = False) -> dict[str, torch.Tensor]:
+    """One checked call; ``fresh_poison``: what it allocates starts as poison (the first call
+    of a case: a later one reuses the blocks of an earlier one's outputs, which the first
+    call's check has already judged)."""
+    try:
+        with (fresh_memory_poisoned(world.device, nbytes(inputs)) if fresh_poison
+              else contextlib.nullcontext()):
+            raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
+            world.synchronize()
+    except Exception as exc:
+        raise CaseError(f"implementation raised {type(exc).__name__}: {exc}") from exc
+    return normalize_outputs(raw, case.spec.outputs)
+
+
+def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
+                    guards: Mapping[str, torch.Tensor]) -> None:
+    """Untouched read-only inputs, outputs in the buffers provided, in-place outputs aliased."""
+    spec = case.spec
+    for k, before in guards.items():
+        if not same_bits(inputs[k], before):
+            raise CaseError(f"input {k!r} was modified, but this case may not write it")
+    for out_name, in_name in spec.out_buffers.items():
+        buf, got = inputs[in_name], outputs.get(out_name)
+        if buf is None:  # this case has no such output (bf16 data has no fp8 scales)
+            continue
+        if not (isinstance(got, torch.Tensor) and got.data_ptr() == buf.data_ptr()
+                and got.shape == buf.shape and got.dtype == buf.dtype):
+            raise CaseError(f"output {out_name!r} must be written into the buffer passed as "
+                            f"{in_name!r} and returned, not into a new tensor")
+    if case.params.get("inplace") and spec.inplace_inputs:
+        first_in = inputs[spec.inplace_inputs[0]]
+        first_out = outputs.get(spec.outputs[0])
+        if not (isinstance(first_out, torch.Tensor) and lies_within(first_out, first_in)):
+            raise CaseError(f"in-place case: output {spec.outputs[0]!r} does not alias input "
+                            f"{spec.inplace_inputs[0]!r}")
+
+
+def _measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+             tols: Mapping[str, compare.Tolerance], rank: int,
+             memos: dict[str, dict[Any, Any]] | None = None,
+             magnitudes: Mapping[str, torch.Tensor] | None = None
+             ) -> dict[str, dict[str, Any]]:
+    # an expected entry "out:label" is a second reference for output "out" (an FP8 GEMM is
+    # compared with the dequantized product and with the unquantized one)
+    missing = {name.split(":")[0] for name in expected} - set(outputs)
+    if missing:
+        raise CaseError(f"missing outputs {sorted(missing)}")
+    memos = {} if memos is None else memos
+    return {name: {"metrics": compare.measure(outputs[name.split(":")[0]], expected[name], tol,
+                                              rank=rank, memo=memos.setdefault(name, {}),
+                                              dtype=_required_dtype(name, expected[name]),
+                                              magnitude=(magnitudes or {}).get(name)
+                                              ).to_dict(),
+                   "tolerance": tol.to_dict()}
+            for name, tol in tols.items()}
+
+
+def _required_dtype(name: str, expected: torch.Tensor) -> torch.dtype | None:
+    """The dtype an output must have: its reference's, except against a float64 reference
+    (kept wider than any output on purpose) or a second reference (``out:label``)."""
+    if ":" in name or expected.dtype == torch.float64:
+        return None
+    return expected.dtype
+
+
+def _ask(question: Callable[..., str | None], world: World, case: Case) -> str:
+    """A skip question's answer; one that takes ``backend`` is told the job's."""
+    if "backend" in inspect.signature(question).parameters:
+        return question(case.params, case.world_size, world.device,
+                        backend=world.backend) or ""
+    return question(case.params, case.world_size, world.device) or ""
+
+
+def _local_skip_reason(world: World, case: Case, impl: Callable[..., Any]) -> str:
+    why = ""
+    if case.spec.requires is not None:
+        why = _ask(case.spec.requires, world, case)
+    impl_reason = getattr(impl, "skip_reason", None)
+    if not why and callable(impl_reason):
+        why = _ask(impl_reason, world, case)
+    return why
+
+
+def _skip_or_error(world: World, case: Case, impl: Callable[..., Any]) -> tuple[str, str]:
+    """(status, reason) agreed by every rank before the case starts: ("skip", why) when it
+    cannot run here (the op's ``requires``, such as memory, or the implementation's
+    ``skip_reason``: device, kernel limits), ("error", what raised) when asking raised (a
+    sticky CUDA error makes ``mem_get_info`` raise), else ("", ""). Every rank takes part in
+    exactly one gather whatever happened, so the ranks' collectives stay paired case by
+    case."""
+    try:
+        local = ("skip", _local_skip_reason(world, case, impl))
+    except Exception as exc:
+        local = ("error", f"asking whether the case can run raised {type(exc).__name__}: "
+                          f"{exc}")
+    everyone = world.comm.allgather(local) if world.size > 1 else [local]
+    for rank, (kind, why) in enumerate(everyone):
+        if kind == "error":
+            return "error", f"rank {rank}: {why}"
+    return next((("skip", why) for _, why in everyone if why), ("", ""))
+
+
+def run_case(
+    world: World,
+    case: Case,
+    impl_name: str,
+    impl: Callable[..., Any],
+    *,
+    run_id: str = "",
+    bench: bool = True,
+    timing: TimingConfig | None = None,
+    env_id: str = "",
+    golden: GoldenStore | GoldenShelf | None = None,
+    calibration: Mapping[str, Any] | None = None,
+    setups: SetupCache | None = None,
+) -> CaseResult:
+    """Run, check and time one implementation on one case, on every rank.
+
+    With a ``golden`` store the first call's outputs are also compared with the stored golden
+    (when the case has one); a mismatch fails the case with the golden's file named. With
+    ``setups`` the inputs and reference of a case are made once for all its implementations.
+    """
+    started = time.time()
+    t0 = time.perf_counter()
+    result = _new_result(world, case, impl_name, run_id, env_id, started)
+    status, why = _skip_or_error(world, case, impl)
+    if status:
+        result.status, result.reason = status, why
+        result.duration_s = time.perf_counter() - t0
+        return result
+    # the same on every rank: the same implementation on the same kind of device
+    result.interpreter = triton_impl.interpreter_of(impl, world.device.type)
+    checks = ["poisoned_outputs"] if case.spec.out_buffers else []
+    clock_tampering()  # an untimed implementation before this one may have left a patch
+    calls = _checked_calls(world, case, impl, result.interpreter, setups or SetupCache(),
+                           golden, checks)
+    result.status, result.reason, result.outputs, result.wrong = gather_verdict(
+        world, case, calls.error, calls.stages)
+    if golden is not None:
+        result.golden, status, reason = agree(world, calls.golden, judge_golden)
+        if result.status == "pass" and status != "pass":
+            result.status, result.reason = status, reason
+    _hash_outputs(world, result, calls.digest)
+
+    # ---- timing, only of implementations that are correct
+    if bench and result.status == "pass" and calls.setup is not None:
+        cfg = timing or TimingConfig()
+        if result.interpreter:
+            cfg = cfg.interpreted(result.interpreter)
+        setup = calls.setup
+        _time_and_recheck(world, case, impl, calls.inputs, calls.writable, setup.expected,
+                          calls.tols, result, cfg, checks, calibration, setup.memos,
+                          setup.magnitudes, setup)
+    result.checks = checks
+    result.peak_memory_bytes, result.peak_memory_kind = gather_peak(world, calls.mem.bytes,
+                                                                    calls.mem.kind)
+    result.duration_s = time.perf_counter() - t0
+    return result
+
+
+def _new_result(world: World, case: Case, impl_name: str, run_id: str, env_id: str,
+                started: float) -> CaseResult:
+    """The result of ``impl_name`` on ``case`` as it starts: a pass until a check says not."""
+    spec = case.spec
+    return CaseResult(
+        run_id=run_id, case_id=case.id, op=spec.name, family=spec.family, impl=impl_name,
+        world_size=case.world_size, params=dict(case.params), status="pass",
+        device=str(world.device), backend=world.backend if spec.distributed else None,
+        started_at=started, env_id=env_id,
+    )
+
+
+@dataclass
+class _Calls:
+    """What the checked calls before the timing leave (``_checked_calls``), on this rank."""
+
+    #: the peak memory of the last call (the shifted one's, where it ran)
+    mem: PeakMemory
+    setup: CaseSetup | None = None
+    #: the inputs of the last call, and those an implementation may write
+    inputs: dict[str, Any] = field(default_factory=dict)
+    writable: set[str] = field(default_factory=set)
+    tols: dict[str, compare.Tolerance] = field(default_factory=dict)
+    #: per check ("call", "shifted"), each output's metrics and tolerance
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the hash of the first call's outputs
+    digest: str = ""
+    #: the first call's outputs against the golden (``golden_check``)
+    golden: dict[str, Any] | None = None
+    #: what broke: the implementation (a CaseError) or the spec or harness
+    error: str = ""
+
+
+def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpreter: str | None,
+                   setups: SetupCache, golden: GoldenStore | GoldenShelf | None,
+                   checks: list[str]) -> _Calls:
+    """The first call, on fresh inputs with its outputs poisoned, then (where the case allows)
+    the shifted call, on a copy of the inputs in fresh memory after every buffer of the first
+    was poisoned: each call's outputs measured against the reference, the first's against the
+    golden too. Every exception is caught into ``error``."""
+    spec = case.spec
+    calls = _Calls(PeakMemory(world.device))
+    try:
+        setup = calls.setup = setups.get(case, world.rank)
+        inputs = calls.inputs = setup.inputs(world.device)
+        writable = calls.writable = _writable(case, inputs)
+        guards = {k: v.clone() for k, v in inputs.items()
+                  if isinstance(v, torch.Tensor) and k not in writable}
+        expected = setup.expected
+        tols = calls.tols = tolerances(case, expected)
+        if interpreter:
+            tols = calls.tols = interpreted_lens(tols)
+        with calls.mem:
+            outputs = _call(world, case, impl, inputs, fresh_poison=True)
+        _check_contract(case, inputs, outputs, guards)
+        calls.stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos,
+                                        setup.magnitudes)
+        calls.digest = _hash(outputs)
+        if golden is not None:
+            calls.golden = golden_check(golden, case, outputs, tols, world.rank,
+                                        setup.magnitudes)
+        if spec.shift_buffers and nbytes(inputs) <= RELOCATE_CAP_BYTES:
+            shifted = setup.inputs(world.device, SHIFT_BYTES)
+            for _, t in tensors(inputs):
+                poison_(t)
+            del outputs
+            inputs = calls.inputs = shifted
+            calls.mem = PeakMemory(world.device)
+            with calls.mem:
+                outputs = _call(world, case, impl, inputs)
+            _check_contract(case, inputs, outputs, guards)
+            calls.stages["shifted"] = _measure(outputs, expected, tols, world.rank, setup.memos,
+                                               setup.magnitudes)
+            checks.append("shifted_buffers")
+    except CaseError as exc:
+        calls.error = str(exc)
+    except Exception as exc:  # a bug in the spec or harness: say where
+        calls.error = (f"harness error {type(exc).__name__}: {exc}\n"
+                       f"{traceback.format_exc(limit=4)}")
+    return calls
+
+
+def _hash_outputs(world: World, result: CaseResult, digest: str) -> None:
+    """The output hash of every rank's first-call outputs, in rank order, on rank 0."""
+    if result.status in ("pass", "fail") and digest:
+        digests = world.comm.gather(digest, root=0) if world.size > 1 else [digest]
+        if world.rank == 0:
+            result.output_hash = hashlib.sha256("".join(digests).encode()).hexdigest()
+
+
+def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
+                      inputs: dict[str, Any], writable: set[str],
+                      expected: Mapping[str, torch.Tensor],
+                      tols: Mapping[str, compare.Tolerance], result: CaseResult,
+                      cfg: TimingConfig, checks: list[str],
+                      calibration: Mapping[str, Any] | None = None,
+                      memos: dict[str, dict[Any, Any]] | None = None,
+                      magnitudes: Mapping[str, torch.Tensor] | None = None,
+                      setup: CaseSetup | None = None) -> None:
+    """Time over rotating shifted copies of the inputs, then check the last output again;
+    then, where the timing was real, check that the time could be honest: not below the
+    calibrated limits, no clock replaced, right on new values in buffers seen before (a
+    cache), and outputs that stay put after the call returns (work left running)."""
+    spec = case.spec
+    out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
+    # in-place cases change their inputs on every repeat: their last output is not checkable
+    recheck = writable <= out_names | set(spec.readwrite_inputs)
+    slots = _timing_slots(inputs, spec, cfg, out_names if recheck else set())
+    # the first call takes a new copy (the inputs of the shifted check have been used)
+    rotation = itertools.cycle(slots[1:] + slots[:1])
+    last: dict[str, Any] = {}
+
+    def call() -> None:
+        args = next(rotation)
+        last["value"] = impl(world, **args) if spec.distributed else impl(**args)
+
+    local_error = ""
+    tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
+    try:
+        result.timing = time_call(call, world, spec.distributed, cfg)
+    except Exception as exc:
+        local_error = f"failed while timing: {type(exc).__name__}: {exc}"
+    tampered += clock_tampering()
+    real = bool(result.timing) and not cfg.minimal and not cfg.interpreter
+    impossible_why = _rates(world, case, result, cfg, calibration, real)
+    # every rank takes part in this verdict, so a timing error on one rank reaches them all
+    stages: dict[str, dict[str, Any]] = {}
+    if recheck and not local_error:
+        try:
+            outputs = normalize_outputs(last["value"], spec.outputs)
+            stages["after_timing"] = _measure(outputs, expected, tols, world.rank, memos,
+                                              magnitudes)
+            checks.append("after_timing")
+            if real and setup is not None and nbytes(inputs) <= RELOCATE_CAP_BYTES:
+                _recheck_in_seen_buffers(world, case, impl, slots[0], setup.twin(), stages)
+                checks += ["reused_buffers", "settled"]
+                tampered += clock_tampering()
+        except Exception as exc:
+            local_error = f"after timing: {type(exc).__name__}: {exc}"
+    status, reason, outputs_report, wrong = gather_verdict(world, case, local_error, stages)
+    if status != "pass":
+        result.status, result.reason = status, reason
+        result.outputs, result.wrong = outputs_report, wrong
+        return
+    _judge_honesty(world, result, tampered, impossible_why)
+
+
+def _timing_slots(inputs: dict[str, Any], spec: OpSpec, cfg: TimingConfig,
+                  poisoned: set[str]) -> list[dict[str, Any]]:
+    """The input sets the timed repeats rotate over: ``inputs`` and, where the case shifts its
+    buffers, up to TIMING_SLOTS - 1 shifted copies within the budget; the outputs ``poisoned``
+    poisoned in each, so that the last output can be checked again."""
+    slots = [inputs]
+    if spec.shift_buffers:
+        size = max(nbytes(inputs), 1)
+        # no more copies than calls: a token timing makes one
+        calls = cfg.warmup + cfg.max_repeats
+        count = max(1, min(TIMING_SLOTS, TIMING_SLOT_BUDGET_BYTES // size, calls + 1))
+        slots += [relocate(inputs, shift_bytes=SHIFT_BYTES * (j + 1)) for j in range(1, count)]
+    for slot in slots:
+        for name in poisoned:
+            if slot[name] is not None:
+                poison_(slot[name])
+    return slots
+
+
+def _rates(world: World, case: Case, result: CaseResult, cfg: TimingConfig,
+           calibration: Mapping[str, Any] | None, real: bool) -> str:
+    """The bandwidth and FLOP rates of a timed result (``result.derived``), and for a ``real``
+    timing why its time is impossible ("" when it is not). An interpreter's time gives no rate
+    of the kernel."""
+    spec = case.spec
+    if not (result.timing and spec.work is not None and not cfg.interpreter):
+        return ""
+    work = spec.work(case.params, case.world_size)
+    result.derived = derived(work, result.timing.get("median"))
+    result.derived.update(percent_of_peak(result.derived, calibration, work.flops_dtype))
+    if not real:
+        return ""
+    return impossible(work, result.derived, calibration, llc_bytes(world.device), cfg.l2_flush)
+
+
+def _judge_honesty(world: World, result: CaseResult, tampered: list[str],
+                   impossible_why: str) -> None:
+    """Fail a timed result whose clock was replaced, or whose time is impossible."""
+    # the same on every rank: the clock check is per rank, the times are every rank's maximum
+    tampered_anywhere = world.allreduce_max(1.0 if tampered else 0.0) > 0 if world.size > 1 \
+        else bool(tampered)
+    if tampered_anywhere:
+        names = ", ".join(sorted(set(tampered))) or "on another rank"
+        result.timing["tampered"] = tampered
+        result.status = "fail"
+        result.reason = (f"a clock was replaced while the call was timed ({names}): an "
+                         "implementation may not patch the timer; restored for later cases")
+    elif impossible_why:
+        result.timing["impossible"] = impossible_why
+        result.status, result.reason = "fail", impossible_why
+
+
+def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
+                             slot: dict[str, Any], twin: CaseSetup,
+                             stages: dict[str, dict[str, Any]]) -> None:
+    """One more call, on the twin case's values copied into ``slot`` (buffers the timed calls
+    used): its outputs, read the moment it returns, must match the twin's reference (a result
+    kept by buffer address or call count is stale), and must still be what they were after the
+    device is synchronised and a moment has passed (work finishing later)."""
+    spec = case.spec
+    fresh = twin.inputs(world.device)
+    written = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
+    for name, new in fresh.items():
+        old = slot.get(name)
+        if (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
+                and old.shape == new.shape and old.dtype == new.dtype):
+            if name in written:
+                poison_(old)
+            else:
+                old.copy_(new)
+        else:  # a count or a shape that the new values change: take it as it is
+            slot[name] = poison_(new) if name in written and new is not None else new
+    value = impl(world, **slot) if spec.distributed else impl(**slot)
+    outputs = normalize_outputs(value, spec.outputs)
+    seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
+    # work still running on the device finishes at the synchronise; a host thread gets a
+    # moment. Either way a late writer is caught: here if it finished, by the reference if not
+    world.synchronize()
+    time.sleep(SETTLE_S)
+    world.synchronize()
+    twin_tols = tolerances(twin.case, twin.expected)
+    stages["reused_buffers"] = _measure(seen, twin.expected, twin_tols, world.rank, twin.memos,
+                                        twin.magnitudes)
+    snapshot = {k: v for k, v in seen.items() if isinstance(v, torch.Tensor)}
+    stages["settled"] = _measure(outputs, snapshot, {k: compare.exact() for k in snapshot},
+                                 world.rank)

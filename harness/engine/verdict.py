@@ -1,0 +1,158 @@
+"""The verdict every rank agrees on: each rank's metrics (and its outputs against the golden)
+gathered on rank 0, merged and judged there, and the verdict broadcast, so that all ranks
+pass or fail a case together; the first check that fails decides, named in the reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from harness.core import compare
+from harness.core.golden import GoldenError, GoldenShelf, GoldenStore, check_output
+from harness.core.metrics import Metrics
+from harness.core.spec import Case, OpSpec
+from harness.device.memory import NOT_MEASURED
+from harness.device.runtime import World
+from harness.engine.case_setup import EXACT_SUFFIX
+
+_STAGE_PREFIX = {
+    "call": "",
+    "shifted": "with the inputs moved to fresh shifted memory and the old buffers poisoned: ",
+    "after_timing": "after the timed repeats (on shifted buffer copies): ",
+    "reused_buffers": ("on new input values written into buffers it had seen while timed "
+                       "(a result cached by buffer or by call?): "),
+    "settled": ("its outputs changed after the call returned (work left running on another "
+                "thread or stream, outside the timed interval): "),
+}
+
+
+def agree(world: World, local: Any, judge: Callable[[list[Any]], Any]) -> Any:
+    """Every rank's ``local`` judged on rank 0, the verdict broadcast so all ranks agree."""
+    gathered = world.comm.gather(local, root=0) if world.size > 1 else [local]
+    verdict = judge(gathered) if world.rank == 0 else None
+    if world.size > 1:
+        verdict = world.comm.bcast(verdict, root=0)
+    assert verdict is not None
+    return verdict
+
+
+def gather_verdict(world: World, case: Case, local_error: str,
+                   stages: dict[str, dict[str, Any]]) -> tuple[str, str, dict[str, Any], int]:
+    return agree(world, (local_error, stages), lambda gathered: _judge(gathered, case))
+
+
+def gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None, str]:
+    if world.size == 1:
+        return peak, kind
+    everyone = world.comm.gather((peak, kind), root=0)
+    if world.rank != 0:
+        return peak, kind
+    if any(p is None for p, _ in everyone):
+        return None, NOT_MEASURED
+    return max(p for p, _ in everyone), kind
+
+
+def golden_check(store: GoldenStore | GoldenShelf, case: Case,
+                 outputs: Mapping[str, torch.Tensor], tols: Mapping[str, compare.Tolerance],
+                 rank: int, magnitudes: Mapping[str, torch.Tensor] | None = None
+                 ) -> dict[str, Any]:
+    """This rank's outputs against the stored golden: {"file", "outputs"}, {"error"} or
+    {"absent"} when the case has no golden."""
+    try:
+        if isinstance(store, GoldenShelf):
+            store = store.for_op(case.spec.name)
+        if store.entry(case.id, case.world_size) is None:
+            return {"absent": True}
+        path, stored = store.load(case.id, case.world_size, rank)
+    except GoldenError as exc:
+        return {"error": str(exc)}
+    tols = {k: t for k, t in tols.items() if not k.endswith(EXACT_SUFFIX)}  # not stored
+    if set(stored) != set(tols):
+        return {"error": f"golden {path} holds outputs {sorted(stored)} but the op produces "
+                         f"{sorted(tols)}: regenerate it with `harness golden generate --accept`"}
+    report = {}
+    for name, value in stored.items():
+        actual = outputs.get(name.split(":")[0])
+        if not isinstance(actual, torch.Tensor):
+            return {"error": f"output {name!r} is missing, but golden {path} has it"}
+        report[name] = check_output(actual, value, tols[name], rank,
+                                    (magnitudes or {}).get(name)).to_dict()
+    return {"file": str(path), "outputs": report}
+
+
+def judge_golden(gathered: list[dict[str, Any] | None]
+                 ) -> tuple[dict[str, Any] | None, str, str]:
+    """Every rank's golden report merged into (summary, status, reason)."""
+    if all(g is None for g in gathered):  # the case broke before its outputs existed
+        return None, "pass", ""
+    for rank, g in enumerate(gathered):
+        if g is not None and "error" in g:
+            return {"status": "error", "reason": g["error"]}, "error", f"rank {rank}: {g['error']}"
+    if any(g is not None and g.get("absent") for g in gathered):
+        return {"status": "absent"}, "pass", ""
+    reports = [g for g in gathered if g is not None]
+    outputs: dict[str, Any] = {}
+    failed: list[str] = []
+    for name in reports[0]["outputs"]:
+        parts = [r["outputs"][name] for r in reports]
+        tol_dict = parts[0]["tolerance"]
+        merged = Metrics.merge([Metrics.from_dict(p["metrics"]) for p in parts])
+        ok, why = compare.verdict(merged, compare.Tolerance.from_dict(tol_dict))
+        sums = next((f"rank {r}: {p['sums_error']}" for r, p in enumerate(parts)
+                     if p["sums_error"]), "")
+        if ok and sums:
+            ok, why = False, sums
+        outputs[name] = {"kind": parts[0]["kind"], "metrics": merged.to_dict(),
+                         "tolerance": tol_dict, "passed": ok}
+        if not ok:
+            failed.append(f"{name}: {why}")
+    status = "fail" if failed else "pass"
+    summary = {"status": status, "file": reports[0]["file"], "outputs": outputs}
+    reason = f"against the golden {reports[0]['file']}: " + "; ".join(failed) if failed else ""
+    return summary, status, reason
+
+
+def _judge(gathered: list[tuple[str, dict[str, Any]]], case: Case
+           ) -> tuple[str, str, dict[str, Any], int]:
+    """Merge every rank's metrics into (status, reason, outputs, #wrong): the first stage that
+    fails decides, else the last stage's metrics are reported."""
+    errors = [(r, e) for r, (e, _) in enumerate(gathered) if e]
+    if errors:
+        rank, msg = errors[0]
+        more = f" (and {len(errors) - 1} more ranks)" if len(errors) > 1 else ""
+        return "error", f"rank {rank}: {msg}{more}", {}, 0
+    verdict: tuple[str, str, dict[str, Any], int] = ("pass", "", {}, 0)
+    for stage in gathered[0][1]:
+        verdict = _judge_stage([stages[stage] for _, stages in gathered], stage, case.spec)
+        if verdict[0] != "pass":
+            break
+    return verdict
+
+
+def _judge_stage(per_rank: list[dict[str, Any]], stage: str, spec: OpSpec
+                 ) -> tuple[str, str, dict[str, Any], int]:
+    outputs: dict[str, Any] = {}
+    failed: list[tuple[str, str]] = []  # (output, why), in pipeline order
+    wrong = 0
+    order = {name: i for i, name in enumerate(spec.outputs)}
+    for name in sorted(per_rank[0], key=lambda n: order.get(n.split(":")[0], len(order))):
+        tol_dict = per_rank[0][name]["tolerance"]
+        tol = compare.Tolerance.from_dict(tol_dict)
+        merged = Metrics.merge(
+            [Metrics.from_dict(m[name]["metrics"]) for m in per_rank])
+        ok, why = compare.verdict(merged, tol)
+        wrong += merged.n_mismatch
+        outputs[name] = {"metrics": merged.to_dict(), "tolerance": tol_dict, "passed": ok}
+        if not ok:
+            failed.append((name, why))
+    if not failed:
+        return "pass", "", outputs, wrong
+    text = "; ".join(f"{name}: {why}" for name, why in failed)
+    if spec.pipeline:
+        (first, why), later = failed[0], [name for name, _ in failed[1:]]
+        text = f"first divergence at stage {first!r}: {why}"
+        if later:
+            text += f"; later stages diverging too: {', '.join(later)}"
+    return "fail", _STAGE_PREFIX.get(stage, "") + text, outputs, wrong
