@@ -56,7 +56,7 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
     collectives), per run (environment, failures with their metrics) and a compare page per
     run against the previous run of its machine.
     """
-    from harness.history import store
+    from harness.history import reads, sql, store
     from reports import data, render
 
     start = time.perf_counter()
@@ -65,13 +65,13 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
     try:
         try:
             analysed = data.analyze_missing(conn)
-            judged_ids = [store.resolve_run_id(conn, r) for r in judge]
+            judged_ids = [reads.resolve_run_id(conn, r) for r in judge]
             pair = None
             if compare_pair:
-                pair = (store.resolve_run_id(conn, compare_pair[0]),
-                        store.resolve_run_id(conn, compare_pair[1]))
+                pair = (reads.resolve_run_id(conn, compare_pair[0]),
+                        reads.resolve_run_id(conn, compare_pair[1]))
             history = data.load(conn, label)
-        except store.StoreError as exc:
+        except sql.StoreError as exc:
             raise HarnessExit(str(exc), EXIT_USAGE) from exc
         try:
             site = render.render(conn, history, out_dir, max_run_pages=max_run_pages,

@@ -13,7 +13,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.cli.show import print_findings
-from harness.history import regress, store
+from harness.history import regress, store, triage
 from tests.test_regress import T0, draw, kinds, nightly, put, result
 
 
@@ -196,7 +196,7 @@ def test_detect_on_a_history_db_finds_what_harness_run_stores(tmp_path, capsys):
     conn = store.connect(path)
     try:
         nightly(conn, [1.0] * 12 + [1.015] * 12)
-        assert store.change_points(conn) == []
+        assert triage.change_points(conn) == []
     finally:
         conn.close()
     code, out, _ = cli(capsys, "detect", str(path), "--json")
@@ -329,6 +329,6 @@ def test_analysis_with_the_same_runs_twice_finds_the_same(stepped_db):
     try:
         first = [f.to_dict() for f in regress.analyze_and_store(conn, "r07")]
         again = [f.to_dict() for f in regress.analyze_and_store(conn, "r07")]
-        assert first == again and len(store.change_points(conn)) == 1
+        assert first == again and len(triage.change_points(conn)) == 1
     finally:
         conn.close()

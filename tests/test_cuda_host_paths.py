@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from harness.core import timing
-from harness.device import cuda, memory
+from harness.device import cuda, cuda_compile, kernel_launch, memory
 from harness.engine import launch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -143,15 +143,15 @@ def test_nvml_counts_what_cuda_visible_devices_leaves(monkeypatch):
 
 # ---------------------------------------------------------------- launch set-up
 def test_launch_dims_take_numpy_and_torch_integers_as_python_ints():
-    assert cuda.launch_dims(np.int64(4), "grid") == 4
-    assert type(cuda.launch_dims(np.int64(4), "grid")) is int
-    assert cuda.launch_dims((np.int32(2), 3, torch.tensor(5)), "grid") == (2, 3, 5)
-    assert all(type(d) is int for d in cuda.launch_dims([np.uint32(2), 3], "block"))
+    assert kernel_launch.launch_dims(np.int64(4), "grid") == 4
+    assert type(kernel_launch.launch_dims(np.int64(4), "grid")) is int
+    assert kernel_launch.launch_dims((np.int32(2), 3, torch.tensor(5)), "grid") == (2, 3, 5)
+    assert all(type(d) is int for d in kernel_launch.launch_dims([np.uint32(2), 3], "block"))
     for bad, why in ((2.0, "not an integer"), (True, "not an integer"), (-1, "negative"),
                      ((1, 1, 1, 1), "4 dims"), ("8", "not an integer"),
                      (np.float32(4), "not an integer")):
-        with pytest.raises(cuda.KernelArgumentError, match=why):
-            cuda.launch_dims(bad, "grid")
+        with pytest.raises(kernel_launch.KernelArgumentError, match=why):
+            kernel_launch.launch_dims(bad, "grid")
 
 
 def test_the_launch_bound_verdict_and_graph_eligibility():
@@ -210,13 +210,13 @@ def test_run_problem_names_the_cuda_12_wheel_on_a_cuda_12_driver(monkeypatch):
 # ---------------------------------------------------------------- headers and the disk cache
 def test_runtime_headers_of_another_major_stay_off_nvrcs_include_path(tmp_path, monkeypatch):
     (tmp_path / "cuda_runtime_api.h").write_text("#pragma once\n#define CUDART_VERSION  12040\n")
-    assert cuda.cudart_version(tmp_path) == 12040
-    assert cuda.cudart_version(tmp_path / "none") is None
-    monkeypatch.setattr(cuda, "runtime_headers", lambda: (tmp_path, 12040))
+    assert cuda_compile.cudart_version(tmp_path) == 12040
+    assert cuda_compile.cudart_version(tmp_path / "none") is None
+    monkeypatch.setattr(cuda_compile, "runtime_headers", lambda: (tmp_path, 12040))
     monkeypatch.setattr(cuda, "nvrtc_version", lambda: "13.5")
-    assert cuda._toolkit_include() is None
-    monkeypatch.setattr(cuda, "runtime_headers", lambda: (tmp_path, 13000))
-    assert cuda._toolkit_include() == tmp_path
+    assert cuda_compile._toolkit_include() is None
+    monkeypatch.setattr(cuda_compile, "runtime_headers", lambda: (tmp_path, 13000))
+    assert cuda_compile._toolkit_include() == tmp_path
 
 
 SOURCE = 'extern "C" __global__ void k(float* x) { x[0] = 1.0f; }\n'
@@ -233,12 +233,12 @@ def test_an_unusable_disk_cache_falls_back_to_memory_with_one_warning(tmp_path, 
         where.mkdir()
         (where / "entries").write_text("")  # construction works, every write fails
     monkeypatch.setenv("HARNESS_CUDA_CACHE", str(where))
-    monkeypatch.setattr(cuda, "_MODULES", {})
-    monkeypatch.setattr(cuda, "_UNUSABLE_CACHES", set())
+    monkeypatch.setattr(cuda_compile, "_MODULES", {})
+    monkeypatch.setattr(cuda_compile, "_UNUSABLE_CACHES", set())
     with pytest.warns(RuntimeWarning, match="NVRTC disk cache .* is unusable"):
-        module = cuda.compile_source(SOURCE, filename="k.cu")
+        module = cuda_compile.compile_source(SOURCE, filename="k.cu")
     assert module.cubin[:4] == b"\x7fELF" and not module.from_cache
-    assert cuda.compile_source(SOURCE, filename="k.cu") is module  # memory still caches
+    assert cuda_compile.compile_source(SOURCE, filename="k.cu") is module  # memory still caches
 
 
 # ---------------------------------------------------------------- the built-in launches
@@ -302,7 +302,7 @@ def test_every_builtin_launch_passes_its_kernels_parameter_list(monkeypatch):
     for name, grid, block, args in kernels.launches:
         assert name in entries, name
         assert [_width(a) for a in args] == entries[name], name
-        assert cuda.launch_dims(grid, "grid") and cuda.launch_dims(block, "block")
+        assert kernel_launch.launch_dims(grid, "grid") and kernel_launch.launch_dims(block, "block")
 
 
 @needs_nvrtc

@@ -17,7 +17,7 @@ import torch
 
 from harness.core.discovery import registry
 from harness.core.spec import SpecError, load_callable
-from harness.device import cuda
+from harness.device import cuda, cuda_compile, kernel_launch
 from harness.device.cuda_impl import CudaSourceImplementation, load
 
 ROOT = Path(__file__).parent.parent
@@ -51,7 +51,7 @@ def elf_symbols(cubin: bytes) -> set[str]:
 def private_cache(tmp_path, monkeypatch):
     """A disk cache of this test's own, and an empty in-memory one."""
     monkeypatch.setenv("HARNESS_CUDA_CACHE", str(tmp_path / "nvrtc"))
-    monkeypatch.setattr(cuda, "_MODULES", {})
+    monkeypatch.setattr(cuda_compile, "_MODULES", {})
     return tmp_path / "nvrtc"
 
 
@@ -113,7 +113,7 @@ def test_compiled_modules_are_cached_in_memory_and_on_disk_by_source_options_and
     first = impl.compile()
     assert not first.from_cache and "scale" in elf_symbols(first.cubin)
     assert impl.compile() is first  # the same object: this process's cache
-    cuda._MODULES.clear()  # a new process: the disk cache answers
+    cuda_compile._MODULES.clear()  # a new process: the disk cache answers
     again = impl.compile()
     assert again.from_cache and again.cubin == first.cubin and again.key == first.key
     assert any(private_cache.rglob("*"))
@@ -138,7 +138,7 @@ def test_template_kernels_compile_through_name_expressions(tmp_path, private_cac
     module = impl.compile()
     assert set(module.symbol_mapping) == {"fill<float>", "fill<int>"}
     assert all(v in elf_symbols(module.cubin) for v in module.symbol_mapping.values())
-    cuda._MODULES.clear()  # the lowered names survive the disk cache
+    cuda_compile._MODULES.clear()  # the lowered names survive the disk cache
     assert impl.compile().symbol_mapping == module.symbol_mapping
 
 
@@ -146,14 +146,16 @@ def test_kernel_arguments_refuse_ambiguous_python_scalars_and_tensors_elsewhere(
     import numpy as np
 
     gpu = torch.device("cuda", 0)
-    with pytest.raises(cuda.KernelArgumentError, match=r"argument 1: a Python int .*np.int64"):
-        cuda.kernel_arguments("k", [np.int64(3), 3], gpu)
-    with pytest.raises(cuda.KernelArgumentError, match=r"Python float .*np.float32"):
-        cuda.kernel_arguments("k", [2.5], gpu)
-    with pytest.raises(cuda.KernelArgumentError, match=r"tensor on cpu.*\.to\('cuda:0'\)"):
-        cuda.kernel_arguments("k", [torch.zeros(2)], gpu)
+    with pytest.raises(kernel_launch.KernelArgumentError,
+                       match=r"argument 1: a Python int .*np.int64"):
+        kernel_launch.kernel_arguments("k", [np.int64(3), 3], gpu)
+    with pytest.raises(kernel_launch.KernelArgumentError, match=r"Python float .*np.float32"):
+        kernel_launch.kernel_arguments("k", [2.5], gpu)
+    with pytest.raises(kernel_launch.KernelArgumentError, match=r"tensor on cpu.*\.to\('cuda:0'\)"):
+        kernel_launch.kernel_arguments("k", [torch.zeros(2)], gpu)
     cpu = torch.zeros(4)
-    args = cuda.kernel_arguments("k", [cpu, np.int32(7), np.float32(0.5)], torch.device("cpu"))
+    args = kernel_launch.kernel_arguments("k", [cpu, np.int32(7), np.float32(0.5)],
+                                          torch.device("cpu"))
     assert args[0] == cpu.data_ptr() and type(args[1]) is np.int32
 
 

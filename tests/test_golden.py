@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from harness.core import compare, golden
 from harness.core.golden import CHUNK, Fingerprint, GoldenError, GoldenStore
+from harness.core.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = REPO / "suites" / "golden"
@@ -499,7 +500,7 @@ def test_global_tolerance_over_ranks_is_not_failed_by_one_ranks_sums() -> None:
     total = float((g0.double() ** 2).sum() + (g1.double() ** 2).sum())
     a0 = _apply(g0, np.arange(NUMEL), float(_quantize(0.5e-3 * math.sqrt(total / NUMEL),
                                                       down=True)))
-    merged = compare.Metrics.merge([compare.measure(a0, g0, tol), compare.measure(g1, g1, tol)])
+    merged = Metrics.merge([compare.measure(a0, g0, tol), compare.measure(g1, g1, tol)])
     assert merged.rel_l2 <= 0.5e-3 and compare.verdict(merged, tol)[0]  # the live check passes
     for a, g in ((a0, g0), (g1, g1)):
         fp = golden.fingerprint(g, "ranks")
