@@ -50,13 +50,18 @@ QUICK_KERNEL_CASES = ("strided_copy[dtype=f32,*view=contiguous]",
                       "strided_copy[dtype=f32,*view=step]")
 #: the planted slowdown: far above the copy's own time and this machine's noise
 DELAY_S = 0.002
+#: --slow-night: the night before the slowdown a little slow, as a busy machine makes a night
+#: (a sleep this short takes tens of microseconds: several times the copy, far below DELAY_S)
+SLOW_NIGHT_S = 0.00002
 
 
-def _night_env(night: int, nights: int) -> dict[str, str]:
+def _night_env(night: int, nights: int, slow_night: bool = False) -> dict[str, str]:
     """What the kernel under development does on this night (1-based)."""
     env: dict[str, str] = {}
     if night > nights - 2:  # the last two nights: slower (two in a row confirm a regression)
         env["HARNESS_DEMO_DELAY_S"] = str(DELAY_S)
+    elif slow_night and night == nights - 2:
+        env["HARNESS_DEMO_DELAY_S"] = str(SLOW_NIGHT_S)
     if night == nights:
         env["HARNESS_DEMO_BUG"] = "1"
     return env
@@ -85,9 +90,13 @@ def _summary(out: subprocess.CompletedProcess[str]) -> str:
 @click.option("--quick", is_flag=True,
               help="Fewer cases, and on the last 2 nights only (about a minute on 2 "
                    "cores): what the browser test runs.")
+@click.option("--slow-night", is_flag=True,
+              help="Also slow the night before the slowdown a little, as a busy machine "
+                   "would: the change point is dated at the slowdown's first night all the "
+                   "same, with the slow night as the earliest it may have begun.")
 @click.pass_context
 def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: str,
-         quick: bool) -> None:
+         quick: bool, slow_night: bool) -> None:
     """Build a demo history with real runs on this machine, then render its dashboard."""
     from harness.cli.main import command_named
 
@@ -107,7 +116,7 @@ def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: 
         if not quick or night > nights - QUICK_SELECTION_NIGHTS:
             main = _harness(["run", *selection, "--world-sizes", sizes, "--bench", *common], {})
         kernel = _harness(["run", *kernel_cases, "--impl", KERNEL, "--world-sizes", "1",
-                           *common], _night_env(night, nights))
+                           *common], _night_env(night, nights, slow_night))
         for out in (main, kernel):
             if out is None:
                 continue
@@ -116,7 +125,8 @@ def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: 
                 raise HarnessExit(f"demo night {night}: `harness run` exited "
                                   f"{out.returncode} ({tail}); rerun it by hand to see why",
                                   EXIT_INFRA)
-        planted = ", ".join(f"{k}={v}" for k, v in _night_env(night, nights).items())
+        planted = ", ".join(f"{k}={v}"
+                            for k, v in _night_env(night, nights, slow_night).items())
         ran = _summary(main) if main is not None else "selection not run (--quick)"
         console.print(escape(f"night {night}/{nights}: {ran}; kernel under "
                              f"development: {_summary(kernel)}"

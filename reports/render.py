@@ -37,6 +37,7 @@ from harness.cli.common import fmt_us
 from harness.core.discovery import BUILTIN_SUITE
 from harness.core.results import FAILING
 from harness.history import reads, regress, store, two_runs
+from harness.history.triage import where_it_began
 from reports import charts
 from reports.data import (
     INDEX_KINDS,
@@ -185,9 +186,7 @@ def change_point_text(cp: dict[str, Any]) -> str:
     text = (f"change point #{cp['id']}: median {_fmt_us(cp.get('before'))} -> "
             f"{_fmt_us(cp.get('after'))} µs"
             + (f" ({pct:+.1f}%)" if isinstance(pct, float) else "")
-            + f" from run {cp['run_id'][:8]}"
-            + (f" (commit {cp['git_commit'][:10]})" if cp.get("git_commit") else "")
-            + f", found by run {cp['found_in_run'][:8]}")
+            + f" {where_it_began(cp)}, found by run {cp['found_in_run'][:8]}")
     if cp.get("triage"):
         text += f"; {cp['triage']}" + (f": {cp['triage_note']}" if cp.get("triage_note") else "")
     return text

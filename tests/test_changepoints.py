@@ -639,3 +639,44 @@ def test_an_excursion_of_up_to_three_runs_is_set_aside_and_a_step_beside_it_is_f
     assert np.allclose(cleaned[20:24], math.log(180.0))
     step = np.log(np.array(base + [180.0] * 3))
     assert np.array_equal(excursions.despike(step, noise_mod.noise_sigma(step))[20:22], step[20:22])
+
+
+# ------------------------------------------------- the run a change began at (its range)
+
+#: issue 49's demo medians (ns), view=step: night 4 slow by chance, the step at night 5
+STEP_NIGHTS = [8681.5, 8716.5, 8892.0, 21294.5, 2241438.0, 2257002.0]
+
+
+@pytest.mark.parametrize("nights", [5, 6])
+def test_a_night_between_the_two_levels_is_not_the_new_levels_first(nights):
+    runs = STEP_NIGHTS[:nights]
+    [p] = cp.find(runs, log=True, min_change_pct=2.0)
+    # dated at night 5 (index 4), night 4 the earliest it may have begun: the range to bisect
+    assert (p.index, p.earliest, p.first_possible, p.direction) == (4, 3, 3, "up")
+    # each level's figures from its own runs: night 4's time is in neither
+    assert p.before == pytest.approx(np.median(runs[:3]))
+    assert p.after == pytest.approx(np.median(runs[4:]))
+    assert (p.n_before, p.n_after) == (3, nights - 4)
+    assert p.to_dict()["earliest_index"] == 3
+
+
+def test_a_night_at_either_level_leaves_no_range():
+    # the control: night 4 at the old level, or at the new one a little slowed: it is where
+    # the step began, or not in it, and the runs leave nothing open
+    at_old = STEP_NIGHTS[:3] + [8800.0] + STEP_NIGHTS[4:]
+    [p] = cp.find(at_old, log=True, min_change_pct=2.0)
+    assert (p.index, p.earliest) == (4, None) and p.first_possible == 4
+    at_new = STEP_NIGHTS[:3] + [1_900_000.0] + STEP_NIGHTS[4:]
+    [p] = cp.find(at_new, log=True, min_change_pct=2.0)
+    assert (p.index, p.earliest) == (3, None)
+    # a night nearer the new level than the old is one of the new level a machine held back
+    near_new = STEP_NIGHTS[:3] + [400_000.0] + STEP_NIGHTS[4:]
+    assert [(q.index, q.earliest) for q in cp.find(near_new, log=True, min_change_pct=2.0)] \
+        == [(3, None)]
+
+
+def test_runs_without_a_value_before_a_step_are_in_its_range():
+    # a night that failed (no time) just before the step: the step may have begun there
+    runs = STEP_NIGHTS[:3] + [math.nan] + STEP_NIGHTS[4:]
+    [p] = cp.find(runs, log=True, min_change_pct=2.0)
+    assert (p.index, p.earliest) == (4, 3)

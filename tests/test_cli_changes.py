@@ -332,3 +332,22 @@ def test_analysis_with_the_same_runs_twice_finds_the_same(stepped_db):
         assert first == again and len(triage.change_points(conn)) == 1
     finally:
         conn.close()
+
+
+def test_triage_and_detect_give_the_range_a_change_may_have_begun_in(tmp_path, capsys):
+    from tests.test_regress import DEMO_NIGHTS, replay
+
+    path = tmp_path / "h.db"
+    conn = store.connect(path)
+    try:
+        replay(conn, DEMO_NIGHTS["step"])
+    finally:
+        conn.close()
+    code, out, _ = cli(capsys, "triage", "--db", str(path))
+    assert code == 0 and "from run n5" in out and "as early as run n4" in out, out
+    code, out, _ = cli(capsys, "detect", str(path), "--json")
+    (found,) = json.loads(out)
+    assert (found["index"], found["run"], found["earliest_index"], found["earliest_run"]) == (
+        4, "n5", 3, "n4")
+    code, out, _ = cli(capsys, "detect", str(path))
+    assert "index 4 (run n5" in out and "may have begun at index 3 (run n4" in out, out

@@ -129,7 +129,7 @@ def test_fresh_db_has_the_current_schema_and_all_tables(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "dir" / "history.db"  # parent directories are created
     conn = store.connect(path)
     assert path.is_file()
-    assert user_version(conn) == schema.SCHEMA_VERSION == len(schema.MIGRATIONS) == 4
+    assert user_version(conn) == schema.SCHEMA_VERSION == len(schema.MIGRATIONS) == 5
     assert TABLES | {"findings", "change_points"} <= tables(conn)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
@@ -340,7 +340,7 @@ def test_v3_file_migrates_to_v4_and_its_history_gets_change_points(tmp_path: Pat
     conn.close()
 
     conn = store.connect(path)
-    assert user_version(conn) == 4
+    assert user_version(conn) == schema.SCHEMA_VERSION
     assert store.results_for_run(conn, "run-0007") == before
     assert len(triage.unanalyzed_runs(conn)) == 8 and triage.change_points(conn) == []
     assert regress.analyze_ingested(conn, triage.unanalyzed_runs(conn))[-1] == "run-0007"

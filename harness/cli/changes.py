@@ -21,6 +21,7 @@ import click
 from rich.markup import escape
 
 from harness.cli.common import EXIT_OK, EXIT_USAGE, HarnessExit, console, fmt_us, open_history
+from harness.history.triage import where_it_began
 
 _STATES = ("acknowledged", "expected", "invalid", "fixed", "clear")
 
@@ -33,9 +34,7 @@ def _point_line(cp: dict[str, Any]) -> str:
             f"w{cp['world_size']} {cp['case_id']}@{cp['impl']}{timing}: median "
             f"{fmt_us(cp.get('before'))} -> {fmt_us(cp.get('after'))} us"
             + (f" ({pct:+.1f}%)" if isinstance(pct, float) else "")
-            + f" from run {cp['run_id'][:8]}"
-            + (f" (commit {cp['git_commit'][:10]})" if cp.get("git_commit") else "")
-            + f", found by run {cp['found_in_run'][:8]}")
+            + f" {where_it_began(cp)}, found by run {cp['found_in_run'][:8]}")
     if cp["state"] != "open":
         text += f" [{cp['state']}]"
     if cp.get("triage_note"):
@@ -261,8 +260,8 @@ def read_db(path: str | Path) -> dict[str, list[tuple[str, list[float], str | No
                    "series; a drift or a wander is not a change, a jump or a turn is).  "
                    "[default: level for a history DB, trend for a CSV]")
 @click.option("--json", "as_json", is_flag=True,
-              help="A JSON list of {series, index, run or commit, before, after, change_pct, "
-                   "p_value, direction}.")
+              help="A JSON list of {series, index, run or commit, earliest_index (and its run "
+                   "or commit), before, after, change_pct, p_value, direction}.")
 @click.pass_context
 def detect(ctx: click.Context, target: str, min_change: float | None, log: bool | None,
            model: str | None, as_json: bool) -> None:
@@ -271,7 +270,8 @@ def detect(ctx: click.Context, target: str, min_change: float | None, log: bool 
     PATH is a history DB (an SQLite file or a postgresql:// URL), or a CSV with the columns
     series,order,value[,commit]: one row per run, or several rows with the same series and
     order for the samples of one run. `index` is the 0-based position, in the series' order,
-    of the first run at the new level.
+    of the first run at the new level; `earliest_index` the first run it may have begun at,
+    where runs between the two levels (or without a value) leave it open: bisect that range.
     """
     from harness.history import changepoints, pg, regress
 
@@ -309,11 +309,15 @@ def detect(ctx: click.Context, target: str, min_change: float | None, log: bool 
                                     min_change_pct=min_change, log=log, model=model,
                                     quantile=quantile):
             order, _, commit = runs[cp.index]
+            first_order, _, first_commit = runs[cp.first_possible]
             d = {"series": name, "index": cp.index}
             if from_db:
                 d["run"] = order
             d["commit"] = commit
-            found.append({**d, **{k: v for k, v in cp.to_dict().items() if k != "index"}})
+            d["earliest_index"] = cp.first_possible
+            d["earliest_run" if from_db else "earliest_order"] = first_order
+            d["earliest_commit"] = first_commit
+            found.append({**d, **{k: v for k, v in cp.to_dict().items() if k not in d}})
     if as_json:
         click.echo(json.dumps(found, indent=1))
         ctx.exit(EXIT_OK)
@@ -321,6 +325,12 @@ def detect(ctx: click.Context, target: str, min_change: float | None, log: bool 
         where = f"run {d['run'][:8]}" if from_db else f"order {series[d['series']][d['index']][0]}"
         if d.get("commit"):
             where += f" commit {str(d['commit'])[:10]}"
+        if d["earliest_index"] != d["index"]:
+            first = (f"run {d['earliest_run'][:8]}" if from_db
+                     else f"order {d['earliest_order']}")
+            if d.get("earliest_commit"):
+                first += f" commit {str(d['earliest_commit'])[:10]}"
+            where += f"; may have begun at index {d['earliest_index']} ({first})"
         pct = d["change_pct"]
         console.print(escape(
             f"{d['series']}  index {d['index']} ({where}): {d['before']:.6g} -> "

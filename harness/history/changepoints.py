@@ -79,6 +79,15 @@ class ChangePoint:
     settled: int | None = None
     #: found by ``find``'s second reading, the medians: the step slowed part of the samples
     partial: bool = False
+    #: the first run the change may have begun at, where the runs cannot say which (runs
+    #: between the two levels, or runs without a value, before ``index``); None: at ``index``.
+    #: [earliest, index] is the range to bisect
+    earliest: int | None = None
+
+    @property
+    def first_possible(self) -> int:
+        """The first run the change may have begun at (``index`` where the runs say)."""
+        return self.index if self.earliest is None else self.earliest
 
     @property
     def direction(self) -> str:
@@ -86,7 +95,8 @@ class ChangePoint:
         return "up" if self.after > self.before else "down"
 
     def to_dict(self) -> dict[str, object]:
-        d = {"index": self.index, "before": self.before, "after": self.after,
+        d = {"index": self.index, "earliest_index": self.first_possible,
+             "before": self.before, "after": self.after,
              "change_pct": self.change_pct, "p_value": self.p_value,
              "direction": self.direction, "n_before": self.n_before, "n_after": self.n_after}
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
@@ -293,12 +303,69 @@ def _find(reading: Reading, *, min_change_pct: float = 0.0, alpha: float = ALPHA
             break
         use &= ~gone
     out = []
-    for cp, _ in judged:
+    for j, (cp, _) in enumerate(judged):
+        if model == "level":
+            cp = _dated(values, shown, bounds, j, sigma, use, cp)
         clean = np.flatnonzero(use[cp.index:])
         settled = cp.index + int(clean[0]) if clean.size else cp.index
-        out.append(dataclasses.replace(cp, index=int(keep[cp.index]),
-                                       settled=int(keep[settled])))
+        # runs without a value just before the first possible one may have been its start too
+        first = cp.first_possible
+        earliest = int(keep[first - 1]) + 1 if first > 0 else 0
+        index = int(keep[cp.index])
+        out.append(dataclasses.replace(cp, index=index, settled=int(keep[settled]),
+                                       earliest=earliest if earliest < index else None))
     return out
+
+
+#: a run is between two levels (``_dated``) when it is more than this many sigmas of the
+#: run-to-run noise from each, on the way from the old to the new
+BETWEEN_SIGMAS = NEW_LEVEL_SIGMAS
+
+
+def _between(value: float, old: float, new: float, reach: float) -> bool:
+    """Whether ``value`` is at neither level: more than ``reach`` from each, on the way from
+    ``old`` to ``new``, and nearer the old (a run nearer the new level that is not at it is one
+    of the new level a busy machine slowed, or held back)."""
+    return (min(old, new) + reach < value < max(old, new) - reach
+            and abs(value - old) < abs(value - new))
+
+
+def _dated(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int, sigma: float,
+           use: np.ndarray, cp: ChangePoint) -> ChangePoint:
+    """Boundary ``j`` (``cp``) dated by the runs of each level alone: the runs at the start of
+    its new stretch that are between the two levels (BETWEEN_SIGMAS from each) are not the new
+    level's, so its first run is the first after them; those runs, and the runs at the end of
+    the old stretch between the levels, are where it may have begun (``earliest``). Its
+    medians and counts then rest on the runs of each level only (at least one each side);
+    its p-value stays the boundary's. A night slowed by chance just before a step otherwise
+    becomes the step's first run: its commit blamed, its time mixed into the new level's."""
+    edges = [0, *bounds, values.size]
+    b = bounds[j]
+    lo, hi = max(edges[j], b - WINDOW), min(edges[j + 2], b + WINDOW)
+    left = [k for k in range(lo, b) if use[k]]
+    right = [k for k in range(b, hi) if use[k]]
+    if not left or not right:
+        return cp
+    reach = BETWEEN_SIGMAS * sigma
+    # from the boundary outwards, runs in a row: an excursion (a slow run, set aside) ends
+    # the walk, as any run at a level does
+    first = earliest = b
+    while (len(right) > 1 and right[0] == first and right[1] == first + 1
+           and _between(values[first], float(np.median(values[left])),
+                        float(np.median(values[right[1:]])), reach)):
+        right = right[1:]
+        first += 1
+    while (len(left) > 1 and left[-1] == earliest - 1
+           and _between(values[earliest - 1], float(np.median(values[left[:-1]])),
+                        float(np.median(values[right])), reach)):
+        left = left[:-1]
+        earliest -= 1
+    if first == b and earliest == b:
+        return cp
+    before, after = float(np.median(shown[left])), float(np.median(shown[right]))
+    return dataclasses.replace(cp, index=first, before=before, after=after,
+                               change_pct=_change_pct(before, after), n_before=len(left),
+                               n_after=len(right), earliest=earliest)
 
 
 #: the longest stretch between two trend change points that ``short_excursions`` may find to

@@ -258,8 +258,9 @@ def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str]
     benchmarks/regression_detection.py replays."""
     found = find(runs, min_change_pct=min_change_pct, log=log, quantile=quantile)
     rec = reconcile(stored, found, run_ids, run_ids[-1], analysed_started_at)
-    # a change point at the previous run was confirmed by the newest: it is no outlier
-    confirmed = any(cp.index == len(runs) - 2 for cp in found)
+    # a change point that may have begun at the previous run was confirmed by the newest: it
+    # is no outlier (nor is the newest run, where it is the first of the new level)
+    confirmed = any(cp.first_possible >= len(runs) - 2 for cp in found)
     outlier = None if confirmed else newest_outlier(runs, min_change_pct=threshold_pct,
                                                           log=log, quantile=quantile)
     by_id = {s["id"]: s for s in stored}

@@ -338,9 +338,15 @@ def timing_label(r: CaseResult) -> str:
 
 def _point_columns(conn: sqlite3.Connection, cp: changepoints.ChangePoint,
                    series: list[CaseResult]) -> dict[str, Any]:
+    """A change point's stored columns: its figures, where it began (the first run of its new
+    level) and, where the runs leave it open, the first run it may have begun at."""
     first = series[cp.index]
+    earliest = series[cp.earliest] if cp.earliest is not None else None
     return {"run_id": first.run_id, "git_commit": _commit_of(conn, first.run_id),
-            "state": "open", **{k: v for k, v in cp.to_dict().items() if k != "index"}}
+            "earliest_run_id": earliest.run_id if earliest else None,
+            "earliest_commit": _commit_of(conn, earliest.run_id) if earliest else None,
+            "state": "open", **{k: v for k, v in cp.to_dict().items()
+                                if k not in ("index", "earliest_index")}}
 
 
 def _commit_of(conn: sqlite3.Connection, run_id: str) -> str | None:
@@ -360,17 +366,14 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
                                    min_change_pct=MIN_CHANGE_PCT, threshold_pct=100 * threshold,
                                    log=TIMINGS_IN_LOG, quantile=TIMING_QUANTILE)
     rec = verdict.reconciled
-    by_id = {s["id"]: s for s in stored}
     position = {p.run_id: i for i, p in enumerate(series)}
-    for cp_id, cp in rec.matched.items():  # where it starts stays where it was first found
+    for cp_id, cp in rec.matched.items():
+        # its figures refreshed, and where it began re-dated as the runs now in view say: a
+        # night between the two levels is no longer blamed once the new level's runs came
         columns = _point_columns(conn, cp, series)
-        out.updates.append((cp_id, {k: v for k, v in columns.items()
-                                    if k not in ("run_id", "git_commit")}))
+        out.updates.append((cp_id, columns))
         if cp_id in verdict.grown:
-            first = by_id[cp_id]["run_id"]
-            out.findings.append(_change_finding(
-                cur, series[position.get(first, cp.index)], cp, cp_id,
-                by_id[cp_id]["git_commit"]))
+            out.findings.append(_change_finding(cur, series[cp.index], cp, cp_id, columns))
     out.updates.extend((cp_id, {"state": "withdrawn"}) for cp_id in rec.withdrawn)
     own = {i: cp_id for cp_id, i in rec.refound.items()}
     for i, cp in enumerate(rec.new):
@@ -391,8 +394,8 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
             ref = ("new", len(out.new_points) - 1)
         back = changes.partly_back(stored, cp, position, 100.0 * threshold)
         if changepoints.moved(cp.before, cp.after, 100.0 * threshold) and carried is None:
-            out.findings.append(_change_finding(cur, series[cp.index], cp, ref,
-                                                columns["git_commit"], back))
+            out.findings.append(_change_finding(cur, series[cp.index], cp, ref, columns,
+                                                back))
         open_points = [s for s in stored if s["state"] == "open"]
         for old in changes.returned(open_points, cp, 100.0 * threshold):
             out.updates.append((old["id"], {
@@ -426,7 +429,7 @@ def _reopen(out: Analysis, cur: CaseResult, series: list[CaseResult],
         + f": marked invalid, but back only to {_fmt_time(recovery.after)} from {since}, "
           f"{left:+.1f}% above the level before it"}))
     first = series[position[slow["run_id"]]]
-    where = _from_run(first, slow.get("git_commit"))
+    where = triage.where_it_began(slow)
     f = _finding("regression", cur, "median_ns",
                  f"median {_fmt_time(slow['before'])} -> {_fmt_time(recovery.after)} "
                  f"({left:+.1f}%) {where}: change point {slow['id']}, marked invalid, came "
@@ -437,11 +440,6 @@ def _reopen(out: Analysis, cur: CaseResult, series: list[CaseResult],
     out.findings.append(f)
 
 
-def _from_run(first: CaseResult, commit: str | None) -> str:
-    """Where a change started: its first run, and commit where known."""
-    return f"from run {_short(first.run_id)}" + (f" (commit {commit[:10]})" if commit else "")
-
-
 def _share_words(share: float) -> str:
     """0.1 -> "tenth", 0.25 -> "quarter", another share as a percentage."""
     words = {0.5: "half", 0.25: "quarter", 0.2: "fifth", 0.1: "tenth", 0.05: "twentieth"}
@@ -449,11 +447,13 @@ def _share_words(share: float) -> str:
 
 
 def _change_finding(cur: CaseResult, first: CaseResult, cp: changepoints.ChangePoint,
-                    ref: Any, commit: str | None,
+                    ref: Any, columns: dict[str, Any],
                     back: tuple[dict[str, Any], float] | None = None) -> Finding:
+    """The finding that reports a change point (``columns``: its stored columns, where it
+    began among them)."""
     kind = "regression" if cp.direction == "up" else "improvement"
-    where = _from_run(first, commit)
-    if first.run_id == cur.run_id:
+    where = triage.where_it_began(columns)
+    if first.run_id == cur.run_id and not columns.get("earliest_run_id"):
         where = "from this run"
     detail = (f"median {_fmt_time(cp.before)} -> {_fmt_time(cp.after)} ({cp.change_pct:+.1f}%, "
               f"p={cp.p_value:.1g}) {where}; {cp.n_before} runs before, {cp.n_after} after")

@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.history.sql import StoreError, db_label_of, is_postgres, scalar, write_txn
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -201,9 +201,17 @@ def _add_change_points_v4(conn: sqlite3.Connection) -> None:
     _execute_all(conn, statements)
 
 
+def _add_change_point_ranges_v5(conn: sqlite3.Connection) -> None:
+    # The first run a change point may have begun at, where runs between its two levels leave
+    # it open (changepoints.ChangePoint.earliest): with run_id, the range a user bisects. NULL
+    # where run_id is where it began (every change point stored before this version).
+    _execute_all(conn, ["ALTER TABLE change_points ADD COLUMN earliest_run_id TEXT",
+                        "ALTER TABLE change_points ADD COLUMN earliest_commit TEXT"])
+
+
 #: MIGRATIONS[i] upgrades schema version i to i + 1; append, never edit a released one.
 MIGRATIONS: list[Migration] = [_create_v1, _add_calibrations_v2, _add_findings_v3,
-                               _add_change_points_v4]
+                               _add_change_points_v4, _add_change_point_ranges_v5]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 #: the advisory lock key that serialises migrations of one PostgreSQL database ("harness")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from harness.history.sql import StoreError, db_label_of, insert_id, scalar, write_txn
@@ -69,8 +69,9 @@ def unanalyzed_runs(conn: sqlite3.Connection) -> list[str]:
 #: what a person (or the harness, for "fixed") can say about a change point
 TRIAGE_STATES = ("acknowledged", "expected", "invalid", "fixed")
 #: the columns a change point's analysis writes (the rest is its identity and its triage)
-CHANGE_POINT_STATS = ("run_id", "git_commit", "direction", "before", "after", "change_pct",
-                      "p_value", "n_before", "n_after", "state")
+CHANGE_POINT_STATS = ("run_id", "git_commit", "earliest_run_id", "earliest_commit",
+                      "direction", "before", "after", "change_pct", "p_value", "n_before",
+                      "n_after", "state")
 _TRIAGE_COLUMNS = ("triage", "triage_note", "triage_by", "triaged_at")
 # reported_at: when the first run whose findings report it started (NULL: never reported, as
 # a change smaller than its op's threshold is not, until it grows)
@@ -201,3 +202,17 @@ def triage_change_points(conn: sqlite3.Connection, cp_ids: Sequence[int], triage
                          "triaged_at = ? WHERE id = ?", (triage, note, by, stamp, i))
     points = [get_change_point(conn, i) for i in ids]
     return [p for p in points if p is not None]
+
+
+def where_it_began(cp: Mapping[str, Any]) -> str:
+    """Where a stored change point (or its columns) began, in words: its first run and commit,
+    and, where the runs leave it open, the first run it may have begun at: the range to
+    bisect."""
+    def run(run_id: str, commit: str | None) -> str:
+        return f"run {run_id[:8]}" + (f" (commit {commit[:10]})" if commit else "")
+
+    text = f"from {run(cp['run_id'], cp.get('git_commit'))}"
+    if cp.get("earliest_run_id"):
+        text += (f", or as early as {run(cp['earliest_run_id'], cp.get('earliest_commit'))}: "
+                 "the runs between cannot tell, bisect that range")
+    return text
