@@ -306,8 +306,9 @@ def _find(reading: Reading, *, min_change_pct: float = 0.0, alpha: float = ALPHA
     for j, (cp, _) in enumerate(judged):
         if model == "level":
             cp = _dated(values, shown, bounds, j, sigma, use, cp)
-        clean = np.flatnonzero(use[cp.index:])
-        settled = cp.index + int(clean[0]) if clean.size else cp.index
+        # from where it may have begun: a range's runs are where the step happened
+        clean = np.flatnonzero(use[cp.first_possible:])
+        settled = cp.first_possible + int(clean[0]) if clean.size else cp.first_possible
         # runs without a value just before the first possible one may have been its start too
         first = cp.first_possible
         earliest = int(keep[first - 1]) + 1 if first > 0 else 0

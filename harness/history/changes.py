@@ -104,8 +104,10 @@ def _nearest(candidates: Sequence[dict[str, Any]], cp: ChangePoint, position: di
         if _reported_an_excursion(s, cp, position):
             continue
         reach = MATCH_RUNS if s["state"] == "open" else 1
-        if abs(pos - cp.index) <= reach and abs(pos - cp.index) < best_distance:
-            best, best_distance = s, abs(pos - cp.index)
+        # how far from where it may have begun to where it surely had (its range)
+        distance = max(cp.first_possible - pos, pos - cp.index, 0)
+        if distance <= reach and distance < best_distance:
+            best, best_distance = s, distance
     return best
 
 
