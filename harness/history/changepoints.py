@@ -348,17 +348,18 @@ def _dated(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int, sig
     if not left or not right:
         return cp
     reach = BETWEEN_SIGMAS * sigma
+    # the boundary's own levels, each run judged against them: a level read from the runs
+    # after one alone is a slow newest run's, and could even turn the step's way round
+    old, new = float(np.median(values[left])), float(np.median(values[right]))
     # from the boundary outwards, runs in a row: an excursion (a slow run, set aside) ends
     # the walk, as any run at a level does
     first = earliest = b
     while (len(right) > 1 and right[0] == first and right[1] == first + 1
-           and _between(values[first], float(np.median(values[left])),
-                        float(np.median(values[right[1:]])), reach)):
+           and _between(values[first], old, new, reach)):
         right = right[1:]
         first += 1
     while (len(left) > 1 and left[-1] == earliest - 1
-           and _between(values[earliest - 1], float(np.median(values[left[:-1]])),
-                        float(np.median(values[right])), reach)):
+           and _between(values[earliest - 1], old, new, reach)):
         left = left[:-1]
         earliest -= 1
     if first == b and earliest == b:
