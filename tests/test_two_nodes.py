@@ -1,13 +1,15 @@
 """The harness across a real two-node SLURM cluster (tests/helpers/two_node_cluster.py: n1 and
 n2, 2 CPUs each, in namespaces of their own joined by a bridge; this process is the login node).
 
-One nightly batch job at ``-N2`` (``ci/slurm/nightly.sbatch``, world size 4: ranks 0-1 on n1,
-2-3 on n2) is the two-node run the first three tests read: where the ranks ran, that their
-results equal a single-node run's, that the night was ingested and rendered, and what the
-multi-node decisions make of the facts its ranks gathered. The last test loses a node in the
-middle of a `harness run --launcher srun` and finishes the run with ``--resume``.
+The first test loses a node in the middle of a `harness run --launcher srun` started from the
+login node and finishes the run with ``--resume``. Then one nightly batch job at ``-N2``
+(``ci/slurm/nightly.sbatch``, world size 4: ranks 0-1 on n1, 2-3 on n2) is the two-node run the
+other three read: where the ranks ran, that their results equal a one-node run's, that the
+night was ingested and rendered, and what the multi-node decisions make of the facts its ranks
+gathered. The one-node run goes in the background while the first test waits for SLURM.
 
 A few allreduce cases, checks only: what is proven is the wiring across nodes, not the cases.
+Together they take about 40 s on a 2-core machine, most of it ranks importing torch.
 """
 
 from __future__ import annotations

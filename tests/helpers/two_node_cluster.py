@@ -32,6 +32,7 @@ carries a random tag), its munged, and its temporary directory.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import ipaddress
 import os
 import random
@@ -115,7 +116,8 @@ OverSubscribe=YES
         self._ip("link", "set", self.bridge, "up")
         for name in (CONTROLLER, *NODES):
             holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"],
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=_die_with_parent)
             self._netns[name] = holder
             inside = ["nsenter", f"--net=/proc/{holder.pid}/ns/net"]
             veth = f"hk{self.tag}{name}"
@@ -166,7 +168,7 @@ OverSubscribe=YES
              sys.executable, __file__, name, str(self.root / "hosts"),
              str(self.root / f"cgroup-{name}"), *daemon],
             env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)
+            start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         self._inits[name] = proc
 
@@ -251,6 +253,12 @@ OverSubscribe=YES
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
             self._bridge_made = False
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the test process dies, however it dies (prctl(2)
+    PR_SET_PDEATHSIG), so no namespace outlives it; unshare --kill-child passes it on."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
 
 
 def _child_of(pid: int) -> int | None:
