@@ -120,10 +120,15 @@ class HarnessSession:
                 _write_json(placement_path, {"error": str(exc)})
             raise pytest.UsageError(str(exc)) from exc
         if placement_path is not None and self.world.rank == 0:
+            facts = self.world.facts
             _write_json(placement_path, {
                 "backend": self.world.backend, "warning": self.world.placements[0].warning,
                 "devices": [p.device for p in self.world.placements],
-                "gpus": [p.gpu_uuid for p in self.world.placements]})
+                "gpus": [p.gpu_uuid for p in self.world.placements],
+                # where each rank ran: its node, its place on it, the ranks there, its CPUs
+                "nodes": [f.node for f in facts], "local_ranks": [f.local_rank for f in facts],
+                "local_sizes": [f.local_size for f in facts],
+                "cpus": [list(f.cpus) for f in facts]})
         self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code))
         self.timing = dataclasses.replace(
             TimingConfig.for_tier(self.tier), mode=options.timing_mode,

@@ -33,3 +33,17 @@ def postgres_server():
 def postgres_url(postgres_server):
     """The URL of a fresh, empty database on the session's server."""
     return postgres_server.database()
+
+
+@pytest.fixture(scope="session")
+def two_node_cluster():
+    """A real two-node SLURM cluster for the session (tests/helpers/two_node_cluster.py):
+    nodes n1 and n2 of 2 CPUs each, the test process their login node. Skipped with the
+    reason where none can start (not root, no unshare/nsenter, no SLURM), except under CI."""
+    import two_node_cluster
+    from services import start_or_skip
+
+    cluster = start_or_skip(two_node_cluster.TwoNodeCluster, two_node_cluster.Unavailable,
+                            "two-node SLURM")
+    yield cluster
+    cluster.stop()

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -114,12 +115,15 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
     if cpus < 8:
         assert "time(s) taken while ranks contended" in out.stdout
         assert re.search(r"\d~ ", out.stdout)  # the tables mark those times
-    # rank 0 reported where the ranks ran: the CPU, gloo, nothing to warn about
+    # rank 0 reported where the ranks ran: the CPU, gloo, nothing to warn about, all on this
+    # host, which is one node
     run_dir = tmp_path / "runs" / runs[0]["run_id"]
     for w in (1, 4, 8):
         placement = json.loads((run_dir / f"w{w}.placement.json").read_text())
         assert placement == {"backend": "gloo", "warning": "", "devices": ["cpu"] * w,
-                             "gpus": [None] * w}
+                             "gpus": [None] * w, "nodes": [socket.gethostname()] * w,
+                             "local_ranks": list(range(w)), "local_sizes": [w] * w,
+                             "cpus": [sorted(os.sched_getaffinity(0))] * w}
     # nccl-tests' bus factors: 2(W-1)/W, (W-1)/W, and 1 for broadcast (busbw = algbw)
     for r in results:
         if r["op"] not in COLLECTIVES:

@@ -113,3 +113,59 @@ def test_a_dead_case_is_recorded_on_the_device_its_ranks_ran_on():
     assert dead_case_device(None, "cuda") == "cuda"  # the job died before its placement
     assert dead_case_device({"devices": []}, "auto") == "cpu"
     assert dead_case_device(None, "cpu") == "cpu"
+
+
+# srun on a cluster that loses a node: it says so, then waits for the lost node's tasks
+# forever; the first case was recorded by then, the second was in progress
+_LOSING_SRUN = """#!/bin/sh
+printf '%s' "$FAKE_PROGRESS" > w4.progress.json
+echo "srun: error: Node failure on n2"
+echo "slurmstepd-n1: error: *** STEP 7.0 ON n1 CANCELLED DUE TO NODE FAILURE ***"
+exec sleep 60
+"""
+# srun on the healthy cluster: the remaining case recorded
+_HEALTHY_SRUN = """#!/bin/sh
+printf '%s\\n' "$FAKE_RESULT" >> results.jsonl
+"""
+
+
+def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_path,
+                                                                          monkeypatch):
+    import time
+
+    from harness.core.discovery import registry
+    from harness.engine.launch import NodeLost, run_world_size
+
+    first, second = registry().plan("smoke", 4, [
+        "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"], ["torch", "mpi"], "cpu")
+    srun = tmp_path / "srun"
+    srun.write_text(_LOSING_SRUN)
+    srun.chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = LaunchConfig(launcher=str(srun), run_dir=run_dir, run_id="r",
+                          options=RunOptions(device="cpu"))
+    append(config.results_path, CaseResult(
+        run_id="r", case_id=first.case.id, op="allreduce", family="collectives", impl="torch",
+        world_size=4, params={}, status="pass"))
+    monkeypatch.setenv("FAKE_PROGRESS", json.dumps({
+        "key": second.key, "started": time.time(), "deadline_s": 600, "pid": 1}))
+    t0 = time.monotonic()
+    with pytest.raises(NodeLost) as lost:
+        run_world_size(config, 4, [first, second])
+    assert time.monotonic() - t0 < 10  # not the case's deadline: srun would wait forever
+    said = str(lost.value)
+    assert "\n" not in said
+    assert said.startswith(f"world size 4: SLURM lost node n2 during {second.case.id}@mpi")
+    assert "1 of 2 case(s) at this size were recorded" in said
+    assert "`harness run --resume r`" in said
+    # the case in progress is not the case's failure: nothing recorded for it
+    assert RecordedKeys(config.results_path, 4).update() == {first.key}
+    # the resumed launch numbers its log after the lost one's, which keeps srun's line
+    srun.write_text(_HEALTHY_SRUN)
+    monkeypatch.setenv("FAKE_RESULT", json.dumps(CaseResult(
+        run_id="r", case_id=second.case.id, op="allreduce", family="collectives", impl="mpi",
+        world_size=4, params={}, status="pass").to_dict()))
+    outcome = run_world_size(config, 4, [first, second])
+    assert outcome.infra_error is None and outcome.logs == [run_dir / "w4.launch-2.log"]
+    assert "Node failure on n2" in (run_dir / "w4.launch-1.log").read_text()

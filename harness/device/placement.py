@@ -67,6 +67,8 @@ class RankFacts:
     mps: bool = False
     #: the logical CPUs this process may run on (``os.sched_getaffinity``); () where unknown
     cpus: tuple[int, ...] = ()
+    #: the ranks on this rank's node (its node-local communicator, MPI's shared-memory split)
+    local_size: int = 1
 
 
 @dataclass(frozen=True)

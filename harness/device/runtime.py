@@ -71,13 +71,14 @@ def world_mismatch(started: int | None, seen: int) -> str | None:
             "mpi4py was built with")
 
 
-def rank_facts(requested: str, node: str = "", local_rank: int = 0) -> RankFacts:
+def rank_facts(requested: str, node: str = "", local_rank: int = 0,
+               local_size: int = 1) -> RankFacts:
     """What this process sees: its GPUs (none asked for under --device cpu, so a CPU run never
     touches CUDA), its torch build, an MPS daemon."""
     gpus = cuda.visible_gpus() if requested != "cpu" else ()
     return RankFacts(node or socket.gethostname(), local_rank, gpus, torch.__version__,
                      torch.version.cuda, mps=bool(gpus) and cuda.mps_running(),
-                     cpus=usable_cpus())
+                     cpus=usable_cpus(), local_size=local_size)
 
 
 def resolve_device(requested: str) -> Placement:
@@ -103,6 +104,9 @@ class World:
     timeout_s: float = 300.0
     #: every rank's placement (the same list on every rank)
     placements: list[Placement] = field(default_factory=list, repr=False)
+    #: what every rank reported of its machine, the placements' input (the same list on
+    #: every rank)
+    facts: list[RankFacts] = field(default_factory=list, repr=False)
     #: why times taken here measure contention (ranks oversubscribed on CPUs, a shared
     #: GPU), or "" (``placement.contention``; the same on every rank)
     contention: str = ""
@@ -119,7 +123,8 @@ class World:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         local_rank, local_size = local.Get_rank(), local.Get_size()
         local.Free()
-        facts = comm.allgather(rank_facts(device, MPI.Get_processor_name(), local_rank))
+        facts = comm.allgather(rank_facts(device, MPI.Get_processor_name(), local_rank,
+                                          local_size))
         try:
             placements = [place(device, facts, r) for r in range(len(facts))]
         except PlacementError as exc:
@@ -137,7 +142,7 @@ class World:
         if "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, len(facts[comm.Get_rank()].cpus) // local_size))
         return cls(comm, comm.Get_rank(), comm.Get_size(), local_rank, local_size, dev,
-                   mine.backend, timeout_s, placements=placements,
+                   mine.backend, timeout_s, placements=placements, facts=facts,
                    contention=contention(facts, placements))
 
     @property

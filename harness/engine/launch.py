@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,14 @@ _PYTEST_NORMAL = (0, 1, 5)
 
 class LauncherError(RuntimeError):
     """The MPI launcher is missing or keeps failing (exit code 4)."""
+
+
+class NodeLost(LauncherError):
+    """SLURM declared a node of the job dead (its slurmd stopped answering) while the job ran:
+    the run stops there, in one line, with the results it recorded kept and the case in
+    progress unrecorded, for ``harness run --resume`` once the node is back. It does not
+    relaunch: a job asking for the same nodes would wait for the lost one, and inside a batch
+    allocation the allocation itself is gone (exit code 4)."""
 
 
 class PlacementFailed(RuntimeError):
@@ -229,8 +238,48 @@ def _stop_with_harness() -> Callable[[], None] | None:
     return in_child
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+#: srun's line when slurmctld sets a node of the job's allocation DOWN (Slurm 22.05: "srun:
+#: error: Node failure on n2"). SLURM cancels the step, but srun then waits for the lost
+#: node's tasks, whose end never comes, until it is killed
+_NODE_FAILURE = re.compile(rb"^srun: error: Node failure on (\S+)", re.M)
+
+
+class LostNodes:
+    """The nodes srun reported lost in a job's log, read incrementally as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+        self.nodes: list[str] = []
+
+    def update(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return self.nodes
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for match in _NODE_FAILURE.finditer(data[:end]):
+            node = match.group(1).decode(errors="replace")
+            if node not in self.nodes:
+                self.nodes.append(node)
+        return self.nodes
+
+
+def lost_node_message(world_size: int, nodes: Sequence[str], in_progress: str | None,
+                      recorded: int, planned: int, run_id: str) -> str:
+    """The one line a run ends with when SLURM lost a node of its job."""
+    during = f" during {in_progress}" if in_progress else ""
+    return (f"world size {world_size}: SLURM lost node {', '.join(nodes)}{during} (srun: Node "
+            f"failure); {recorded} of {planned} case(s) at this size were recorded and are "
+            f"kept, the other {planned - recorded} and any later world size did not run: once "
+            f"the node is back, `harness run --resume {run_id}` runs them")
+
+
+def _kill_group(proc: subprocess.Popen, at_once: bool = False) -> None:
+    steps = ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
+    for sig, wait in steps[1:] if at_once else steps:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -286,16 +335,21 @@ def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
 
 
 def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
-           progress_path: Path, report: Callable[[set[str]], None]) -> dict | None:
+           progress_path: Path, report: Callable[[set[str]], None],
+           lost: LostNodes | None = None) -> dict | None:
     """Wait for a job to end, reporting progress; kill it when its case in progress outlives
-    its deadline plus the grace period (the in-rank watchdog did not fire). Returns the
-    progress record of the case it was killed on, or None."""
+    its deadline plus the grace period (the in-rank watchdog did not fire), or at once when
+    srun reports a node lost (SLURM has cancelled the step already). Returns the progress
+    record of the case it was killed on past its deadline, or None."""
     killed: dict | None = None
     try:
         while proc.poll() is None:
             time.sleep(0.2)
             now_done = recorded.update()
             report(now_done)
+            if lost is not None and lost.update():
+                _kill_group(proc, at_once=True)
+                break
             prog = _read_progress(progress_path)
             if (prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.options.grace
                     and prog["key"] not in now_done):
@@ -324,6 +378,41 @@ def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, k
     _record_dead_case(cfg, item, status, why, placement)
 
 
+def _launches_before(files: RunDir, world_size: int) -> int:
+    """The launches a run already made at this world size: a resumed run numbers its
+    launches on from them, whose logs stay (the srun line of a lost node among them)."""
+    earlier = 0
+    while files.launch_log(world_size, earlier + 1).exists():
+        earlier += 1
+    return earlier
+
+
+def _start_job(cfg: LaunchConfig, world_size: int, attempt: int, log: Any) -> subprocess.Popen:
+    """One job of the ranks, its output to ``log`` after its command line. The ranks run in
+    the run directory; relative --impl paths (kernel.cu:launch) are the user's, so they
+    resolve against the directory harness was started in."""
+    env = job_environment(cfg, world_size)
+    cmd = build_command(cfg, world_size, attempt)
+    log.write("$ " + " ".join(cmd) + "\n")
+    log.flush()
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=cfg.run_dir, start_new_session=True,
+                                preexec_fn=_stop_with_harness())
+    except OSError as exc:
+        raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc
+
+
+def _node_lost(cfg: LaunchConfig, world_size: int, lost: LostNodes, recorded: RecordedKeys,
+               progress_path: Path, by_key: dict[str, PlannedItem]) -> None:
+    """Raise NodeLost for the job whose node SLURM declared lost, naming the case it was in."""
+    after, prog = recorded.update(), _read_progress(progress_path)
+    item = by_key.get(prog["key"]) if prog and prog["key"] not in after else None
+    raise NodeLost(lost_node_message(
+        world_size, lost.nodes, f"{item.case.id}@{item.impl}" if item else None,
+        len(after & by_key.keys()), len(by_key), cfg.run_id))
+
+
 def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
                    on_progress: Callable[[int], None] | None = None) -> WorldOutcome:
     """Run every item at one world size, relaunching after timeouts and crashes."""
@@ -334,6 +423,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
     placement_path = files.of(world_size, "placement.json")
     fruitless = 0
     recorded = RecordedKeys(cfg.results_path, world_size)
+    earlier = _launches_before(files, world_size)
 
     def report(done: set[str]) -> None:
         if on_progress:
@@ -348,23 +438,16 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         progress_path.unlink(missing_ok=True)
         placement_path.unlink(missing_ok=True)
         outcome.launches += 1
-        log_path = files.launch_log(world_size, outcome.launches)
+        attempt = earlier + outcome.launches
+        log_path = files.launch_log(world_size, attempt)
         outcome.logs.append(log_path)
-        # ranks run in the run directory; relative --impl paths (kernel.cu:launch) are the
-        # user's, so they resolve against the directory harness was started in
-        env = job_environment(cfg, world_size)
-        cmd = build_command(cfg, world_size, outcome.launches)
         with open(log_path, "w") as log:
-            log.write("$ " + " ".join(cmd) + "\n")
-            log.flush()
-            try:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                        cwd=cfg.run_dir, start_new_session=True,
-                                        preexec_fn=_stop_with_harness())
-            except OSError as exc:
-                raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc
-            killed = _watch(cfg, proc, recorded, progress_path, report)
+            proc = _start_job(cfg, world_size, attempt, log)
+            lost = LostNodes(log_path)
+            killed = _watch(cfg, proc, recorded, progress_path, report, lost)
         rc = proc.returncode
+        if lost.update():
+            _node_lost(cfg, world_size, lost, recorded, progress_path, by_key)
         placement = _read_progress(placement_path)
         if placement and placement.get("error"):
             raise PlacementFailed(f"world size {world_size}: {placement['error']}")

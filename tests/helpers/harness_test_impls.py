@@ -76,3 +76,13 @@ def sticky_on_rank_one(world, x, out, op):
             "CUDA error: an illegal memory access was encountered")
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
     return allreduce_torch(world, x, out, op)
+
+
+def stall_while_flagged(world, x, out, op):
+    """Correct, after waiting on every rank while the file $HARNESS_TEST_STALL names exists:
+    a test holds a job inside a case this way while it takes a node away, and removes the
+    file for the run that finishes it."""
+    flag = os.environ.get("HARNESS_TEST_STALL")
+    while flag and os.path.exists(flag):
+        time.sleep(0.05)
+    return allreduce_torch(world, x, out, op)

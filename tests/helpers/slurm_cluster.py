@@ -28,49 +28,53 @@ class Unavailable(Exception):
     """No cluster can be started here: the message says why and how to get one."""
 
 
-class Cluster:
-    """One running cluster; ``env`` is the environment its commands need."""
+def require_slurm() -> None:
+    """Unavailable unless SLURM's daemons and commands are installed and this is root."""
+    missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
+               if shutil.which(b) is None]
+    if missing:
+        raise Unavailable(f"SLURM is not installed ({', '.join(missing)} missing; Debian: "
+                          "apt-get install slurm-wlm; .ci/run installs it)")
+    if os.geteuid() != 0:
+        raise Unavailable("slurmd starts jobs as their user and must run as root")
 
-    def __init__(self, cpus: int = 8) -> None:
-        missing = [b for b in ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
-                   if shutil.which(b) is None]
-        if missing:
-            raise Unavailable(f"SLURM is not installed ({', '.join(missing)} missing; Debian: "
-                              "apt-get install slurm-wlm; .ci/run installs it)")
-        if os.geteuid() != 0:
-            raise Unavailable("slurmd starts jobs as their user and must run as root")
-        self.root = Path(tempfile.mkdtemp(prefix="harness-slurm-"))
-        key = self.root / "munge.key"
-        if MUNGE_KEY.is_file():
-            shutil.copyfile(MUNGE_KEY, key)
-        else:  # a key of our own: munge's is 1024 random bytes
-            key.write_bytes(os.urandom(1024))
-        key.chmod(0o600)
-        self.node = socket.gethostname().split(".")[0]
-        self.env = {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf")}
-        sock = self.root / "munge.sock"
-        self._run(["munged", "--force", f"--socket={sock}", f"--key-file={key}",
-                   f"--pid-file={self.root / 'munged.pid'}",
-                   f"--log-file={self.root / 'munged.log'}",
-                   f"--seed-file={self.root / 'munged.seed'}"])
-        (self.root / "state").mkdir()
-        (self.root / "spool").mkdir()
-        r = self.root
-        (r / "slurm.conf").write_text(f"""\
-ClusterName=harness-test
-SlurmctldHost={self.node}(127.0.0.1)
+
+def start_munged(root: Path) -> Path:
+    """A munged of the cluster's own in ``root`` (the system's key if there is one, else a
+    new one), so a system munged, if any, is left alone; returns its socket. munged wants the
+    directory of its socket readable by all and that of its key 0700."""
+    keys = root / "munge"
+    keys.mkdir(mode=0o700)
+    key = keys / "munge.key"
+    if MUNGE_KEY.is_file():
+        shutil.copyfile(MUNGE_KEY, key)
+    else:  # a key of our own: munge's is 1024 random bytes
+        key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    root.chmod(0o755)
+    sock = root / "munge.sock"
+    out = subprocess.run(["munged", "--force", f"--socket={sock}", f"--key-file={key}",
+                          f"--pid-file={root / 'munged.pid'}", f"--log-file={keys / 'munged.log'}",
+                          f"--seed-file={keys / 'munged.seed'}"],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise Unavailable(f"munged failed: {out.stderr.strip()[-2000:]}")
+    return sock
+
+
+def common_conf(root: Path, sock: Path) -> str:
+    """The slurm.conf lines every test cluster shares: root runs everything, munge through
+    ``sock``, no cgroups (proctrack/linuxproc, task/none), no accounting, nodes that declare
+    the CPUs slurm.conf gives them whatever the host has (config_overrides), and a node that
+    comes back once its slurmd does (ReturnToService=2)."""
+    return f"""\
 SlurmUser=root
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
 AuthType=auth/munge
 AuthInfo=socket={sock}
 CredType=cred/munge
-StateSaveLocation={r / 'state'}
-SlurmdSpoolDir={r / 'spool'}
-SlurmctldPidFile={r / 'slurmctld.pid'}
-SlurmdPidFile={r / 'slurmd.pid'}
-SlurmctldLogFile={r / 'slurmctld.log'}
-SlurmdLogFile={r / 'slurmd.log'}
+StateSaveLocation={root / 'state'}
+SlurmctldPidFile={root / 'slurmctld.pid'}
+SlurmctldLogFile={root / 'slurmctld.log'}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -79,7 +83,30 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 MpiDefault=none
-ReturnToService=2
+ReturnToService=2"""
+
+
+class Cluster:
+    """One running cluster; ``env`` is the environment its commands need."""
+
+    def __init__(self, cpus: int = 8) -> None:
+        require_slurm()
+        self.root = Path(tempfile.mkdtemp(prefix="harness-slurm-"))
+        self.node = socket.gethostname().split(".")[0]
+        self.env = {**os.environ, "SLURM_CONF": str(self.root / "slurm.conf")}
+        sock = start_munged(self.root)
+        (self.root / "state").mkdir()
+        (self.root / "spool").mkdir()
+        r = self.root
+        (r / "slurm.conf").write_text(f"""\
+ClusterName=harness-test
+SlurmctldHost={self.node}(127.0.0.1)
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+SlurmdSpoolDir={r / 'spool'}
+SlurmdPidFile={r / 'slurmd.pid'}
+SlurmdLogFile={r / 'slurmd.log'}
+{common_conf(r, sock)}
 NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} Boards=1 SocketsPerBoard=1 \
 CoresPerSocket={cpus} ThreadsPerCore=1 State=UNKNOWN
 PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
