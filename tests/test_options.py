@@ -31,12 +31,17 @@ def test_the_record_survives_its_json():
     assert RunOptions.from_mapping({"world_sizes": "1,4", "extra": 1}).world_sizes == (1, 4)
 
 
-def test_a_resume_keeps_what_decides_the_cases_and_takes_the_rest_anew():
-    started = RunOptions(selectors=("allreduce",), tier="nightly", timeout=5.0, grace=1.0)
-    now = RunOptions(tier="smoke", timeout=60.0, launcher="srun")
-    resumed = started.resumed_with(now)
+def test_a_resume_keeps_what_decides_the_cases_and_takes_the_rest_where_given_anew():
+    started = RunOptions(selectors=("allreduce",), tier="nightly", timeout=5.0, grace=1.0,
+                         launcher="srun", launcher_args=("--mpi=pmi2",))
+    now = RunOptions(tier="smoke", timeout=60.0, launcher="mpiexec")
+    # the command gave --timeout only (and no kept option can be given anew)
+    resumed = started.resumed_with(now, given=("timeout", "tier"))
     assert (resumed.selectors, resumed.tier) == (("allreduce",), "nightly")
-    assert (resumed.timeout, resumed.launcher, resumed.grace) == (60.0, "srun", 30.0)
+    assert resumed.timeout == 60.0
+    # what it did not give is the run's own: a run started with srun finishes with srun
+    assert (resumed.launcher, resumed.launcher_args, resumed.grace) == (
+        "srun", ("--mpi=pmi2",), 1.0)
     assert {"selectors", "tier", "world_sizes", "impls", "device", "bench", "sanitize",
             "golden_dir", "use_golden", "suite_sources"} <= set(RunOptions.kept_names())
     assert "timeout" not in RunOptions.kept_names()

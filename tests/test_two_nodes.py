@@ -186,10 +186,11 @@ def test_a_node_lost_mid_run_ends_it_in_one_line_and_resume_finishes_it(two_node
         assert conn.execute("SELECT impl, status FROM results").fetchall() == [("torch",
                                                                                  "pass")]
     assert "srun: error: Node failure on n2" in (run_dir / "w4.launch-1.log").read_text()
-    # on the healthy cluster, --resume runs the other two there and completes the run
+    # on the healthy cluster, --resume runs the other two there (with the run's own launcher,
+    # srun, not given again) and completes the run
     flag.unlink()
     out = subprocess.run([sys.executable, "-m", "harness", "run", "--resume", run_dir.name,
-                          "--launcher", "srun", "--db", db],
+                          "--db", db],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     with sqlite3.connect(db) as conn:

@@ -113,7 +113,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "recorded stay, the missing ones run with the run's own selection and "
                    "options, then it is stored and analysed once. --db or --out-dir say where "
                    "its folder is; --timeout, --fail-on, --launcher, --launcher-args, "
-                   "--hostfile, --grace and --report may be given anew.")
+                   "--hostfile, --grace and --report are the run's own unless given anew.")
 @click.pass_context
 def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     """Run, check and time the selected cases at each world size; record them in the DB.
@@ -137,7 +137,9 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
             _fail(f"--resume finishes a run with the selection and options it was started "
                   f"with: drop {flags}", EXIT_USAGE)
         try:
-            run_dir, info, options, stopped = resume.prepare(options, resume_id)
+            # the run's own launcher, timeout, grace... unless given anew
+            anew = [n for n in params if _given(ctx, n)]
+            run_dir, info, options, stopped = resume.prepare(options, resume_id, anew)
         except resume.ResumeError as exc:
             _fail(str(exc), EXIT_USAGE)
         if stopped:

@@ -10,7 +10,7 @@ A new setting is one field here and one click option.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,10 +74,13 @@ class RunOptions:
         return {k: list(v) if isinstance(v, tuple) else v
                 for k, v in dataclasses.asdict(self).items()}
 
-    def resumed_with(self, now: RunOptions) -> RunOptions:
-        """This run's kept options with ``now``'s others (the command that resumes it)."""
+    def resumed_with(self, now: RunOptions, given: Collection[str] = ()) -> RunOptions:
+        """The options a resumed run finishes with: this run's own, but for those the command
+        that resumes it gives anew (``given``, names of ``now``'s fields; never a kept one).
+        A run started with srun is finished with srun unless told otherwise."""
         kept = set(self.kept_names())
-        return dataclasses.replace(now, **{k: getattr(self, k) for k in kept})
+        return dataclasses.replace(self, **{k: getattr(now, k) for k in given
+                                            if k not in kept})
 
     def with_text(self, assignment: str) -> RunOptions:
         """``NAME=VALUE`` applied (pytest by hand: ``--harness-set tier=nightly``); lists are

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -148,15 +148,16 @@ def cut_torn_line(results_path: Path) -> int:
     return len(data) - end
 
 
-def prepare(now: RunOptions, text: str) -> tuple[Path, RunInfo, RunOptions, list[int]]:
-    """The run ``text`` names, made ready to resume with ``now``'s carrying-out options: its
-    directory, record and options (its own kept ones), and the pids of what it left running,
+def prepare(now: RunOptions, text: str, given: Collection[str] = ()
+            ) -> tuple[Path, RunInfo, RunOptions, list[int]]:
+    """The run ``text`` names, made ready to resume: its directory, record and options (its
+    own, but for the ``given`` ones ``now`` sets anew), and the pids of what it left running,
     now stopped."""
     from harness.device import envinfo
     from harness.history import store
 
     run_dir, info = locate(store.runs_root(store.resolve_db_path(now.db), now.out_dir), text)
-    options = options_of(info).resumed_with(now)
+    options = options_of(info).resumed_with(now, given)
     check_same_machine(info, envinfo.machine())
     check_same_commit(info, envinfo.git_commit())
     stopped = stop_leftovers(info.run_id)
