@@ -10,7 +10,6 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,20 +35,6 @@ def _env(cluster, **extra: str) -> dict[str, str]:
     return {**cluster.env, "PATH": path, **extra}
 
 
-def _wait_for(cluster, job: str, timeout_s: float = 600) -> tuple[str, str]:
-    """The job's final state and exit code, polled (sbatch --wait backs off to 32 s sleeps)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job], env=cluster.env,
-                             capture_output=True, text=True)
-        fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
-        if fields.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING",
-                                          "COMPLETING"):
-            return fields["JobState"], fields.get("ExitCode", "")
-        time.sleep(0.2)
-    raise AssertionError(f"job {job} did not end in {timeout_s} s")
-
-
 def test_the_nightly_batch_script_runs_srun_at_the_allocations_sizes_and_reports(cluster,
                                                                                  tmp_path):
     history = tmp_path / "history"
@@ -63,7 +48,10 @@ def test_the_nightly_batch_script_runs_srun_at_the_allocations_sizes_and_reports
                           "ci/slurm/nightly.sbatch"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    state, code = _wait_for(cluster, out.stdout.strip().split(";")[0])
+    from slurm_cluster import wait_for_job
+
+    fields = wait_for_job(cluster.env, out.stdout.strip().split(";")[0])
+    state, code = fields["JobState"], fields.get("ExitCode", "")
     log = "".join(p.read_text() for p in tmp_path.glob("job-*.out"))
     assert (state, code) == ("COMPLETED", "0:0"), log[-4000:]
     assert "harness report exited 0" in log

@@ -47,20 +47,6 @@ def _env(cluster, **extra: str) -> dict[str, str]:
     return {**cluster.env, "PATH": path, "PYTHONPATH": pythonpath, **extra}
 
 
-def _wait_for(cluster, job: str, timeout_s: float = 300) -> dict[str, str]:
-    """The job's fields once it has ended, polled."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job], env=cluster.env,
-                             capture_output=True, text=True)
-        fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
-        if fields.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING",
-                                          "COMPLETING"):
-            return fields
-        time.sleep(0.2)
-    raise AssertionError(f"job {job} did not end in {timeout_s} s")
-
-
 def _results(run_dir: Path) -> set[tuple[str, str, str, str]]:
     lines = (run_dir / "results.jsonl").read_text().splitlines()
     return {(d["case_id"], d["impl"], d["status"], d["output_hash"])
@@ -90,7 +76,9 @@ def night(two_node_cluster, tmp_path_factory):
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip().split(";")[0]
-    fields = _wait_for(cluster, job)
+    from slurm_cluster import wait_for_job
+
+    fields = wait_for_job(cluster.env, job, 300)
     log = "".join(p.read_text() for p in tmp.glob("job-*.out"))
     run_dirs = [p.parent for p in (history / "runs" / job).glob("*/run.json")]
     return {"job": fields, "log": log, "history": history, "run_dirs": run_dirs,

@@ -24,6 +24,21 @@ from services import free_port
 MUNGE_KEY = Path("/etc/munge/munge.key")
 
 
+def wait_for_job(env: dict[str, str], job: str, timeout_s: float = 600) -> dict[str, str]:
+    """A SLURM job's fields (``scontrol show job``) once it has ended, polled: ``sbatch --wait``
+    backs off to 32 s sleeps."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        out = subprocess.run(["scontrol", "show", "job", "-o", job], env=env,
+                             capture_output=True, text=True)
+        fields = dict(f.split("=", 1) for f in out.stdout.split() if "=" in f)
+        if fields.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING",
+                                          "COMPLETING"):
+            return fields
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} did not end in {timeout_s} s")
+
+
 class Unavailable(Exception):
     """No cluster can be started here: the message says why and how to get one."""
 
