@@ -680,3 +680,11 @@ def test_runs_without_a_value_before_a_step_are_in_its_range():
     runs = STEP_NIGHTS[:3] + [math.nan] + STEP_NIGHTS[4:]
     [p] = cp.find(runs, log=True, min_change_pct=2.0)
     assert (p.index, p.earliest) == (4, 3)
+
+
+def test_a_faster_change_counts_a_run_between_to_its_new_level():
+    # the mirror of the slow night: a run between two levels after a step down is as likely one
+    # of the new level a busy machine slowed (machines slow runs, never speed them up)
+    faster = [2241438.0, 2257002.0, 2250000.0, 21294.5, 8716.5, 8681.5]
+    [p] = cp.find(faster, log=True, min_change_pct=2.0)
+    assert (p.index, p.earliest, p.direction) == (3, None, "down")

@@ -333,13 +333,14 @@ def _between(value: float, old: float, new: float, reach: float) -> bool:
 
 def _dated(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int, sigma: float,
            use: np.ndarray, cp: ChangePoint) -> ChangePoint:
-    """Boundary ``j`` (``cp``) dated by the runs of each level alone: the runs at the start of
-    its new stretch that are between the two levels (BETWEEN_SIGMAS from each) are not the new
-    level's, so its first run is the first after them; those runs, and the runs at the end of
-    the old stretch between the levels, are where it may have begun (``earliest``). Its
-    medians and counts then rest on the runs of each level only (at least one each side);
-    its p-value stays the boundary's. A night slowed by chance just before a step otherwise
-    becomes the step's first run: its commit blamed, its time mixed into the new level's."""
+    """Boundary ``j`` (``cp``), a step up, dated by the runs of each level alone: the runs at
+    the start of its new stretch that are between the two levels (BETWEEN_SIGMAS from each)
+    are not the new level's, so its first run is the first after them; those runs, and the
+    runs at the end of the old stretch between the levels, are where it may have begun
+    (``earliest``). Its medians and counts then rest on the runs of each level only (at least
+    one each side); its p-value stays the boundary's. A night slowed by chance just before a
+    step otherwise becomes the step's first run: its commit blamed, its time mixed into the new
+    level's."""
     edges = [0, *bounds, values.size]
     b = bounds[j]
     lo, hi = max(edges[j], b - WINDOW), min(edges[j + 2], b + WINDOW)
@@ -347,19 +348,27 @@ def _dated(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int, sig
     right = [k for k in range(b, hi) if use[k]]
     if not left or not right:
         return cp
+    if np.median(values[right]) <= np.median(values[left]):
+        # a step down: a run between the levels is as likely one of the new level that a
+        # busy machine slowed, which no run can tell from the change itself
+        return cp
     reach = BETWEEN_SIGMAS * sigma
-    # the boundary's own levels, each run judged against them: a level read from the runs
-    # after one alone is a slow newest run's, and could even turn the step's way round
-    old, new = float(np.median(values[left])), float(np.median(values[right]))
+
+    def between(k: int, old: list[int], new: list[int]) -> bool:
+        # the new level by its lowest run: a machine slows runs, never speeds them up, and the
+        # newest of a few runs may be a slow one not yet known for an excursion
+        level_old, level_new = float(np.median(values[old])), float(np.min(values[new]))
+        return level_new > level_old and _between(values[k], level_old, level_new, reach)
+
     # from the boundary outwards, runs in a row: an excursion (a slow run, set aside) ends
-    # the walk, as any run at a level does
+    # the walk, as any run at a level does; each run against the runs beyond it
     first = earliest = b
     while (len(right) > 1 and right[0] == first and right[1] == first + 1
-           and _between(values[first], old, new, reach)):
+           and between(first, left, right[1:])):
         right = right[1:]
         first += 1
     while (len(left) > 1 and left[-1] == earliest - 1
-           and _between(values[earliest - 1], old, new, reach)):
+           and between(earliest - 1, left[:-1], right)):
         left = left[:-1]
         earliest -= 1
     if first == b and earliest == b:
