@@ -48,16 +48,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "harness.engine.options.RunOptions); over the run directory's run.json")
 
 
-def rank_settings(config: pytest.Config, world_size: int) -> tuple[RunOptions, RunInfo | None]:
+def rank_settings(config: pytest.Config, files: RunDir | None
+                  ) -> tuple[RunOptions, RunInfo | None]:
     """This job's options (the run directory's ``run.json``, then any ``--harness-set``) and
     the run's record, if the directory holds one."""
-    opt = config.option
-    info = None
-    if opt.harness_run_dir and RunDir(Path(opt.harness_run_dir)).run_json.is_file():
-        info = RunInfo.read(RunDir(Path(opt.harness_run_dir)).run_json)
+    info = RunInfo.read(files.run_json) if files and files.run_json.is_file() else None
     options = RunOptions.from_mapping(info.options if info else {})
     try:
-        for assignment in opt.harness_set:
+        for assignment in config.option.harness_set:
             options = options.with_text(assignment)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from exc
@@ -88,11 +86,11 @@ class HarnessSession:
 
         opt = config.option
         size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
-        options, info = rank_settings(config, size)
+        files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
+        options, info = rank_settings(config, files)
         self.options = options
         self.tier, self.selectors, self.impls = options.tier, options.selectors, options.impls
         self.bench, self.timeout = options.timed, options.timeout
-        files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
         self.results_path = files.results if files else None
         self.progress_path = files.of(size, "progress.json") if files else None
         self.sanitizer_log = str(files.of(size, "sanitizer")) if files and options.sanitize \

@@ -222,16 +222,16 @@ def write_calibrations(db_path: Path | str, fingerprint: str, files: RunDir) -> 
     return bool(found)
 
 
-def new_run(options: RunOptions, mpiexec: str) -> tuple[Path, RunInfo]:
-    """A new run's directory and record."""
+def new_run(options: RunOptions, mpiexec: str, db_path: Path | str) -> tuple[Path, RunInfo]:
+    """A new run's directory (beside the history DB ``db_path``, or in ``--out-dir``) and
+    record."""
     import sys
 
     from harness.device import envinfo
     from harness.history import store
 
     run_id = uuid.uuid4().hex
-    run_dir = (store.runs_root(store.resolve_db_path(options.db), options.out_dir)
-               / run_id).resolve()
+    run_dir = (store.runs_root(db_path, options.out_dir) / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = envinfo.environment(mpiexec)
     info = RunInfo(run_id=run_id, started_at=time.time(), tier=options.tier,
@@ -263,7 +263,7 @@ def execute(options: RunOptions, reporter: Reporter,
         reporter.note(line)
     mpiexec, sanitizer = preflight(options, the_plan.device_type)
     db_path = store.resolve_db_path(options.db)
-    run_dir, info = resumed if resumed is not None else new_run(options, mpiexec)
+    run_dir, info = resumed if resumed is not None else new_run(options, mpiexec, db_path)
     info.status, info.options = "running", options.to_json()
     files = RunDir(run_dir)
     info.write(files.run_json)
