@@ -323,14 +323,6 @@ def _find(reading: Reading, *, min_change_pct: float = 0.0, alpha: float = ALPHA
 BETWEEN_SIGMAS = NEW_LEVEL_SIGMAS
 
 
-def _between(value: float, old: float, new: float, reach: float) -> bool:
-    """Whether ``value`` is at neither level: more than ``reach`` from each, on the way from
-    ``old`` to ``new``, and nearer the old (a run nearer the new level that is not at it is one
-    of the new level a busy machine slowed, or held back)."""
-    return (min(old, new) + reach < value < max(old, new) - reach
-            and abs(value - old) < abs(value - new))
-
-
 def _dated(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int, sigma: float,
            use: np.ndarray, cp: ChangePoint) -> ChangePoint:
     """Boundary ``j`` (``cp``), a step up, dated by the runs of each level alone: the runs at
@@ -355,10 +347,14 @@ def _dated(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int, sig
     reach = BETWEEN_SIGMAS * sigma
 
     def between(k: int, old: list[int], new: list[int]) -> bool:
-        # the new level by its lowest run: a machine slows runs, never speeds them up, and the
-        # newest of a few runs may be a slow one not yet known for an excursion
+        """Whether run ``k`` is at neither level: more than ``reach`` above the old and below
+        the new, and nearer the old (a run nearer the new level that is not at it is one of
+        the new level a busy machine slowed, or held back). The new level by its lowest run: a
+        machine slows runs, never speeds them up, and the newest of a few runs may be a slow
+        one not yet known for an excursion."""
         level_old, level_new = float(np.median(values[old])), float(np.min(values[new]))
-        return level_new > level_old and _between(values[k], level_old, level_new, reach)
+        v = float(values[k])
+        return level_old + reach < v < level_new - reach and v - level_old < level_new - v
 
     # from the boundary outwards, runs in a row: an excursion (a slow run, set aside) ends
     # the walk, as any run at a level does; each run against the runs beyond it
