@@ -302,12 +302,39 @@ def test_detect_models_a_csv_as_trends_and_a_history_db_as_levels(tmp_path, step
     ("series,value\nk,1\n", "no column order in its header"),
     ("series,order,value\nk,1,fast\n", "line 2: value 'fast' is not a number"),
     ("series,order,value\n,1,3\n", "line 2: empty series or order"),
+    # a NaN sorted and averaged into the levels without a word: "0 change points"
+    ("series,order,value\n" + "".join(f"k,{i},{'nan' if i == 3 else 1}\n" for i in range(9)),
+     "line 5: value 'nan' is not a finite number"),
+    ("series,order,value\nk,1,-inf\n", "line 2: value '-inf' is not a finite number"),
 ])
 def test_detect_bad_csv_is_one_line_and_exit_2(tmp_path, capsys, content, message):
     path = tmp_path / "bad.csv"
     path.write_text(content)
     code, _, err = cli(capsys, "detect", str(path))
     assert code == 2 and message in " ".join(err.split()) and len(err.strip().splitlines()) <= 2
+
+
+def test_a_series_longer_than_detect_analyses_is_one_line(tmp_path, capsys, monkeypatch):
+    from harness.cli import changes
+
+    # 100,000 runs of one series took minutes before; the limit is checked, not the time
+    monkeypatch.setattr(changes, "MAX_RUNS", 20)
+    path = write_csv(tmp_path / "long.csv", [f"s,{i},{i % 3}," for i in range(21)])
+    code, _, err = cli(capsys, "detect", str(path))
+    assert code == 2 and "series 's' has 21 runs" in err and "at most 20" in err
+    path = write_csv(tmp_path / "ok.csv", [f"s,{i},{i % 3}," for i in range(20)])
+    assert cli(capsys, "detect", str(path))[0] == 0
+
+
+def test_names_from_a_csv_are_printed_as_they_are_and_never_as_terminal_codes(tmp_path,
+                                                                              capsys):
+    names = ["<b>x</b>$(touch y)", "[bold]z:smile:", "e\x1b[2Jf"]
+    rows = [f'"{name}",{i},{10 if i < 10 else 13},' for name in names for i in range(20)]
+    code, out, _ = cli(capsys, "detect", str(write_csv(tmp_path / "n.csv", rows)))
+    assert code == 0
+    assert "<b>x</b>$(touch y)  index 10" in out and "[bold]z:smile:  index 10" in out
+    assert "e\\x1b[2Jf  index 10" in out and "\x1b" not in out  # escaped, not sent
+    assert not (tmp_path / "y").exists()
 
 
 def test_detect_missing_file_is_exit_2(tmp_path, capsys):

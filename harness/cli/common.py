@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -12,10 +13,21 @@ from rich.console import Console
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REGRESSION, EXIT_INFRA = 0, 1, 2, 3, 4
 
-# logs (CI, pipes) get wide lines so case ids are never folded; terminals keep their width
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, highlight=False,
+# logs (CI, pipes) get wide lines so case ids are never folded; terminals keep their width.
+# emoji=False: rich turns ":name:" into a picture, and names here are the user's
+# (`--impl mod:sleepy` printed as "mod😪")
+console = Console(highlight=False, emoji=False, width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, highlight=False, emoji=False,
                       width=None if sys.stderr.isatty() else 200)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters shown as escapes (``\\x1b``): a name read from a
+    user's file must not move the cursor or recolour the terminal it is printed on."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class HarnessExit(Exception):
