@@ -250,6 +250,11 @@ def verify(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_size
     for case in _walk(cases, "verify"):
         store = _store(shelf, case.spec.name)
         key = f"w{case.world_size}:{case.id}"
+        lost = store.lost_entry(case.id, case.world_size)
+        if lost:
+            counts["corrupt"] += 1
+            console.print(f"[red]CORRUPT[/red] {escape(key)}: {escape(lost)}", soft_wrap=True)
+            continue
         if store.entry(case.id, case.world_size) is None:
             counts["missing"] += 1
             console.print(f"[red]MISSING[/red] {escape(key)}: no golden; run "

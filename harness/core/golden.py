@@ -16,11 +16,15 @@ that chunk (``_sum_bound``), plus float64 summation slack.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import fcntl
 import hashlib
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -386,12 +390,28 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def _scratch_beside(path: Path) -> Iterator[Path]:
+    """A new, unique file name in ``path``'s directory (same file system: ``os.replace`` onto
+    ``path`` is atomic), removed afterwards unless it was moved."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    os.chmod(name, 0o644)  # mkstemp's 0600 would make a committed golden the owner's alone
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
 class GoldenStore:
     """A golden directory: its manifest and files. Reads are lazy and cached."""
 
     def __init__(self, root: Path | str | None = None) -> None:
         self.root = Path(root) if root is not None else default_dir()
         self._manifest: dict[str, Any] | None = None
+        #: the entries as read from disk: ``save_manifest`` merges what differs from them
+        self._read: dict[str, Any] = {}
+        self._on_disk: dict[str, Path] | None = None  # ``unlisted``'s scan, made once
         #: the last ``load``: ((entry key, rank), its result)
         self._last_load: tuple[tuple[str, int], tuple[Path, dict[str, Stored]]] | None = None
 
@@ -418,11 +438,30 @@ class GoldenStore:
                     raise GoldenError(f"golden manifest {path} has schema v{data['schema']}, "
                                       f"newer than this harness (v{SCHEMA}): upgrade it")
                 self._manifest = data
+            self._read = copy.deepcopy(self._manifest["entries"])
         return self._manifest
 
     def entry(self, case_id: str, world_size: int) -> dict[str, Any] | None:
         """The manifest entry of a case, or None when it has no golden."""
         return self.manifest["entries"].get(entry_key(case_id, world_size))
+
+    def lost_entry(self, case_id: str, world_size: int) -> str | None:
+        """Why a case without a manifest entry still has a golden, or None: its file lies in
+        the directory (the manifest was lost, or edited): a golden must not silently become
+        none, which would pass every output."""
+        if self.entry(case_id, world_size) is not None:
+            return None
+        if self._on_disk is None:
+            self._on_disk = {p.stem.rsplit("-", 2)[-2] + "-" + p.stem.rsplit("-", 1)[-1]: p
+                             for p in self.root.rglob("*.safetensors") if p.stem.count("-") >= 2}
+        key = entry_key(case_id, world_size)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:10]
+        path = self._on_disk.get(f"w{world_size}-{digest}")
+        if path is None:
+            return None
+        return (f"golden file {path} is on disk but {self.manifest_path} has no entry {key}: "
+                "the manifest lost it; restore the manifest from git, or rerun `harness golden "
+                "generate` to list it again")
 
     def path_of(self, entry: Mapping[str, Any]) -> Path:
         return self.root / entry["file"]
@@ -468,22 +507,44 @@ class GoldenStore:
 
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file(dict(tensors), str(tmp), metadata={"entry": key})
-        os.replace(tmp, path)
+        with _scratch_beside(path) as tmp:  # a name of its own: another writer has another
+            save_file(dict(tensors), str(tmp), metadata={"entry": key})
+            os.replace(tmp, path)
         entry = dict(entry, file=rel, sha256=file_sha256(path))
         self.manifest["entries"][key] = entry
         self._last_load = None
 
     def save_manifest(self) -> None:
-        """Write the manifest atomically, entries sorted so diffs stay small."""
-        data = dict(self.manifest)
-        data["schema"] = SCHEMA
-        data["entries"] = dict(sorted(data["entries"].items()))
+        """Merge the entries this store changed (``write``, or edited in ``manifest``) into
+        the manifest on disk and write it atomically, entries sorted so diffs stay small. The
+        merge happens under an exclusive flock on the golden directory itself (no lock file to
+        commit), re-reading the manifest inside it: two `harness golden generate` at once in
+        one directory each add their entries, and neither's are lost nor is the file ever
+        half written."""
+        entries = self.manifest["entries"]
+        changed = {k: e for k, e in entries.items() if self._read.get(k) != e}
+        removed = self._read.keys() - entries.keys()
+        if not changed and not removed and self.manifest_path.exists():
+            return
         self.root.mkdir(parents=True, exist_ok=True)
-        tmp = self.manifest_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        os.replace(tmp, self.manifest_path)
+        lock = os.open(self.root, os.O_RDONLY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._manifest = None  # what other writers saved since this store read it
+            data = dict(self.manifest)
+            merged = {**data["entries"], **changed}
+            data["entries"] = dict(sorted((k, e) for k, e in merged.items() if k not in removed))
+            data["schema"] = SCHEMA
+            with _scratch_beside(self.manifest_path) as tmp:
+                with open(tmp, "w", encoding="utf-8") as fh:
+                    fh.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+                    fh.flush()
+                    os.fsync(fh.fileno())  # whole on disk before it takes the name
+                os.replace(tmp, self.manifest_path)
+            self._manifest = data
+            self._read = copy.deepcopy(data["entries"])
+        finally:
+            os.close(lock)  # and the lock with it
 
 
 class GoldenShelf:

@@ -64,7 +64,8 @@ def golden_check(store: GoldenStore | GoldenShelf, case: Case,
         if isinstance(store, GoldenShelf):
             store = store.for_op(case.spec.name)
         if store.entry(case.id, case.world_size) is None:
-            return {"absent": True}
+            lost = store.lost_entry(case.id, case.world_size)
+            return {"error": lost} if lost else {"absent": True}
         path, stored = store.load(case.id, case.world_size, rank)
     except GoldenError as exc:
         return {"error": str(exc)}
