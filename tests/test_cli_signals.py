@@ -45,7 +45,7 @@ def test_sigterm_inside_main_is_exit_143(monkeypatch, capsys):
     monkeypatch.setattr(cli.cli, "main", stopped)
     previous = signal.getsignal(signal.SIGTERM)
     assert _run(["list"]) == 143
-    assert "terminated (SIGTERM)" in capsys.readouterr().err
+    assert "stopped (SIGTERM)" in capsys.readouterr().err
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
@@ -64,3 +64,20 @@ def test_main_runs_off_the_main_thread(capsys):
     thread.start()
     thread.join(30)
     assert codes == [0]
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stopped_run_says_where_its_results_are_and_how_to_finish_it(monkeypatch, capsys,
+                                                                       tmp_path, sig, code):
+    def started_then_stopped(*args, **kwargs):
+        class Info:
+            run_id, tier, world_sizes = "0123abcd" * 4, "smoke", [2]
+
+        cli.ProgressReporter().started(Info(), tmp_path / "runs" / Info.run_id, False, 3)
+        signal.raise_signal(sig)
+
+    monkeypatch.setattr(cli.cli, "main", started_then_stopped)
+    assert _run(["run"]) == code
+    line = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()][-1]
+    assert line.startswith(f"stopped ({sig.name})")  # before: "aborted" and nothing more
+    assert f"harness run --resume {'0123abcd' * 4}" in line and "results.jsonl" in line

@@ -169,3 +169,18 @@ def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_pa
     outcome = run_world_size(config, 4, [first, second])
     assert outcome.infra_error is None and outcome.logs == [run_dir / "w4.launch-2.log"]
     assert "Node failure on n2" in (run_dir / "w4.launch-1.log").read_text()
+
+
+@pytest.mark.parametrize("log, rc, said", [
+    ("YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n", 9,
+     "a rank killed by SIGKILL (the kernel's OOM killer"),
+    ("... EXIT STRING: Segmentation fault (signal 11)\n", 139, "a rank killed by SIGSEGV"),
+    ("", -6, "a rank killed by SIGABRT"),
+    ("some output\n", 3, "exit code 3"),
+])
+def test_a_dead_job_is_put_down_to_the_signal_its_launcher_names(tmp_path, log, rc, said):
+    from harness.engine.launch import _death
+
+    path = tmp_path / "w2.launch-1.log"
+    path.write_text(log)
+    assert _death(rc, path).startswith(said)

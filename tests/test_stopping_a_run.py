@@ -66,7 +66,7 @@ def test_stopping_harness_stops_its_mpi_job(tmp_path, sig, code):
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == code, out[-2000:] + err[-2000:]
         if sig == signal.SIGTERM:
-            assert "terminated (SIGTERM)" in err
+            assert "stopped (SIGTERM)" in err
         gone = time.time() + 30
         while _alive(rank) and time.time() < gone:
             time.sleep(0.2)

@@ -7,7 +7,14 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from harness.cli.common import EXIT_USAGE, HarnessExit, console, err_console, open_history
+from harness.cli.common import (
+    EXIT_INFRA,
+    EXIT_USAGE,
+    HarnessExit,
+    console,
+    err_console,
+    open_history,
+)
 
 #: shortest run id prefix `harness export` accepts; shorter ones match too much by accident
 _DB_HELP = "History DB (default $HARNESS_DB or harness-results/history.db)."
@@ -30,8 +37,14 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
     db_path = store.resolve_db_path(db)
     try:
         conn = store.connect(db_path)
+        try:
+            store.check_integrity(conn)  # a damaged file is named, never written to
+        except sql.StoreError:
+            conn.close()
+            raise
     except sql.StoreError as exc:
-        raise HarnessExit(str(exc), EXIT_USAGE) from exc
+        raise HarnessExit(str(exc), EXIT_INFRA if isinstance(exc, sql.Unreachable)
+                          else EXIT_USAGE) from exc
     bad: list[str] = []
     n_runs = 0
     ingested: list[str] = []
@@ -48,7 +61,8 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
                 except (sql.StoreError, ResultsError) as exc:
                     # about the DB or what it already holds: later files would fail alike
                     _report(bad)
-                    raise HarnessExit(f"{path}: {exc}", EXIT_USAGE) from exc
+                    raise HarnessExit(f"{path}: {exc}", EXIT_INFRA if isinstance(
+                        exc, sql.Unreachable) else EXIT_USAGE) from exc
                 n_runs += 1
                 ingested.append(summary.run_id)
                 state = "new" if summary.new_run else "updated"
@@ -56,7 +70,12 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
         # regression analysis against the machine's history, stored for reports and
         # `harness report --fail-on`; later runs of the machine are redone when one lands
         # out of order
-        analysed = regress.analyze_ingested(conn, ingested) if ingested else []
+        try:
+            analysed = regress.analyze_ingested(conn, ingested) if ingested else []
+        except sql.StoreError as exc:  # the runs are stored: ingesting them again analyses
+            raise HarnessExit(f"{exc} (the runs are stored; `harness ingest` them again to "
+                              "analyse them)", EXIT_INFRA if isinstance(exc, sql.Unreachable)
+                              else EXIT_USAGE) from exc
     finally:
         conn.close()
     if len(analysed) > len(ingested):

@@ -206,7 +206,9 @@ class ProgressReporter:
         err_console.print(escape(text), highlight=False, soft_wrap=True)
 
     def started(self, info: Any, run_dir: Path, resumed: bool, cases: int) -> None:
+        global _running
         self.cases = cases
+        _running = (info.run_id, run_dir)
         err_console.print(f"{'resuming run' if resumed else 'run'} {info.run_id}  "
                           f"tier={info.tier}  world sizes={info.world_sizes}  -> {run_dir}",
                           highlight=False)
@@ -386,6 +388,21 @@ def command_named(ctx: click.Context, name: str) -> click.Command:
     return command
 
 
+#: the run `harness run` is making (id, folder): a stopped run's last line says how to finish it
+_running: tuple[str, Path] | None = None
+
+
+def stopped_line(how: str) -> str:
+    """What a user reads when harness is stopped by ``how`` (SIGINT, SIGTERM): where the
+    results so far are and the command that finishes the run."""
+    if _running is None:
+        return f"stopped ({how})"
+    run_id, run_dir = _running
+    return (f"stopped ({how}): the MPI job is stopped and the cases recorded so far stay in "
+            f"{run_dir}/results.jsonl; `harness run --resume {run_id}` (with the same --db or "
+            "--out-dir) runs the rest and stores the run")
+
+
 class Terminated(BaseException):
     """SIGTERM, raised in the main thread: on the way out whatever harness started is
     stopped (a run's MPI job) and what it wrote stays (a run's results.jsonl)."""
@@ -414,6 +431,8 @@ def _sigterm_raises() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point: run click, turning user errors into one line and an exit code."""
+    global _running
+    _running = None
     with _sigterm_raises():
         _main(argv)
 
@@ -431,22 +450,25 @@ def _main(argv: Sequence[str] | None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_USAGE)
-    except click.exceptions.Abort:
-        err_console.print("aborted")
+    except (click.exceptions.Abort, KeyboardInterrupt):  # Ctrl-C (click makes it Abort)
+        err_console.print(escape(stopped_line("SIGINT")), highlight=False, soft_wrap=True)
         sys.exit(130)
     except Terminated:
-        err_console.print("terminated (SIGTERM); a run's results so far are in its run "
-                          "directory's results.jsonl (`harness ingest RUN_DIR` stores them)")
+        err_console.print(escape(stopped_line("SIGTERM")), highlight=False, soft_wrap=True)
         sys.exit(143)
     except Exception as exc:  # noqa: BLE001 - last resort: one line unless --debug
         if debug:
             raise
         from harness.core.results import ResultsError
         from harness.core.spec import SpecError
-        from harness.history.sql import StoreError
+        from harness.history.sql import StoreError, Unreachable, translate_any
 
-        code = EXIT_USAGE if isinstance(exc, (StoreError, ResultsError, SpecError)) \
-            else EXIT_INFRA
+        found = translate_any(exc) or exc
+        code = EXIT_USAGE if isinstance(found, (StoreError, ResultsError, SpecError)) \
+            and not isinstance(found, Unreachable) else EXIT_INFRA
+        if isinstance(found, StoreError):
+            err_console.print(f"[red]error:[/red] {escape(str(found))}", soft_wrap=True)
+            sys.exit(code)
         err_console.print(f"[red]error:[/red] {escape(f'{type(exc).__name__}: {exc}')} "
                           "(rerun with --debug for the traceback)", soft_wrap=True)
         sys.exit(code)

@@ -10,6 +10,7 @@ is recorded as ``timeout`` or ``crash`` and a new job runs the cases not yet rec
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import re
@@ -32,6 +33,19 @@ from harness.engine.options import RunDir, RunOptions
 
 #: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
 _PYTEST_NORMAL = (0, 1, 5)
+
+
+#: free bytes under which a job's death is put down to a full disk
+DISK_LOW = 1 << 20
+
+
+def disk_short(path: Path) -> bool:
+    """Whether the file system holding ``path`` has under DISK_LOW bytes free for this user."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < DISK_LOW
 
 
 class LauncherError(RuntimeError):
@@ -361,6 +375,28 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
     return killed
 
 
+_SIGNALLED = re.compile(r"signal (\d+)\)")
+
+
+def _death(rc: int | None, log_path: Path) -> str:
+    """How a job died: the signal that killed a rank where the launcher's log names one
+    (MPICH: "EXIT STRING: Killed (signal 9)"), else the launcher's exit code."""
+    try:
+        found = _SIGNALLED.findall(log_path.read_text(errors="replace")[-20000:])
+    except OSError:
+        found = []
+    number = int(found[-1]) if found else (-rc if rc is not None and rc < 0 else None)
+    if number is None:
+        return f"exit code {rc}"
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"a rank killed by signal {number}"
+    why = " (the kernel's OOM killer sends it when memory runs out: see dmesg)" \
+        if number == signal.SIGKILL else ""
+    return f"a rank killed by {name}{why}"
+
+
 def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, killed: bool,
                              rc: int | None, log_path: Path, placement: dict | None) -> None:
     """The case a job died in, recorded as a timeout (killed, or past its deadline: a rank's
@@ -373,7 +409,7 @@ def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, k
         status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline; "
                                   f"the job was aborted (log: {log_path})")
     else:
-        status, why = "crash", (f"the job died with exit code {rc} during this case; "
+        status, why = "crash", (f"the job died with {_death(rc, log_path)} during this case; "
                                 f"log: {log_path}")
     _record_dead_case(cfg, item, status, why, placement)
 
@@ -455,6 +491,10 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         after = recorded.update()
         new = len(after - done)
         prog = _read_progress(progress_path)
+        if rc not in _PYTEST_NORMAL and disk_short(cfg.run_dir):
+            # a rank that cannot write its result dies; recording a crash would blame the case
+            raise OSError(errno.ENOSPC, f"the job died with under {DISK_LOW >> 10} KiB free "
+                          "beside its run folder", str(cfg.run_dir))
         if rc in _PYTEST_NORMAL and not killed:
             # finished, or the job stopped recording (pytest's -x): do not loop. A job that
             # ends "normally" having recorded nothing while cases remain (a launcher that

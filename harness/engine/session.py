@@ -10,6 +10,7 @@ a missing launcher) raises ``RunRefused`` with one line naming the cause and the
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import time
 import uuid
@@ -200,11 +201,35 @@ def preflight(options: RunOptions, device_type: str) -> tuple[str, str | None]:
     return mpiexec, sanitizer
 
 
+def check_db(db_path: Path | str, reporter: Reporter) -> bool:
+    """Whether the history DB can take the run's results, checked before any rank starts: a
+    damaged SQLite file or a DB that refuses this user refuses the run (nothing is written to
+    it); a PostgreSQL server that cannot be reached does not (False: the run keeps its results
+    on disk and stores them at its end if the server is back, or `harness ingest` does)."""
+    from harness.history import store
+    from harness.history.sql import Unreachable
+
+    if isinstance(db_path, Path) and not db_path.exists():
+        return True
+    try:
+        conn = store.connect(db_path)
+        try:
+            store.check_integrity(conn)
+        finally:
+            conn.close()
+    except Unreachable as exc:
+        reporter.note(f"warning: {exc}; the run goes on and keeps its results in its run "
+                      "folder, to be stored at its end or with `harness ingest`")
+        return False
+    except store.StoreError as exc:
+        raise RunRefused(str(exc)) from exc
+    return True
+
+
 def write_calibrations(db_path: Path | str, fingerprint: str, files: RunDir) -> bool:
     """This machine's calibrations (``harness calibrate``) into the run directory, where the
     ranks read them, so results carry percent of peak; False when the machine was never
-    calibrated. A PostgreSQL DB is opened here in any case: one that cannot be reached
-    refuses the run before it starts."""
+    calibrated."""
     from harness.history import store
 
     if isinstance(db_path, Path) and not db_path.exists():
@@ -263,11 +288,13 @@ def execute(options: RunOptions, reporter: Reporter,
         reporter.note(line)
     mpiexec, sanitizer = preflight(options, the_plan.device_type)
     db_path = store.resolve_db_path(options.db)
+    reachable = check_db(db_path, reporter)
     run_dir, info = resumed if resumed is not None else new_run(options, mpiexec, db_path)
     info.status, info.options = "running", options.to_json()
     files = RunDir(run_dir)
     info.write(files.run_json)
-    if not write_calibrations(db_path, info.machine["fingerprint"], files) and options.timed:
+    calibrated = reachable and write_calibrations(db_path, info.machine["fingerprint"], files)
+    if not calibrated and options.timed:
         reporter.note("note: this machine has no calibration: times are not checked against "
                       "its copy and matmul peaks (a time past them fails as impossible) and no "
                       "% of peak is shown; `harness calibrate` measures them once")
@@ -282,11 +309,19 @@ def execute(options: RunOptions, reporter: Reporter,
 
     cfg = LaunchConfig(launcher=mpiexec, run_dir=run_dir, run_id=info.run_id, options=options,
                        env_id=envinfo.env_id(info.env), sanitizer=sanitizer)
-    _launch_all(cfg, the_plan, reporter, outcome)
-    info.finished_at = time.time()
-    info.status = ("infra_error" if outcome.infra_errors else
-                   "config_error" if outcome.placement_error else "complete")
-    info.write(files.run_json)
+    try:
+        _launch_all(cfg, the_plan, reporter, outcome)
+        info.finished_at = time.time()
+        info.status = ("infra_error" if outcome.infra_errors else
+                       "config_error" if outcome.placement_error else "complete")
+        info.write(files.run_json)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise RunRefused(f"the disk holding {run_dir} is full ({exc.strerror}): the cases "
+                         f"recorded so far stay in {files.results}; free space, then `harness "
+                         f"run --resume {info.run_id}` runs the rest and stores the run",
+                         infra=True) from exc
     _store_and_analyse(outcome)
     outcome.missing = the_plan.keys - {r.key for r in outcome.results}
     return outcome
@@ -317,17 +352,19 @@ def _launch_all(cfg: Any, the_plan: Plan, reporter: Reporter, outcome: Outcome) 
 
 
 def _store_and_analyse(outcome: Outcome) -> None:
-    """Ingest the run directory into the history DB and find what changed."""
+    """Ingest the run directory into the history DB and find what changed; both are done
+    again on a new connection where a PostgreSQL server restarts under them."""
     from harness.history import regress, store
+    from harness.history.sql import Unreachable
+
+    def work(conn: Any) -> None:
+        store.ingest_dir(conn, outcome.run_dir)
+        outcome.results = store.results_for_run(conn, outcome.run_id)
+        outcome.findings = regress.analyze_and_store(conn, outcome.run_id)
 
     try:
-        conn = store.connect(outcome.db_path)
-        try:
-            store.ingest_dir(conn, outcome.run_dir)
-            outcome.results = store.results_for_run(conn, outcome.run_id)
-            outcome.findings = regress.analyze_and_store(conn, outcome.run_id)
-        finally:
-            conn.close()
+        store.reconnecting(outcome.db_path, work)
     except store.StoreError as exc:
-        raise RunRefused(f"{exc} (the run's files are kept in {outcome.run_dir}; `harness "
-                         "ingest` them later)") from exc
+        raise RunRefused(f"{exc} (the run's results are kept in {outcome.run_dir}: `harness "
+                         f"ingest {outcome.run_dir}` stores them)",
+                         infra=isinstance(exc, Unreachable)) from exc

@@ -18,6 +18,11 @@ class StoreError(Exception):
     """A problem with the history DB that the user can fix; the message is one line."""
 
 
+class Unreachable(StoreError):
+    """The PostgreSQL server cannot be reached, or the connection to it was lost (a restart):
+    what was not committed is rolled back, and the same work may be done again later."""
+
+
 def is_postgres(conn: Any) -> bool:
     return isinstance(conn, pg.Connection)
 
@@ -81,7 +86,7 @@ def translate_pg(label: str, exc: Exception) -> StoreError | None:
         return StoreError(f"history DB {label}: permission denied ({first}): grant the user "
                           "CREATE and write rights on the database, or pass another --db")
     if isinstance(exc, psycopg.OperationalError):
-        return StoreError(f"history DB {label} cannot be reached ({first}): check the URL, "
+        return Unreachable(f"history DB {label} cannot be reached ({first}): check the URL, "
                           "that the server runs and accepts this user, or pass another --db")
     return None
 
@@ -97,6 +102,15 @@ def error_of(conn: Any, exc: BaseException, label: str | None = None) -> StoreEr
         return None
     if isinstance(exc, sqlite3.Error) and not isinstance(exc, sqlite3.IntegrityError):
         return translate_sqlite(label or db_label_of(conn), exc)
+    return None
+
+
+def translate_any(exc: BaseException, label: str = "(the one in use)") -> StoreError | None:
+    """The one-line StoreError of a DB failure met where nothing translated it, or None."""
+    if isinstance(exc, sqlite3.Error):
+        return translate_sqlite(label, exc)
+    if type(exc).__module__.startswith("psycopg"):
+        return translate_pg(label, exc)  # type: ignore[arg-type]
     return None
 
 
@@ -119,8 +133,11 @@ def write_txn(conn: sqlite3.Connection) -> Iterator[None]:
         yield
         conn.execute("COMMIT")  # inside the try: a failed COMMIT (disk full) rolls back too
     except BaseException as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001 - a lost connection rolled back on the server's side
+            pass
         err = error_of(conn, exc)
         if err is not None:
             raise err from exc

@@ -46,8 +46,10 @@ from harness.history.schema import MIGRATIONS, Migration, migrate
 from harness.history.sql import (
     BUSY_TIMEOUT_S,
     StoreError,
+    Unreachable,
     error_of,
     insert_id,
+    is_postgres,
     limit_clause,
     scalar,
     translate_pg,
@@ -137,7 +139,9 @@ def connect(
                 "pass another --db"
             ) from exc
     try:
-        conn = sqlite3.connect(label, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        conn = sqlite3.connect(label, timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                               factory=_Connection)
+        conn.label = label
     except sqlite3.Error as exc:
         raise translate_sqlite(label, exc) or StoreError(
             f"history DB {label} cannot be opened ({exc}): pass another --db"
@@ -151,6 +155,120 @@ def connect(
         migrate(conn, migrations)
 
     return _set_up(conn, setup, label)
+
+
+def _damage(label: str, exc: sqlite3.Error) -> StoreError | None:
+    """The one-line StoreError of a damaged or full DB file, None for any other failure (a
+    locked DB is retried where it is met, a constraint is the caller's)."""
+    err = translate_sqlite(label, exc)
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    damaged = (name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_FULL"))
+               or any(w in str(exc) for w in ("malformed", "not a database", "disk is full")))
+    return err if damaged else None
+
+
+class _Cursor(sqlite3.Cursor):
+    """A cursor whose damaged-file errors are the one-line StoreError, wherever they are met:
+    SQLite reads a page when a query first touches it, which may be in a fetch."""
+
+    def _guard(self, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except sqlite3.DatabaseError as exc:
+            err = _damage(getattr(self.connection, "label", "?"), exc)
+            if err is None:
+                raise
+            raise err from exc
+
+    def execute(self, *args: Any) -> Any:  # type: ignore[override]
+        return self._guard(super().execute, *args)
+
+    def executemany(self, *args: Any) -> Any:  # type: ignore[override]
+        return self._guard(super().executemany, *args)
+
+    def fetchone(self) -> Any:
+        return self._guard(super().fetchone)
+
+    def fetchmany(self, *args: Any) -> Any:
+        return self._guard(super().fetchmany, *args)
+
+    def fetchall(self) -> Any:
+        return self._guard(super().fetchall)
+
+    def __next__(self) -> Any:
+        return self._guard(super().__next__)
+
+
+class _Connection(sqlite3.Connection):
+    """sqlite3's connection whose queries run on ``_Cursor``s (``Connection.execute`` in C
+    makes a plain cursor without calling ``self.cursor``, so it is overridden too)."""
+
+    label = "?"
+
+    def cursor(self, factory: Any = _Cursor) -> Any:  # type: ignore[override]
+        return super().cursor(factory)
+
+    def execute(self, sql: str, params: Any = ()) -> Any:  # type: ignore[override]
+        return self.cursor().execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> Any:  # type: ignore[override]
+        return self.cursor().executemany(sql, rows)
+
+
+def check_integrity(conn: Any) -> None:
+    """StoreError when an SQLite history DB's structure is damaged (``PRAGMA quick_check``: every
+    page and index entry readable, O(size of the file)); PostgreSQL keeps its own. Run before
+    a run or an ingest writes, so that a damaged file is named and never written to."""
+    if is_postgres(conn):
+        return
+    problems = [row[0] for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
+    if problems != ["ok"]:
+        found = " ".join("; ".join(problems).split())[:200]  # one line: SQLite's has breaks
+        raise StoreError(f"history DB {conn.label} is corrupt ({found}): "
+                         "move it away and re-ingest the run directories with `harness "
+                         "ingest`, or pass another --db")
+
+
+#: how long work on a PostgreSQL history DB whose connection was lost (a server restart) is
+#: tried again before the loss is reported
+RECONNECT_S = 60.0
+
+
+def reconnecting(db: Path | str, work: Callable[[Any], Any], wait_s: float = RECONNECT_S
+                 ) -> Any:
+    """``work(conn)`` on a connection to ``db``; where a PostgreSQL connection is lost after it
+    was made (the server restarted), a new one is opened and ``work`` done again, for up to
+    ``wait_s``. ``work`` must be safe to redo: each write transaction commits whole or not at
+    all, and ingest and analysis replace what they wrote. A server that cannot be reached at
+    the first try is reported at once."""
+    deadline = time.monotonic() + wait_s
+    pause, connected = 0.25, False
+    while True:
+        try:
+            conn = connect(db)
+            connected = True
+            try:
+                return work(conn)
+            finally:
+                conn.close()
+        except Exception as exc:  # noqa: BLE001 - sorted below; anything else goes on up
+            err = exc if isinstance(exc, StoreError) else _lost(db, exc)
+            if not isinstance(err, Unreachable) or not connected or \
+                    time.monotonic() + pause > deadline:
+                if err is None or err is exc:
+                    raise
+                raise err from exc
+        time.sleep(pause)
+        pause = min(pause * 2, 4.0)
+
+
+def _lost(db: Path | str, exc: BaseException) -> StoreError | None:
+    """``exc`` as a StoreError where it is psycopg's, for ``reconnecting`` to sort."""
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    return translate_pg(pg.label(str(db)), exc) if isinstance(exc, psycopg.Error) else None
 
 
 def _set_up(conn: Any, setup: Callable[[], None], label: str) -> Any:

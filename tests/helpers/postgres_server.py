@@ -60,14 +60,22 @@ class Server:
         self.port = free_port()
         self._run([initdb, "-D", str(self.data), "-A", "trust", "-U", USER, "-E", "UTF8",
                    "--no-sync"])
-        options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-                   "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                   "-c max_connections=100")
-        self._run([self.pg_ctl, "-D", str(self.data), "-l", str(self.root / "log"), "-w",
-                   "-t", "60", "-o", options, "start"])
+        self.options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                        "-c max_connections=100")
+        self.start()
         self.url = f"postgresql://{USER}@127.0.0.1:{self.port}"
         self._count = 0
         atexit.register(self.stop)  # also when the session ends without its teardown
+
+    def start(self) -> None:
+        self._run([self.pg_ctl, "-D", str(self.data), "-l", str(self.root / "log"), "-w",
+                   "-t", "60", "-o", self.options, "start"])
+
+    def halt(self) -> None:
+        """Stop the server as an administrator's restart does (``-m fast``: every session is
+        ended, its open transaction rolled back), keeping its data for ``start``."""
+        self._run([self.pg_ctl, "-D", str(self.data), "-w", "-t", "60", "-m", "fast", "stop"])
 
     def _run(self, cmd: list[str]) -> None:
         out = subprocess.run(self.prefix + cmd, capture_output=True, text=True, timeout=120)
