@@ -175,7 +175,7 @@ def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_pa
     ("YOUR APPLICATION TERMINATED WITH THE EXIT STRING: Killed (signal 9)\n", 9,
      "a rank killed by SIGKILL (the kernel's OOM killer"),
     ("... EXIT STRING: Segmentation fault (signal 11)\n", 139, "a rank killed by SIGSEGV"),
-    ("", -6, "a rank killed by SIGABRT"),
+    ("", -9, "the launcher killed by SIGKILL"),
     ("some output\n", 3, "exit code 3"),
 ])
 def test_a_dead_job_is_put_down_to_the_signal_its_launcher_names(tmp_path, log, rc, said):

@@ -35,53 +35,42 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
     from harness.history import exchange, regress, sql, store
 
     db_path = store.resolve_db_path(db)
-    try:
-        conn = store.connect(db_path)
+    loaded, bad = [], []
+    for path in files:
         try:
-            store.check_integrity(conn)  # a damaged file is named, never written to
-        except sql.StoreError:
-            conn.close()
-            raise
-    except sql.StoreError as exc:
-        raise HarnessExit(str(exc), EXIT_INFRA if isinstance(exc, sql.Unreachable)
-                          else EXIT_USAGE) from exc
-    bad: list[str] = []
-    n_runs = 0
-    ingested: list[str] = []
-    try:
-        for path in files:
-            try:
-                runs = exchange.load(path)
-            except exchange.ExchangeError as exc:
-                bad.append(str(exc))
-                continue
+            loaded.append((path, exchange.load(path)))
+        except exchange.ExchangeError as exc:
+            bad.append(str(exc))
+
+    def work(conn):  # done again, whole, on a new connection if a PostgreSQL server restarts
+        store.check_integrity(conn)  # a damaged file is named, never written to
+        lines, ingested = [], []
+        for path, runs in loaded:
             for run, results in runs:
                 try:
                     summary = store.ingest(conn, run, results)
-                except (sql.StoreError, ResultsError) as exc:
-                    # about the DB or what it already holds: later files would fail alike
-                    _report(bad)
-                    raise HarnessExit(f"{path}: {exc}", EXIT_INFRA if isinstance(
-                        exc, sql.Unreachable) else EXIT_USAGE) from exc
-                n_runs += 1
+                except ResultsError as exc:  # what the DB holds: later files would fail alike
+                    raise sql.StoreError(f"{path}: {exc}") from exc
                 ingested.append(summary.run_id)
                 state = "new" if summary.new_run else "updated"
-                click.echo(f"{summary.run_id}  {summary.n_results} results  {state}  {path}")
+                lines.append(f"{summary.run_id}  {summary.n_results} results  {state}  {path}")
         # regression analysis against the machine's history, stored for reports and
         # `harness report --fail-on`; later runs of the machine are redone when one lands
         # out of order
-        try:
-            analysed = regress.analyze_ingested(conn, ingested) if ingested else []
-        except sql.StoreError as exc:  # the runs are stored: ingesting them again analyses
-            raise HarnessExit(f"{exc} (the runs are stored; `harness ingest` them again to "
-                              "analyse them)", EXIT_INFRA if isinstance(exc, sql.Unreachable)
-                              else EXIT_USAGE) from exc
-    finally:
-        conn.close()
+        return lines, ingested, regress.analyze_ingested(conn, ingested) if ingested else []
+
+    try:
+        lines, ingested, analysed = store.reconnecting(db_path, work)
+    except sql.StoreError as exc:
+        _report(bad)
+        raise HarnessExit(str(exc), EXIT_INFRA if isinstance(exc, sql.Unreachable)
+                          else EXIT_USAGE) from exc
+    for line in lines:
+        click.echo(line)
     if len(analysed) > len(ingested):
         click.echo(f"{len(analysed) - len(ingested)} later run(s) re-analysed against the "
                    "history that now includes the ingested ones")
-    click.echo(f"{n_runs} run(s) ingested into {db_path}"
+    click.echo(f"{len(ingested)} run(s) ingested into {db_path}"
                + (f"; {len(bad)} file(s) skipped" if bad else ""))
     if bad:
         _report(bad[:-1])

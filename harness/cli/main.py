@@ -9,6 +9,7 @@ runs a case). Errors a user can cause print one line naming the problem and the 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import shlex
 import signal
@@ -463,6 +464,14 @@ def _main(argv: Sequence[str] | None) -> None:
         from harness.core.spec import SpecError
         from harness.history.sql import StoreError, Unreachable, translate_any
 
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" holding {exc.filename}" if exc.filename else ""
+            rest = (f"; `harness run --resume {_running[0]}` then finishes the run"
+                    if _running else "")
+            err_console.print(f"[red]error:[/red] the disk{escape(where)} is full "
+                              f"({escape(exc.strerror or '')}): free space and retry{rest}",
+                              soft_wrap=True)
+            sys.exit(EXIT_INFRA)
         found = translate_any(exc) or exc
         code = EXIT_USAGE if isinstance(found, (StoreError, ResultsError, SpecError)) \
             and not isinstance(found, Unreachable) else EXIT_INFRA

@@ -390,6 +390,12 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _well_formed(entry: object) -> bool:
+    """Whether a manifest entry has what reading its golden needs."""
+    return (isinstance(entry, dict) and isinstance(entry.get("file"), str)
+            and isinstance(entry.get("sha256"), str) and isinstance(entry.get("outputs"), dict))
+
+
 @contextlib.contextmanager
 def _scratch_beside(path: Path) -> Iterator[Path]:
     """A new, unique file name in ``path``'s directory (same file system: ``os.replace`` onto
@@ -433,7 +439,13 @@ class GoldenStore:
                     assert isinstance(entries, dict)
                 except (OSError, ValueError, KeyError, AssertionError) as exc:
                     raise GoldenError(f"golden manifest {path} is unreadable ({exc}): restore "
-                                      "it from git or rerun `harness golden generate`") from exc
+                                      "it from git, or delete it and rerun `harness golden "
+                                      "generate`") from exc
+                bad = next((k for k, e in entries.items() if not _well_formed(e)), None)
+                if bad is not None:
+                    raise GoldenError(f"golden manifest {path}: entry {bad!r} lacks its file, "
+                                      "sha256 or outputs: restore the manifest from git, or "
+                                      "delete it and rerun `harness golden generate`")
                 if int(data.get("schema", 0)) > SCHEMA:
                     raise GoldenError(f"golden manifest {path} has schema v{data['schema']}, "
                                       f"newer than this harness (v{SCHEMA}): upgrade it")

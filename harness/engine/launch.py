@@ -380,21 +380,25 @@ _SIGNALLED = re.compile(r"signal (\d+)\)")
 
 def _death(rc: int | None, log_path: Path) -> str:
     """How a job died: the signal that killed a rank where the launcher's log names one
-    (MPICH: "EXIT STRING: Killed (signal 9)"), else the launcher's exit code."""
+    (MPICH: "EXIT STRING: Killed (signal 9)"), the one that killed the launcher itself (a
+    negative return code), else the launcher's exit code."""
     try:
         found = _SIGNALLED.findall(log_path.read_text(errors="replace")[-20000:])
     except OSError:
         found = []
-    number = int(found[-1]) if found else (-rc if rc is not None and rc < 0 else None)
-    if number is None:
+    if found:
+        number, who = int(found[-1]), "a rank"
+    elif rc is not None and rc < 0:
+        number, who = -rc, "the launcher"
+    else:
         return f"exit code {rc}"
     try:
         name = signal.Signals(number).name
     except ValueError:
-        return f"a rank killed by signal {number}"
+        return f"{who} killed by signal {number}"
     why = " (the kernel's OOM killer sends it when memory runs out: see dmesg)" \
         if number == signal.SIGKILL else ""
-    return f"a rank killed by {name}{why}"
+    return f"{who} killed by {name}{why}"
 
 
 def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, killed: bool,
