@@ -95,6 +95,13 @@ def results_md(figures: list[dict]) -> str:
         lines.append(f"| [{f['name']}](results/{f['name']}.json) | {_cell(f['figure'])} | "
                      f"{_cell(value_text(f))} | {_cell(f['machine'])} | "
                      f"`{_short(f['commit'])}` | {f['date']} | `{_cell(f['command'])}` |")
+    for f in figures:  # a figure whose details hold a table gets it below, under its name
+        table = f["details"].get("table")
+        if isinstance(table, dict) and table.get("columns"):
+            lines += ["", f"## {f['name']}", "", _cell(f["figure"]), "",
+                      "| " + " | ".join(map(_cell, table["columns"])) + " |",
+                      "|" + "---|" * len(table["columns"])]
+            lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table["rows"]]
     return "\n".join(lines) + "\n"
 
 

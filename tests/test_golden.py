@@ -594,8 +594,11 @@ def test_sha256_mismatch_names_the_path(store_dir: Path) -> None:
     assert str(path) in str(exc.value)
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"schema": 1}', '{"schema": 1, "entries": []}',
-                                  '{"schema": 99, "entries": {}}'])
+@pytest.mark.parametrize("text", [
+    "{not json", '{"schema": 1}', '{"schema": 1, "entries": []}', '{"schema": 99, "entries": {}}',
+    # entries edited by hand: a KeyError or TypeError in every rank before
+    '{"schema": 1, "entries": {"w1:x": "oops"}}',
+    '{"schema": 1, "entries": {"w1:x": {"file": "x.safetensors", "outputs": {}}}}'])
 def test_unreadable_manifest_names_the_path(store_dir: Path, text: str) -> None:
     (store_dir / golden.MANIFEST).write_text(text)
     store = GoldenStore(store_dir)
