@@ -28,3 +28,4 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 pip install torch==2.13.0 && pip install -e '.[test]' && python -m pytest -q
+python -m pytest -q -m heavy

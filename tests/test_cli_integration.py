@@ -551,6 +551,7 @@ def _results(tmp_path):
     return rows(tmp_path / "h.db", "SELECT case_id, impl, status, reason FROM results")
 
 
+@pytest.mark.heavy
 def test_an_int8_view_of_more_than_2_31_elements_copies_right(tmp_path):
     out = harness(tmp_path, "run", "strided_copy[*view=numel_over_2_31*]", "--tier", "stress",
                   "--world-sizes", "1", "--no-bench", "--impl", "torch", timeout=1500)
@@ -566,6 +567,7 @@ def test_an_int8_view_of_more_than_2_31_elements_copies_right(tmp_path):
         assert "SKIP w1 strided_copy[dtype=f32" in out.stdout and "needs" in out.stdout
 
 
+@pytest.mark.heavy
 def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
     # one launch, one 2 GiB storage: torch's copy and its int32 control, and the Triton
     # kernel (interpreted) with its own int32 control

@@ -27,7 +27,8 @@ def test_ci_runs_the_readme_test_command_verbatim():
     ci_entry = (ROOT / ".ci" / "run").read_text().splitlines()
     assert "bash ci/cpu.sh" in ci_entry
     cpu_lines = (ROOT / "ci" / "cpu.sh").read_text().splitlines()
-    assert cpu_lines[-1] == second  # the browser install first, the README's command last
+    # the browser install first, then the README's command, then the heavy tests it leaves out
+    assert cpu_lines[-2] == second and cpu_lines[-1] == "python -m pytest -q -m heavy"
 
 
 def test_every_file_the_guides_show_from_examples_is_that_file():

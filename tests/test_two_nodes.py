@@ -28,6 +28,8 @@ import pytest
 from harness.device.placement import GpuFacts, RankFacts, contention, place
 from harness.engine.launch import LaunchConfig, one_node, wait_environment
 
+pytestmark = pytest.mark.heavy  # a cluster brought up in namespaces: run apart, -m heavy
+
 ROOT = Path(__file__).resolve().parent.parent
 HELPERS = Path(__file__).resolve().parent / "helpers"
 # exact sums (any order of reduction gives the same bits), one large enough that its
