@@ -25,7 +25,7 @@ RESULTS_MD = ROOT / "benchmarks" / "RESULTS.md"
 README = ROOT / "README.md"
 BEGIN, END = "<!-- figures:begin -->", "<!-- figures:end -->"
 #: the README's rows first in this order, the other headline figures after them by name
-ORDER = ("smoke_tier", "harness_overhead", "test_suite", "ci_run", "golden_verify",
+ORDER = ("smoke_tier", "harness_overhead", "test_suite", "ci_run", "faults", "golden_verify",
          "demo", "report_render", "mutation_catch", "precision_lens", "strided_copy_speed",
          "tcpd_changepoints", "regression_detection")
 

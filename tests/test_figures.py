@@ -27,6 +27,8 @@ import timed  # noqa: E402
 EXEMPT = {
     "_figures.py": "the writer every benchmark calls",
     "render.py": "renders the figures into RESULTS.md and the README",
+    "_faultkit.py": "the processes and checks benchmarks/faults.py injects faults with",
+    "_fault_inputs.py": "the file and input faults benchmarks/faults.py injects",
     "mutants.py": "the mutator benchmarks/mutation_catch.py runs",
     "v1_rule.py": "the harness's previous history rule, a baseline regression_detection.py runs",
     "gpu_validation_summary.py": "prints what a GPU validation's history DB holds; its figures "
