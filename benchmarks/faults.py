@@ -330,7 +330,7 @@ def main() -> int:
         record_figure(
             "faults", figure="faults injected into real runs, DBs and files: survived of "
             "injected, results lost (each fault: benchmarks/RESULTS.md#faults)",
-            value=f"{survived}/{len(rows)}, {lost}", unit="faults survived, results lost",
+            value=f"{survived} of {len(rows)}", unit=f"faults survived, {lost} results lost",
             command=command(__file__), machine=machine(), details={
                 "seconds": round(time.perf_counter() - t0),
                 "skipped": skipped,
