@@ -104,7 +104,8 @@ def pg_restart(lab: Lab, server, clean: dict, table: str, stage: str) -> Row:
     server.start()
     locker.close()
     done = finish(proc)
-    row.saw = "nothing but its usual last line: " + done.out.strip().splitlines()[-1]
+    last = (done.out.strip().splitlines() or [""])[-1]
+    row.saw = f"nothing but its usual last line: {last}" if done.rc == 0 else done.line
     row.need(done.rc == 0, f"the run exits 0 (got {done.rc})")
     ids = run_ids(url)
     row.need(len(ids) == 1, "the run stored once")
