@@ -70,6 +70,7 @@ def test_a_run_goes_on_without_its_server_and_is_ingested_later(tmp_path, postgr
         postgres_server.start()
     assert out.returncode == 4, out.stderr[-2000:]
     assert "the run goes on" in out.stderr
+    assert "1 pass in" in out.stdout and "not stored" in out.stdout  # its results shown
     line = last_line(out.stderr)
     assert "cannot be reached" in line and "harness ingest" in line
     run_dir = next(p for p in tmp_path.iterdir() if (p / "results.jsonl").exists())

@@ -152,7 +152,8 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
     else:
         if fp_a != fp_b:
             err_console.print(f"[yellow]warning:[/yellow] A ran on machine {escape(fp_a)} and "
-                              f"B on {escape(fp_b)}: timings may differ for that reason alone")
+                              f"B on {escape(fp_b)}: timings may differ for that reason alone",
+                              soft_wrap=True)
         console.print(_table(rows, run_a, run_b))
         for line in regress.format_findings(correctness):
             colour = "green" if line.startswith("FIXED") else "red"

@@ -232,7 +232,8 @@ def generate(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_si
                   + ", ".join(str(store.manifest_path) for store in shelf.stores))
     if counts["refused"]:
         err_console.print(f"{counts['refused']} golden(s) differ from what the reference makes "
-                          "now and were kept: review the changes above, then rerun with --accept")
+                          "now and were kept: review the changes above, then rerun with --accept",
+                          soft_wrap=True)
         ctx.exit(EXIT_FAIL)
 
 
@@ -281,7 +282,7 @@ def verify(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_size
                and _tier_of(e) == tier]
     for key in orphans[:10]:
         console.print(f"[yellow]orphan[/yellow] {escape(key)}: no such case any more; delete "
-                      "its entry and file, or restore the case")
+                      "its entry and file, or restore the case", soft_wrap=True)
     console.print(", ".join(f"{n} {k}" for k, n in counts.items()) + f" of {len(cases)} goldens")
     if counts["mismatch"] or counts["missing"] or counts["corrupt"]:
         ctx.exit(EXIT_FAIL)

@@ -157,7 +157,7 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
         _fail(str(exc), EXIT_INFRA if exc.infra else EXIT_USAGE)
     print_outcome(outcome)
     for msg in outcome.infra_errors:
-        err_console.print(f"[red]infrastructure error:[/red] {escape(msg)}")
+        err_console.print(f"[red]infrastructure error:[/red] {escape(msg)}", soft_wrap=True)
     if report_cmd is not None:
         try:  # the report's own exit (never: 0) must not replace the run's verdict
             ctx.invoke(report_cmd, db=str(outcome.db_path), out_dir=Path(options.report_dir),
@@ -212,7 +212,7 @@ class ProgressReporter:
         _running = (info.run_id, run_dir)
         err_console.print(f"{'resuming run' if resumed else 'run'} {info.run_id}  "
                           f"tier={info.tier}  world sizes={info.world_sizes}  -> {run_dir}",
-                          highlight=False)
+                          highlight=False, soft_wrap=True)
 
     def world(self, world_size: int, cases: int) -> Any:
         if self.overall is None:
@@ -230,7 +230,7 @@ class ProgressReporter:
 
     def warning(self, world_size: int, text: str) -> None:
         self.progress.console.print(f"[yellow]world size {world_size}:[/yellow] {escape(text)}",
-                                    highlight=False)
+                                    highlight=False, soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------------- list

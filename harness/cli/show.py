@@ -173,8 +173,9 @@ def print_failure(r: Any) -> None:
 
 
 def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path: Path | str,
-              run_id: str) -> None:
-    """Counts, the failures with their reasons, and where the run was stored."""
+              run_id: str, kept_in: Path | None = None) -> None:
+    """Counts, the failures with their reasons, and where the run was stored (``kept_in``:
+    its folder, where it waits when the DB could not take it)."""
     from harness.history import store
 
     counts: dict[str, int] = {}
@@ -191,8 +192,9 @@ def summarize(results: Sequence[Any], missing: set[str], seconds: float, db_path
                       + escape(", ".join(sorted(missing)[:5]))
                       + (" ..." if len(missing) > 5 else ""))
     parts = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    console.print(f"{parts or 'no results'} in {seconds:.1f} s; run {run_id} stored in "
-                  f"{store.db_label(db_path)}")
+    where = (f"kept in {kept_in}, not stored" if kept_in is not None
+             else f"stored in {store.db_label(db_path)}")
+    console.print(f"{parts or 'no results'} in {seconds:.1f} s; run {run_id} {where}")
 
 
 def print_outcome(outcome: Any) -> None:
@@ -200,4 +202,4 @@ def print_outcome(outcome: Any) -> None:
     print_results(outcome.results, outcome.work_of, outcome.controls)
     print_findings(outcome.findings, outcome.run_id)
     summarize(outcome.results, outcome.missing, outcome.seconds, outcome.db_path,
-              outcome.run_id)
+              outcome.run_id, None if outcome.stored else outcome.run_dir)

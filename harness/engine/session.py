@@ -74,6 +74,8 @@ class Outcome:
     missing: set[str] = field(default_factory=set)
     infra_errors: list[str] = field(default_factory=list)
     placement_error: str = ""
+    #: False: the history DB could not be reached, the results wait in ``run_dir``
+    stored: bool = True
     #: each planned op's negative controls, and its work model (for bandwidth columns)
     controls: dict[str, frozenset[str]] = field(default_factory=dict)
     work_models: dict[str, Callable[..., Any]] = field(default_factory=dict)
@@ -364,7 +366,13 @@ def _store_and_analyse(outcome: Outcome) -> None:
 
     try:
         store.reconnecting(outcome.db_path, work)
+    except Unreachable as exc:  # the results are sound: shown from the folder they wait in
+        from harness.core.results import read_run_dir
+
+        _, outcome.results = read_run_dir(outcome.run_dir)
+        outcome.stored = False
+        outcome.infra_errors.append(f"{exc} (the run's results are kept in {outcome.run_dir}: "
+                                    f"`harness ingest {outcome.run_dir}` stores them)")
     except store.StoreError as exc:
         raise RunRefused(f"{exc} (the run's results are kept in {outcome.run_dir}: `harness "
-                         f"ingest {outcome.run_dir}` stores them)",
-                         infra=isinstance(exc, Unreachable)) from exc
+                         f"ingest {outcome.run_dir}` stores them)") from exc
