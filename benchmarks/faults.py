@@ -169,6 +169,44 @@ def disk_full(lab: Lab, clean: dict) -> Row:
     return row.done()
 
 
+def db_disk_full(lab: Lab, clean: dict) -> Row:
+    """The SQLite history's file system full when a run ends: its results are shown from the
+    run folder, and `harness ingest` stores them once there is space."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        raise Skip("mounting a tmpfs needs root")
+    row = Row("disk full under the SQLite history",
+              "the DB on a 256 KiB tmpfs filled to the last byte; remount at 4 MiB, then "
+              "`harness ingest`")
+    where = lab.dir("db-disk-full")
+    mnt = where / "mnt"
+    mnt.mkdir()
+    db = mnt / "h.db"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
+    try:
+        from harness.history import store
+
+        store.connect(db).close()  # the schema, before the disk fills
+        with open(mnt / "filler", "wb", buffering=0) as fh:
+            try:
+                while True:
+                    fh.write(b"x" * 4096)
+            except OSError:
+                pass
+        done = lab.run("run", *SELECTION, "--db", str(db), "--out-dir", str(where), cwd=where)
+        one_line(row, done.line, "full", "harness ingest")
+        row.need(done.rc == 4, f"exit 4, infrastructure (got {done.rc})")
+        row.need("not stored" in done.out, "its results shown, from the run folder")
+        subprocess.run(["mount", "-o", "remount,size=4m", str(mnt)], check=True)
+        run_dir = next(p for p in where.iterdir() if (p / "results.jsonl").exists())
+        later = lab.run("ingest", str(run_dir), "--db", str(db), cwd=where)
+        row.need(later.rc == 0, f"`harness ingest` exits 0 once there is space (got {later.rc})")
+        against_clean(row, keyed(db, run_dir.name), clean, "the ingested run")
+        row.need(integrity(db) == "ok", "DB consistent and the run analysed")
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    return row.done()
+
+
 def corrupt_sqlite(lab: Lab, clean: dict, how: str) -> Row:
     """A damaged history file: every command that opens it says so in one line, and it is
     never written to; its runs come back from their folders into a new file."""
@@ -266,6 +304,7 @@ FAULTS = {
                                                              "change_points", "analysis"),
     "pg_unreachable": lambda lab, clean, pg: pg_unreachable(lab, pg(), clean),
     "disk_full": lambda lab, clean, pg: disk_full(lab, clean),
+    "db_disk_full": lambda lab, clean, pg: db_disk_full(lab, clean),
     "sqlite_damaged": lambda lab, clean, pg: corrupt_sqlite(lab, clean, "damaged"),
     "sqlite_truncated": lambda lab, clean, pg: corrupt_sqlite(lab, clean, "truncated"),
     "rank_sigkill": lambda lab, clean, pg: rank_killed(lab, clean),

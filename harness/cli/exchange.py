@@ -63,7 +63,7 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
         lines, ingested, analysed = store.reconnecting(db_path, work)
     except sql.StoreError as exc:
         _report(bad)
-        raise HarnessExit(str(exc), EXIT_INFRA if isinstance(exc, sql.Unreachable)
+        raise HarnessExit(str(exc), EXIT_INFRA if isinstance(exc, sql.Unavailable)
                           else EXIT_USAGE) from exc
     for line in lines:
         click.echo(line)

@@ -462,7 +462,7 @@ def _main(argv: Sequence[str] | None) -> None:
             raise
         from harness.core.results import ResultsError
         from harness.core.spec import SpecError
-        from harness.history.sql import StoreError, Unreachable, translate_any
+        from harness.history.sql import StoreError, Unavailable, translate_any
 
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
             where = f" holding {exc.filename}" if exc.filename else ""
@@ -474,7 +474,7 @@ def _main(argv: Sequence[str] | None) -> None:
             sys.exit(EXIT_INFRA)
         found = translate_any(exc) or exc
         code = EXIT_USAGE if isinstance(found, (StoreError, ResultsError, SpecError)) \
-            and not isinstance(found, Unreachable) else EXIT_INFRA
+            and not isinstance(found, Unavailable) else EXIT_INFRA
         if isinstance(found, StoreError):
             err_console.print(f"[red]error:[/red] {escape(str(found))}", soft_wrap=True)
             sys.exit(code)

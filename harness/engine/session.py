@@ -206,10 +206,11 @@ def preflight(options: RunOptions, device_type: str) -> tuple[str, str | None]:
 def check_db(db_path: Path | str, reporter: Reporter) -> bool:
     """Whether the history DB can take the run's results, checked before any rank starts: a
     damaged SQLite file or a DB that refuses this user refuses the run (nothing is written to
-    it); a PostgreSQL server that cannot be reached does not (False: the run keeps its results
-    on disk and stores them at its end if the server is back, or `harness ingest` does)."""
+    it); one that cannot take writes now (a PostgreSQL server unreachable, a full disk) does
+    not (False: the run keeps its results in its folder and stores them at its end if the DB
+    is back, or `harness ingest` does)."""
     from harness.history import store
-    from harness.history.sql import Unreachable
+    from harness.history.sql import Unavailable
 
     if isinstance(db_path, Path) and not db_path.exists():
         return True
@@ -219,7 +220,7 @@ def check_db(db_path: Path | str, reporter: Reporter) -> bool:
             store.check_integrity(conn)
         finally:
             conn.close()
-    except Unreachable as exc:
+    except Unavailable as exc:
         reporter.note(f"warning: {exc}; the run goes on and keeps its results in its run "
                       "folder, to be stored at its end or with `harness ingest`")
         return False
@@ -357,7 +358,7 @@ def _store_and_analyse(outcome: Outcome) -> None:
     """Ingest the run directory into the history DB and find what changed; both are done
     again on a new connection where a PostgreSQL server restarts under them."""
     from harness.history import regress, store
-    from harness.history.sql import Unreachable
+    from harness.history.sql import Unavailable
 
     def work(conn: Any) -> None:
         store.ingest_dir(conn, outcome.run_dir)
@@ -366,7 +367,7 @@ def _store_and_analyse(outcome: Outcome) -> None:
 
     try:
         store.reconnecting(outcome.db_path, work)
-    except Unreachable as exc:  # the results are sound: shown from the folder they wait in
+    except Unavailable as exc:  # the results are sound: shown from the folder they wait in
         from harness.core.results import read_run_dir
 
         _, outcome.results = read_run_dir(outcome.run_dir)

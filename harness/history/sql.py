@@ -18,9 +18,14 @@ class StoreError(Exception):
     """A problem with the history DB that the user can fix; the message is one line."""
 
 
-class Unreachable(StoreError):
-    """The PostgreSQL server cannot be reached, or the connection to it was lost (a restart):
-    what was not committed is rolled back, and the same work may be done again later."""
+class Unavailable(StoreError):
+    """The DB cannot take writes now, through no fault of what is written (its server is
+    unreachable, its disk full): nothing was committed, and the same work may be done later.
+    An infrastructure failure (exit 4)."""
+
+
+class Unreachable(Unavailable):
+    """The PostgreSQL server cannot be reached, or the connection to it was lost (a restart)."""
 
 
 def is_postgres(conn: Any) -> bool:
@@ -71,8 +76,11 @@ def translate_sqlite(label: str, exc: sqlite3.Error) -> StoreError | None:
             f"history DB {label} is read-only: make it (and its directory) writable "
             "or pass another --db"
         )
+    if name.startswith("SQLITE_IOERR") or "disk I/O error" in msg:  # a full disk, met by WAL
+        return Unavailable(f"history DB {label}: disk I/O error ({msg}): its disk may be full "
+                           "or failing: free space (or fix the disk) and retry")
     if name == "SQLITE_FULL" or "database or disk is full" in msg:
-        return StoreError(f"history DB {label}: the disk is full: free space and retry")
+        return Unavailable(f"history DB {label}: the disk is full: free space and retry")
     return None
 
 

@@ -162,8 +162,9 @@ def _damage(label: str, exc: sqlite3.Error) -> StoreError | None:
     locked DB is retried where it is met, a constraint is the caller's)."""
     err = translate_sqlite(label, exc)
     name = getattr(exc, "sqlite_errorname", "") or ""
-    damaged = (name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_FULL"))
-               or any(w in str(exc) for w in ("malformed", "not a database", "disk is full")))
+    damaged = (name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_FULL", "SQLITE_IOERR"))
+               or any(w in str(exc) for w in ("malformed", "not a database", "disk is full",
+                                              "disk I/O error")))
     return err if damaged else None
 
 
