@@ -74,6 +74,8 @@ def test_a_stopped_run_says_where_its_results_are_and_how_to_finish_it(monkeypat
             run_id, tier, world_sizes = "0123abcd" * 4, "smoke", [2]
 
         cli.ProgressReporter().started(Info(), tmp_path / "runs" / Info.run_id, False, 3)
+        if sig == signal.SIGINT:  # what Python's own SIGINT handler raises; a shell that
+            raise KeyboardInterrupt  # started pytest in the background set SIGINT ignored
         signal.raise_signal(sig)
 
     monkeypatch.setattr(cli.cli, "main", started_then_stopped)
