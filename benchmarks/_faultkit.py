@@ -4,6 +4,7 @@ the history DB's integrity, agreement with a clean run, processes left behind)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,39 @@ DELAY_S = "0.3"
 GOLDEN_SELECTION = ("hopper_tasks.rmsnorm[b=2*]", "hopper_tasks.rmsnorm[b=4*]",
                     "--world-sizes", "1", "--impl", "torch", "--no-bench")
 _BAR = re.compile(r"━|^\s*$")
+
+
+class Skip(Exception):
+    """The fault cannot be injected here; the message says what is missing."""
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted on ``path`` (a new directory), unmounted afterwards."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        raise Skip("mounting a tmpfs needs root")
+    path.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                   check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def grow(path: Path, size: str) -> None:
+    """Give the tmpfs on ``path`` room again."""
+    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
+
+
+def fill(path: Path) -> None:
+    """Take what is left of the file system holding ``path`` (a new file of that name)."""
+    with open(path, "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"x" * 4096)
+        except OSError:
+            pass
 
 
 @dataclass

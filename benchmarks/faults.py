@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,8 +33,11 @@ from _faultkit import (  # noqa: E402
     SELECTION,
     Lab,
     Row,
+    Skip,
     against_clean,
+    fill,
     finish,
+    grow,
     integrity,
     keyed,
     no_orphans,
@@ -43,14 +45,11 @@ from _faultkit import (  # noqa: E402
     rank_pid,
     recorded,
     run_ids,
+    tmpfs,
     wait_for,
 )
 from _figures import command, machine  # noqa: E402
 from _figures import record as record_figure  # noqa: E402
-
-
-class Skip(Exception):
-    """The fault cannot be injected here; the message says what is missing."""
 
 
 def clean_run(lab: Lab) -> dict:
@@ -142,68 +141,50 @@ def pg_unreachable(lab: Lab, server, clean: dict) -> Row:
 # ---------------------------------------------------------------------------- disk and DB
 def disk_full(lab: Lab, clean: dict) -> Row:
     """The run folder's file system fills up mid-run; once grown, --resume finishes."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        raise Skip("mounting a tmpfs needs root")
     row = Row("disk full under the run folder",
               "--out-dir on a 24 KiB tmpfs (fills after a few results); remount at 4 MiB, "
               "then --resume")
     where = lab.dir("disk-full")
-    mnt, db = where / "mnt", where / "h.db"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24k", "tmpfs", str(mnt)], check=True)
-    try:
+    db = where / "h.db"
+    with tmpfs(where / "mnt", "24k") as mnt:
         done = lab.run("run", *SELECTION, "--db", str(db), "--out-dir", str(mnt), cwd=where)
         one_line(row, done.line, "is full", "--resume")
         row.need(done.rc == 4, f"exit 4, infrastructure (got {done.rc})")
         run_dir = next(mnt.iterdir())
         kept = (run_dir / "results.jsonl").read_bytes().count(b"\n")
         row.need(kept > 0, f"what was written stays ({kept} results)")
-        subprocess.run(["mount", "-o", "remount,size=4m", str(mnt)], check=True)
+        grow(mnt, "4m")
         again = lab.run("run", "--resume", run_dir.name, "--db", str(db), "--out-dir", str(mnt),
                         cwd=where)
         row.need(again.rc == 0, f"--resume exits 0 once there is space (got {again.rc})")
         against_clean(row, keyed(db, run_dir.name), clean, "the resumed run")
         row.need(integrity(db) == "ok", "DB consistent and the run analysed")
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
     return row.done()
 
 
 def db_disk_full(lab: Lab, clean: dict) -> Row:
     """The SQLite history's file system full when a run ends: its results are shown from the
     run folder, and `harness ingest` stores them once there is space."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        raise Skip("mounting a tmpfs needs root")
+    from harness.history import store
+
     row = Row("disk full under the SQLite history",
               "the DB on a 256 KiB tmpfs filled to the last byte; remount at 4 MiB, then "
               "`harness ingest`")
     where = lab.dir("db-disk-full")
-    mnt = where / "mnt"
-    mnt.mkdir()
-    db = mnt / "h.db"
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
-        from harness.history import store
-
+    with tmpfs(where / "mnt", "256k") as mnt:
+        db = mnt / "h.db"
         store.connect(db).close()  # the schema, before the disk fills
-        with open(mnt / "filler", "wb", buffering=0) as fh:
-            try:
-                while True:
-                    fh.write(b"x" * 4096)
-            except OSError:
-                pass
+        fill(mnt / "filler")
         done = lab.run("run", *SELECTION, "--db", str(db), "--out-dir", str(where), cwd=where)
         one_line(row, done.line, "full", "harness ingest")
         row.need(done.rc == 4, f"exit 4, infrastructure (got {done.rc})")
         row.need("not stored" in done.out, "its results shown, from the run folder")
-        subprocess.run(["mount", "-o", "remount,size=4m", str(mnt)], check=True)
+        grow(mnt, "4m")
         run_dir = next(p for p in where.iterdir() if (p / "results.jsonl").exists())
         later = lab.run("ingest", str(run_dir), "--db", str(db), cwd=where)
         row.need(later.rc == 0, f"`harness ingest` exits 0 once there is space (got {later.rc})")
         against_clean(row, keyed(db, run_dir.name), clean, "the ingested run")
         row.need(integrity(db) == "ok", "DB consistent and the run analysed")
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
     return row.done()
 
 
