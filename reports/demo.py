@@ -52,8 +52,9 @@ QUICK_KERNEL_CASES = ("strided_copy[dtype=f32,*view=contiguous]",
 DELAY_S = 0.002
 #: --slow-night: the night before the slowdown a little slow, as a busy machine makes a night:
 #: the copy done this many times (a ratio to the copy's own time however loaded the machine;
-#: a short sleep is not: its overshoot grows with the load)
-SLOW_NIGHT_REPEAT = 3
+#: a short sleep is not: its overshoot grows with the load). 6: three copies made that night
+#: 1.7x the others, and a loaded machine made a plain night 2x once
+SLOW_NIGHT_REPEAT = 6
 
 
 def _night_env(night: int, nights: int, slow_night: bool = False) -> dict[str, str]:

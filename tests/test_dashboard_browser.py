@@ -154,7 +154,8 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
     # night 4, slowed a little (the planted slow night), is between the two levels: the
     # slowdown is found once, by night 5 (night 4 and 5 both off the old level) or 6, in each
     # case, dated at night 5 where it began, with night 4 as the earliest it may have begun
-    assert step[3]["median_ns"] > 1.5 * max(r["median_ns"] for r in step[:3]), medians
+    # (against the middle of nights 1-3: a loaded machine once made night 1 alone 2x the others)
+    assert step[3]["median_ns"] > 1.5 * sorted(r["median_ns"] for r in step[:3])[1], medians
     regressions = sorted((f[2], f[0]) for f in findings if f[1] == "regression")
     assert [c for c, _ in regressions] == sorted([step[4]["case_id"],
                                                   contiguous[4]["case_id"]]), medians
