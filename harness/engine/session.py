@@ -365,6 +365,8 @@ def _store_and_analyse(outcome: Outcome) -> None:
         outcome.results = store.results_for_run(conn, outcome.run_id)
         outcome.findings = regress.analyze_and_store(conn, outcome.run_id)
 
+    kept = (f"the run's results are kept in {outcome.run_dir}: `harness ingest "
+            f"{outcome.run_dir}` stores them")
     try:
         store.reconnecting(outcome.db_path, work)
     except Unavailable as exc:  # the results are sound: shown from the folder they wait in
@@ -372,8 +374,6 @@ def _store_and_analyse(outcome: Outcome) -> None:
 
         _, outcome.results = read_run_dir(outcome.run_dir)
         outcome.stored = False
-        outcome.infra_errors.append(f"{exc} (the run's results are kept in {outcome.run_dir}: "
-                                    f"`harness ingest {outcome.run_dir}` stores them)")
+        outcome.infra_errors.append(f"{exc} ({kept})")
     except store.StoreError as exc:
-        raise RunRefused(f"{exc} (the run's results are kept in {outcome.run_dir}: `harness "
-                         f"ingest {outcome.run_dir}` stores them)") from exc
+        raise RunRefused(f"{exc} ({kept})") from exc

@@ -52,6 +52,7 @@ from harness.history.sql import (
     is_postgres,
     limit_clause,
     scalar,
+    translate_any,
     translate_pg,
     translate_sqlite,
     write_txn,
@@ -253,7 +254,7 @@ def reconnecting(db: Path | str, work: Callable[[Any], Any], wait_s: float = REC
             finally:
                 conn.close()
         except Exception as exc:  # noqa: BLE001 - sorted below; anything else goes on up
-            err = exc if isinstance(exc, StoreError) else _lost(db, exc)
+            err = exc if isinstance(exc, StoreError) else translate_any(exc, db_label(db))
             if not isinstance(err, Unreachable) or not connected or \
                     time.monotonic() + pause > deadline:
                 if err is None or err is exc:
@@ -261,15 +262,6 @@ def reconnecting(db: Path | str, work: Callable[[Any], Any], wait_s: float = REC
                 raise err from exc
         time.sleep(pause)
         pause = min(pause * 2, 4.0)
-
-
-def _lost(db: Path | str, exc: BaseException) -> StoreError | None:
-    """``exc`` as a StoreError where it is psycopg's, for ``reconnecting`` to sort."""
-    try:
-        import psycopg
-    except ImportError:
-        return None
-    return translate_pg(pg.label(str(db)), exc) if isinstance(exc, psycopg.Error) else None
 
 
 def _set_up(conn: Any, setup: Callable[[], None], label: str) -> Any:
