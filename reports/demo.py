@@ -52,8 +52,8 @@ QUICK_KERNEL_CASES = ("strided_copy[dtype=f32,*view=contiguous]",
 DELAY_S = 0.002
 #: --slow-night: the night before the slowdown a little slow, as a busy machine makes a night:
 #: the copy done this many times (a ratio to the copy's own time however loaded the machine;
-#: a short sleep is not: its overshoot grows with the load). 6: three copies made that night
-#: 1.7x the others, and a loaded machine made a plain night 2x once
+#: a short sleep is not: its overshoot grows with the load), enough copies to stand clear of
+#: a plain night that a loaded machine slowed
 SLOW_NIGHT_REPEAT = 6
 
 

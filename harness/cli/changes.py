@@ -164,8 +164,8 @@ def _user() -> str | None:
 # ----------------------------------------------------------------------------- detect
 
 
-#: the most runs of one series `harness detect` analyses: 27 years of nightly runs, about 4 s
-#: on a 2-core VM (a series of 32,000 took 20 s, of 100,000 several minutes)
+#: the most runs of one series `harness detect` analyses (27 years of nightly runs): its search
+#: grows with the square of a series' length, and a hostile CSV must get an answer, not hang
 MAX_RUNS = 10_000
 
 
