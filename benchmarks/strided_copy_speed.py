@@ -31,6 +31,55 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _figures import command, machine, record  # noqa: E402
 
 
+def measure_view(p: dict, impls: dict, world, config, rounds: int) -> dict | None:
+    """One nightly view: both copies checked bitwise, then timed in interleaved rounds. None
+    when ours copied wrong (said on stderr)."""
+    from harness.core.inputs import dtype_from_name
+    from harness.core.timing import time_call
+    from suites._cuda.strided_copy import plan
+    from suites.strided_copy import _storage_len
+
+    device = world.device
+    dtype = dtype_from_name(p["dtype"])
+    n = _storage_len(p)
+    # values do not change a copy's speed: random bytes, made on the GPU (0 or 1 for
+    # bool, whose other bytes torch's copy would turn into 1)
+    high = 2 if dtype == torch.bool else 256
+    storage = torch.randint(0, high, (n * dtype.itemsize,), dtype=torch.uint8,
+                            device=device).view(dtype)
+    size, stride = tuple(p["size"]), tuple(p["stride"])
+    outs = {k: torch.empty(size, dtype=dtype, device=device) for k in impls}
+    calls = {k: functools.partial(f, storage=storage, size=size, stride=stride,
+                                  offset=p["offset"], out=outs[k])
+             for k, f in impls.items()}
+    for call in calls.values():
+        call()
+    torch.cuda.synchronize()
+    raw = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    if not torch.equal(outs["cuda"].view(raw), outs["torch"].view(raw)):
+        print(f"strided_copy_speed: {p['view']} {p['dtype']}: the kernel copied wrong",
+              file=sys.stderr)
+        return None
+    times: dict[str, list[float]] = {k: [] for k in impls}
+    for _ in range(rounds):
+        for k, call in calls.items():
+            times[k].append(time_call(call, world, distributed=False,
+                                      config=config)["median"] / 1e3)
+    us = {k: statistics.median(v) for k, v in times.items()}
+    nbytes = 2 * math.prod(size) * dtype.itemsize
+    entry = plan(size, stride, p["offset"], dtype.itemsize, src_addr=storage.data_ptr(),
+                 out_addr=outs["cuda"].data_ptr()).kernel
+    row = {"view": p["view"], "dtype": p["dtype"], "size": list(size), "kernel": entry,
+           "us": us, "gbps": {k: nbytes / v / 1e3 for k, v in us.items()},
+           "ratio": us["torch"] / us["cuda"]}
+    print(f"{p['view']:>14} {p['dtype']:>4} {str(size):>18}  cuda {us['cuda']:9.1f} us "
+          f"{row['gbps']['cuda']:7.0f} GB/s  torch {us['torch']:9.1f} us "
+          f"{row['gbps']['torch']:7.0f} GB/s  x{row['ratio']:.2f}  {entry}")
+    del storage, outs, calls
+    torch.cuda.empty_cache()
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -44,9 +93,7 @@ def main() -> int:
         return 2
 
     from harness.core.discovery import registry
-    from harness.core.inputs import dtype_from_name
-    from harness.core.timing import TimingConfig, time_call
-    from suites.strided_copy import _storage_len
+    from harness.core.timing import TimingConfig
 
     device = torch.device("cuda", 0)
     spec = registry().specs["strided_copy"]
@@ -56,42 +103,10 @@ def main() -> int:
                           budget_s=0.0, mode="graph")
     rows = []
     for p in spec.grid["nightly"]:
-        dtype = dtype_from_name(p["dtype"])
-        n = _storage_len(p)
-        # values do not change a copy's speed: random bytes, made on the GPU (0 or 1 for
-        # bool, whose other bytes torch's copy would turn into 1)
-        high = 2 if dtype == torch.bool else 256
-        storage = torch.randint(0, high, (n * dtype.itemsize,), dtype=torch.uint8,
-                                device=device).view(dtype)
-        size, stride = tuple(p["size"]), tuple(p["stride"])
-        outs = {k: torch.empty(size, dtype=dtype, device=device) for k in impls}
-        calls = {k: functools.partial(f, storage=storage, size=size, stride=stride,
-                                      offset=p["offset"], out=outs[k])
-                 for k, f in impls.items()}
-        for call in calls.values():
-            call()
-        torch.cuda.synchronize()
-        raw = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
-        if not torch.equal(outs["cuda"].view(raw), outs["torch"].view(raw)):
-            print(f"strided_copy_speed: {p['view']} {p['dtype']}: the kernel copied wrong",
-                  file=sys.stderr)
+        row = measure_view(p, impls, world, config, args.rounds)
+        if row is None:
             return 1
-        times: dict[str, list[float]] = {k: [] for k in impls}
-        for _ in range(args.rounds):
-            for k, call in calls.items():
-                times[k].append(time_call(call, world, distributed=False,
-                                          config=config)["median"] / 1e3)
-        us = {k: statistics.median(v) for k, v in times.items()}
-        nbytes = 2 * math.prod(size) * dtype.itemsize
-        row = {"view": p["view"], "dtype": p["dtype"], "size": list(size),
-               "us": us, "gbps": {k: nbytes / v / 1e3 for k, v in us.items()},
-               "ratio": us["torch"] / us["cuda"]}
         rows.append(row)
-        print(f"{p['view']:>14} {p['dtype']:>4} {str(size):>18}  cuda {us['cuda']:9.1f} us "
-              f"{row['gbps']['cuda']:7.0f} GB/s  torch {us['torch']:9.1f} us "
-              f"{row['gbps']['torch']:7.0f} GB/s  x{row['ratio']:.2f}")
-        del storage, outs, calls
-        torch.cuda.empty_cache()
     kinds = sorted({r["view"] for r in rows})
     by_kind = {k: statistics.median(r["ratio"] for r in rows if r["view"] == k) for k in kinds}
     print("# median ratio (our GB/s / torch's) by view kind:")

@@ -21,7 +21,12 @@ from harness.device import cuda, cuda_compile, kernel_launch, memory
 from harness.engine import launch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_cuda_source import builtin_cuda_impls, instructions, needs_nvrtc, ptx_of  # noqa: E402
+from test_cuda_source import (  # noqa: E402
+    builtin_cuda_impls,
+    entry_instructions,
+    needs_nvrtc,
+    ptx_of,
+)
 
 ROOT = Path(__file__).parent.parent
 
@@ -307,13 +312,15 @@ def test_every_builtin_launch_passes_its_kernels_parameter_list(monkeypatch):
 
 @needs_nvrtc
 def test_the_int32_control_clamps_every_read_into_the_storage():
-    # the wrapped 32-bit position is bounded (two compare-and-select per copy loop: 4 element
-    # widths x 2 unravel widths) before the load, so the control reads wrong values, never
+    # the wrapped 32-bit position is bounded (two compare-and-select per element, UNROLL 4 a
+    # thread) before the load in every entry, so the control reads wrong values, never
     # outside the storage (an illegal address would be sticky and end the process's cases)
-    copy = instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu"))
-    control = instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu", "-DINDEX_32BIT"))
-    assert control["selp.b64"] - copy["selp.b64"] >= 16, (copy["selp.b64"], control["selp.b64"])
-    assert control["setp.lt.s64"] - copy["setp.lt.s64"] >= 8
+    copy = entry_instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu"))
+    control = entry_instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu", "-DINDEX_32BIT"))
+    assert set(copy) == set(control) and len(copy) == 15
+    for name in copy:
+        assert control[name]["selp.b64"] - copy[name]["selp.b64"] >= 8, name
+        assert control[name]["setp.lt.s64"] - copy[name]["setp.lt.s64"] >= 4, name
 
 
 def test_the_results_table_marks_a_launch_bound_time(capsys):

@@ -35,29 +35,40 @@ static dim3_ blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
-template <typename T> static inline T __ldg(const T* p) { return *p; }
+#define __launch_bounds__(n)
+// CUDA's __umulhi: the most significant 32 bits of the 64-bit product
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+  return (unsigned)(((unsigned long long)a * b) >> 32);
+}
 """
 
-DRIVER = r"""
+TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long",
+         16: "uint4"}
+ENTRIES = [f"strided_copy_{unit}_{index}" for unit in TYPES for index in ("ii", "il", "ll")]
+
+
+def driver() -> str:
+    """run_grid(entry, ...): every thread of the grid, one after another, of entry number
+    ``entry`` (ENTRIES' order)."""
+    calls = "\n".join(
+        f"        case {k}: {name}(({TYPES[int(name.split('_')[2])]}*)out, "
+        f"(const {TYPES[int(name.split('_')[2])]}*)src, numel, storage_numel, offset, CALL); "
+        "break;" for k, name in enumerate(ENTRIES))
+    return r"""
 typedef long long i64;
 #define ARGS i64 n0, i64 n1, i64 n2, i64 n3, i64 n4, i64 n5, i64 n6, i64 n7, i64 s0, i64 s1, \
-  i64 s2, i64 s3, i64 s4, i64 s5, i64 s6, i64 s7, int ndim
-#define CALL n0, n1, n2, n3, n4, n5, n6, n7, s0, s1, s2, s3, s4, s5, s6, s7, ndim
-extern "C" int run_grid(int width, unsigned grid, unsigned block, void* out, const void* src,
+  i64 s2, i64 s3, i64 s4, i64 s5, i64 s6, i64 s7, i64 m0, i64 m1, i64 m2, i64 m3, i64 m4, \
+  i64 m5, i64 m6, i64 m7, int ndim, int tail
+#define CALL n0, n1, n2, n3, n4, n5, n6, n7, s0, s1, s2, s3, s4, s5, s6, s7, m0, m1, m2, m3, \
+  m4, m5, m6, m7, ndim, tail
+extern "C" int run_grid(int entry, unsigned grid, unsigned block, void* out, const void* src,
                         i64 numel, i64 storage_numel, i64 offset, ARGS) {
   gridDim.x = grid; blockDim.x = block;
   for (unsigned b = 0; b < grid; ++b)
     for (unsigned t = 0; t < block; ++t) {
       blockIdx.x = b; threadIdx.x = t;
-      switch (width) {
-        case 1: strided_copy_1((unsigned char*)out, (const unsigned char*)src, numel,
-                               storage_numel, offset, CALL); break;
-        case 2: strided_copy_2((unsigned short*)out, (const unsigned short*)src, numel,
-                               storage_numel, offset, CALL); break;
-        case 4: strided_copy_4((unsigned int*)out, (const unsigned int*)src, numel,
-                               storage_numel, offset, CALL); break;
-        case 8: strided_copy_8((unsigned long long*)out, (const unsigned long long*)src, numel,
-                               storage_numel, offset, CALL); break;
+      switch (entry) {
+""" + calls + r"""
         default: return 1;
       }
     }
@@ -68,7 +79,7 @@ extern "C" int run_grid(int width, unsigned grid, unsigned block, void* out, con
 
 def build(tmp: Path, *defines: str, source: Path = SOURCE) -> ctypes.CDLL:
     src = tmp / "host.cpp"
-    src.write_text(PRELUDE + source.read_text() + DRIVER)
+    src.write_text(PRELUDE + source.read_text() + driver())
     lib = tmp / f"host{''.join(defines)}.so"
     subprocess.run([CXX, "-O2", "-shared", "-fPIC", "-std=c++17", *defines, str(src), "-o",
                     str(lib)], check=True, capture_output=True, text=True)
@@ -79,24 +90,31 @@ def build(tmp: Path, *defines: str, source: Path = SOURCE) -> ctypes.CDLL:
 
 class HostKernels:
     """What a launch description gets as ``kernels``, launching the host build: each launch
-    runs the whole grid, as kernel_launch.launch would (a grid of 0 launches nothing)."""
+    runs the whole grid, as kernel_launch.launch would (a grid of 0 launches nothing). A
+    unit's pointers must be aligned to its size, as the GPU's vector loads and stores need
+    (a misaligned one is a sticky "misaligned address" fault there)."""
 
-    sm_count = 2  # few blocks: every thread walks the grid-stride loop several times
+    sm_count = 1  # few blocks: every thread walks the grid-stride loop several times
 
     def __init__(self, so: ctypes.CDLL) -> None:
         self.so, self.launches = so, []
 
     def __getitem__(self, name: str):
-        width = int(name.rsplit("_", 1)[1])
+        unit = int(name.split("_")[2])
 
         def launcher(grid: int, block: int, args) -> None:
             self.launches.append((name, grid, block))
             if grid == 0:
                 return
             out, src, *rest = args
-            c_args = [ctypes.c_int64(int(v)) for v in rest[:-1]] + [ctypes.c_int(int(rest[-1]))]
             assert all(isinstance(v, (np.int64, np.int32)) for v in rest)  # as the GPU needs
-            rc = self.so.run_grid(width, grid, block, ctypes.c_void_p(out.data_ptr()),
+            offset = int(rest[2])
+            assert out.data_ptr() % unit == 0, (name, out.data_ptr())
+            assert (src.data_ptr() + offset * unit) % unit == 0, (name, src.data_ptr())
+            c_args = [ctypes.c_int64(int(v)) for v in rest[:-2]] + [
+                ctypes.c_int(int(v)) for v in rest[-2:]]
+            rc = self.so.run_grid(ENTRIES.index(name), grid, block,
+                                  ctypes.c_void_p(out.data_ptr()),
                                   ctypes.c_void_p(src.data_ptr()), *c_args)
             assert rc == 0
 
@@ -166,18 +184,84 @@ def test_rows_of_every_length_and_alignment(host, width, offset):
         assert torch.equal(run(host["cuda"], launch_strided_copy, storage, t), want), t
 
 
-def test_a_wrong_kernel_is_caught_by_this_check(host, tmp_path):
-    """The check can fail: the same source with the chunk's column off by one element."""
-    broken = tmp_path / "broken.cu"
+#: small views that take every path: 16-, 8-, 4- and 2-byte units, a one-dim tail, elements
+#: (transposed, stepped, misaligned), broadcast rows, 0-d, several dims
+PATHS = [
+    ("f32", (6, 40), (40, 1), 0), ("i16", (5, 12), (12, 1), 4), ("u8", (3, 20), (20, 1), 2),
+    ("u8", (7, 6), (6, 1), 0), ("u8", (1003,), (1,), 16), ("u8", (17,), (1,), 0),
+    ("f64", (77,), (1,), 3),
+    ("f32", (40, 6), (1, 40), 0), ("bf16", (9, 11), (33, 3), 5), ("i32", (5, 64), (0, 1), 8),
+    ("f32", (), (), 9), ("u8", (2, 3, 4, 5, 6), (0, 240, 1, 48, 8), 11),
+    ("i64", (3, 4, 5), (20, 1, 4), 1),
+]
+
+
+def _path_views():
+    from harness.core.inputs import dtype_from_name
+
+    for dtype, size, stride, offset in PATHS:
+        storage = torch.arange(2048, dtype=torch.int64).to(dtype_from_name(dtype)) \
+            if dtype != "bf16" else torch.arange(2048, dtype=torch.int16).view(torch.bfloat16)
+        yield storage, {"size": size, "stride": stride, "offset": offset}
+
+
+def test_the_small_views_take_every_unit_and_the_tail():
+    from suites._cuda.strided_copy import plan
+
+    plans = [plan(p["size"], p["stride"], p["offset"], s.element_size(),
+                  src_addr=s.data_ptr(), out_addr=0) for s, p in _path_views()]
+    assert {q.unit for q in plans} >= {16, 8, 4, 2, 1}
+    assert any(q.tail for q in plans)
+
+
+@pytest.mark.parametrize("index", [None, "il", "ll"])
+def test_every_index_width_copies_every_path_bitwise(host, index):
+    """The 64-bit paths (views past 2**31 units or spans, the stress tier) on small views:
+    their arithmetic is the same whatever the size."""
+    from suites._cuda.strided_copy import _launch
+
+    for storage, p in _path_views():
+        want = storage.as_strided(p["size"], p["stride"], p["offset"])
+        out = torch.empty(p["size"], dtype=storage.dtype)
+        out.reshape(-1).view(torch.uint8).fill_(0xA5)
+        _launch(HostKernels(host["cuda"]), storage, p["size"], p["stride"], p["offset"], out,
+                index=index)
+        assert torch.equal(bits(out), bits(want)), (index, p)
+
+
+#: planted bugs, each of a class the bitwise check must catch: a wrong quotient, a wrong
+#: remainder, a dropped tail, a dropped unrolled element, the stride of the wrong dim, the
+#: offset ignored, the last dim skipped
+MUTANTS = [
+    ("return (t + n) >> (u32)(magic >> 32);", "return (t + n) >> ((u32)(magic >> 32) + 1);"),
+    ("at += (P)(rest - q * (I)v.size[d]) * (P)v.stride[d];",
+     "at += (P)(rest - q * (I)v.size[d] + (d == 1)) * (P)v.stride[d];"),
+    ("if (tail > 0 && blockIdx.x == 0", "if (tail > 1 && blockIdx.x == 0"),
+    ("if (i < numel) out[i] = buf[u];", "if (i < numel && u != 3) out[i] = buf[u];"),
+    ("* (P)v.stride[d];", "* (P)v.stride[d > 0 ? d - 1 : 0];"),
+    ("  src += offset;  // 64-bit", "  src += 0;  // 64-bit"),
+    ("if (d == v.ndim) break;", "if (d == v.ndim - 1) break;"),
+]
+
+
+@pytest.mark.parametrize("needle,bug", MUTANTS, ids=range(len(MUTANTS)))
+def test_a_wrong_kernel_is_caught_by_this_check(tmp_path, needle, bug):
+    """The check can fail: each planted bug changes some path view's bytes."""
+    from suites._cuda.strided_copy import _launch
+
     text = SOURCE.read_text()
-    needle = "const i64 o = (i64)row * (i64)inner + (i64)col;"
-    assert needle in text
-    broken.write_text(text.replace(needle, needle.replace("(i64)col;", "(i64)col + (col > 0);")))
+    assert text.count(needle) == 1, needle
+    broken = tmp_path / "broken.cu"
+    broken.write_text(text.replace(needle, bug))
     so = build(tmp_path, source=broken)
-    storage = torch.arange(512, dtype=torch.int32)
-    p = {"size": (3, 40), "stride": (41, 1), "offset": 2}
-    want = storage.as_strided(p["size"], p["stride"], 2)
-    assert not torch.equal(run(so, launch_strided_copy, storage, p), want)
+    caught = 0
+    for storage, p in _path_views():
+        want = storage.as_strided(p["size"], p["stride"], p["offset"])
+        out = torch.empty(p["size"], dtype=storage.dtype)
+        out.reshape(-1).view(torch.uint8).fill_(0xA5)
+        _launch(HostKernels(so), storage, p["size"], p["stride"], p["offset"], out)
+        caught += not torch.equal(bits(out), bits(want))
+    assert caught, bug
 
 
 def test_a_view_outside_its_storage_is_refused_before_any_launch(host):

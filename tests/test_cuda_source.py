@@ -34,9 +34,11 @@ def builtin_cuda_impls() -> dict[str, CudaSourceImplementation]:
 
 
 #: the kernels each built-in launch description launches (all must be in the cubin)
+_COPIES = [f"strided_copy_{unit}_{index}" for unit in (1, 2, 4, 8, 16)
+           for index in ("ii", "il", "ll")]
 KERNELS = {
-    "strided_copy@cuda": [f"strided_copy_{w}" for w in (1, 2, 4, 8)],
-    "strided_copy@cuda_int32_index": [f"strided_copy_{w}" for w in (1, 2, 4, 8)],
+    "strided_copy@cuda": _COPIES,
+    "strided_copy@cuda_int32_index": _COPIES,
     "fp8_gemm.quantize@cuda": ["quantize_1x128_e4m3", "quantize_1x128_e5m2"],
     "allreduce@tile_cuda": [f"tile_reduce_{t}" for t in ("f32", "bf16", "f16", "i32")],
 }
@@ -306,6 +308,38 @@ def ptx_of(path: Path, *options: str) -> str:
     return buf.decode(errors="replace")
 
 
+def ptxas_report(path: Path, *options: str) -> dict[str, dict[str, int]]:
+    """What ptxas says of each kernel compiled for sm_90 (NVRTC's --ptxas-options=-v): its
+    registers and its stack frame in bytes."""
+    import re
+
+    from cuda.bindings import nvrtc
+
+    err, prog = nvrtc.nvrtcCreateProgram(path.read_bytes(), path.name.encode(), 0, [], [])
+    flags = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--ptxas-options=-v",
+             *(o.encode() for o in options)]
+    (err,) = nvrtc.nvrtcCompileProgram(prog, len(flags), flags)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    nvrtc.nvrtcDestroyProgram(prog)
+    text = log.decode(errors="replace")
+    out = {}
+    for name, body in re.findall(r"entry function '(\w+)'(.*?)(?=entry function|\Z)", text,
+                                 re.DOTALL):
+        out[name] = {"stack": int(re.search(r"(\d+) bytes stack frame", body).group(1)),
+                     "registers": int(re.search(r"Used (\d+) registers", body).group(1))}
+    return out
+
+
+def entry_instructions(ptx: str) -> dict[str, dict[str, int]]:
+    """instructions() of each kernel (.entry) of a PTX, by name."""
+    import re
+
+    return {part.split("(")[0]: instructions(part) for part in re.split(r"\.entry\s+", ptx)[1:]}
+
+
 def instructions(ptx: str) -> dict[str, int]:
     import collections
     import re
@@ -324,11 +358,30 @@ def test_the_kernels_round_as_their_references_do():
                                            for i in quant)
     tile = instructions(ptx_of(ROOT / "suites/_cuda/tile_reduce.cu"))
     assert tile["cvt.rn.bf16.f32"] and tile["cvt.rn.f16.f32"] and tile["div.rn.f32"]
-    copy = instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu"))
-    control = instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu", "-DINDEX_32BIT"))
-    # at += c * stride: a 32-bit multiply-add in the control, none in the kernel
-    assert control["mad.lo.s32"] >= 8 and copy["mad.lo.s32"] == 0, (copy, control)
-    assert copy["mul.lo.s64"] > control["mul.lo.s64"]
+    # the positions of the entries for large views (il, ll): 64-bit multiplies in the kernel,
+    # 32-bit in the control (8 dims x UNROLL 4 a thread)
+    copy = entry_instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu"))
+    control = entry_instructions(ptx_of(ROOT / "suites/_cuda/strided_copy.cu", "-DINDEX_32BIT"))
+    wide = [name for name in copy if name.endswith(("_il", "_ll"))]
+    assert len(wide) == 10
+    for name in wide:
+        assert copy[name]["mul.lo.s64"] - control[name]["mul.lo.s64"] >= 32, name
+        assert control[name]["mad.lo.s32"] >= 28, name
+    # the 32-bit division by magic numbers (a multiply-high) below 2**31 elements
+    assert all(copy[name]["mul.hi.u32"] >= 32 for name in copy if not name.endswith("_ll"))
+
+
+@needs_nvrtc
+def test_the_strided_copy_runs_at_full_occupancy_without_a_stack_frame():
+    """What the copy's speed rests on, read off ptxas: no kernel keeps its dims in local
+    memory (a stack frame: arrays indexed at run time), and the entries of views below 2**31
+    elements use at most 32 registers, so 2048 threads fit an SM (its 64K registers)."""
+    for options in ((), ("-DINDEX_32BIT",)):
+        report = ptxas_report(ROOT / "suites/_cuda/strided_copy.cu", *options)
+        assert len(report) == 15, sorted(report)
+        for name, used in report.items():
+            assert used["stack"] == 0, (name, used, options)
+            assert name.endswith("_ll") or used["registers"] <= 32, (name, used, options)
 
 
 def test_a_package_registers_a_cuda_kernel_through_the_entry_point(tmp_path, monkeypatch):

@@ -1,146 +1,141 @@
 // strided_copy.cu: out = storage.as_strided(size, stride, offset).contiguous(), bitwise.
 //
-// Output element i (row-major over size) reads src[offset + sum_d c_d * stride_d], where c_d
-// are i's coordinates. The source position is computed in 64-bit signed integers, always:
-// views of more than 2**31 elements and strides or offsets past 2**31 are the large-tensor
-// class, where 32-bit index arithmetic wraps (Paddle's StridedCopy fix). Unravelling i into
-// coordinates divides in 32 bits when the view has fewer than 2**32 elements (division is the
-// costly part on a GPU, and no coordinate can exceed the element count), in 64 bits otherwise.
+// Output element i (row-major over the view) reads src[offset + sum_d c_d * stride_d], where
+// c_d are i's coordinates. The scheme is torch's own elementwise copy (TensorIterator with its
+// OffsetCalculator): neighbouring lanes take neighbouring output elements, so every store is
+// coalesced and the loads fall where the view puts them; a thread takes UNROLL elements a
+// block apart and loads them all before it stores any, so its loads are in flight together.
 //
-// Sizes and strides come by value (MAX_DIMS of each; unused dims have size 1), so a launch
-// needs no device memory and can be captured in a CUDA graph. The launcher merges adjacent
-// dims that are contiguous with each other first, and checks that the view lies inside the
-// storage. Elements are copied as raw bytes of their width (1, 2, 4 or 8), so every dtype of
-// that width takes the same kernel.
+// The launcher (strided_copy.py, `plan`) hands the kernel a prepared view:
+//  - dims merged where they are contiguous with each other, innermost first, padded to
+//    MAX_DIMS. The kernel indexes its dims only at compile time (the loops are unrolled): an
+//    array indexed at run time would live in local memory, a stack frame per thread;
+//  - widened: where the innermost stride is 1 and pointers, offset, outer strides and rows
+//    allow, the copy moves units of 16, 8, 4 or 2 bytes instead of elements, so a contiguous
+//    view is a copy of 16-byte vectors. A one-dim view's bytes past its last whole unit
+//    (`tail`, under 16) are copied a byte a thread by block 0;
+//  - index widths. Below 2**31 units the element index is 32-bit and each division is a
+//    multiply-high and a shift by the launcher's magic numbers (torch's IntDivider); the
+//    source position is 32-bit, counted from the offset (folded into the pointer), when the
+//    view spans fewer than 2**31 units. Otherwise 64-bit: views of more than 2**31 elements
+//    and strides or offsets past 2**31 are the large-tensor class, where 32-bit arithmetic
+//    wraps (Paddle's StridedCopy fix).
 //
-// Speed: a chunk is 16 bytes of one output row (16 / width elements), so the row's source
-// position is unravelled once per chunk, not per element. A thread takes four chunks a pass
-// (a block's chunks side by side, so a warp's stores are contiguous) and loads all four
-// before it stores any: their loads are in flight together. A chunk whose source row is
-// contiguous and 16-byte aligned is one 16-byte load; a whole chunk whose destination is
-// aligned, one 16-byte store (transposes too: their loads are strided, their stores not).
+// Every launch is by value (no device memory), so it can be captured in a CUDA graph.
 //
-// -DINDEX_32BIT plants the classic bug for the negative control: the source position in 32
-// bits. It wraps modulo 2**32 (unsigned arithmetic, so the wrap is defined C++), is read back
-// as a signed int, and is then clamped into the storage, as the torch control does: a wrapped
-// position must read wrong values, never an address outside the storage, whose illegal-address
-// error would be sticky and end every later case of the process with it.
+// -DINDEX_32BIT plants the classic bug for the negative control: the source position, offset
+// included, in 32 bits whatever the view. It wraps modulo 2**32 (unsigned arithmetic, so the
+// wrap is defined C++), is read back as a signed int, and is then clamped into the storage,
+// as the torch control does: a wrapped position must read wrong values, never an address
+// outside the storage, whose illegal-address error would be sticky and end every later case
+// of the process with it. The launcher never widens the control's units.
 
 #define MAX_DIMS 8
+#define UNROLL 4
+#define BLOCK 128
 typedef long long i64;
 typedef unsigned long long u64;
 typedef unsigned int u32;
 
-#ifdef INDEX_32BIT
-typedef u32 position_t;
-#else
-typedef i64 position_t;
-#endif
-
-__device__ __forceinline__ i64 source_index(position_t at, i64 storage_numel) {
-#ifdef INDEX_32BIT
-  const i64 p = (i64)(int)at;
-  return p < 0 ? 0 : (p >= storage_numel ? storage_numel - 1 : p);
-#else
-  return at;  // the launcher checked that the view lies inside the storage
-#endif
-}
-
-struct View {
+struct Dims {     // innermost first; a dim at or past ndim has size 1 and stride 0
   i64 size[MAX_DIMS];
   i64 stride[MAX_DIMS];
-  int ndim;
+  i64 magic[MAX_DIMS];  // (shift << 32) | multiplier: n / size for n < 2**31
+  int ndim;             // >= 1
 };
 
-template <typename T, typename U>
+template <typename I>
+__device__ __forceinline__ I quotient(I n, i64 size, i64 magic);
+
+template <>
+__device__ __forceinline__ u32 quotient<u32>(u32 n, i64, i64 magic) {
+  // exact for n < 2**31: the launcher's numel bound, so t + n never carries out of 32 bits
+  const u32 t = __umulhi(n, (u32)magic);
+  return (t + n) >> (u32)(magic >> 32);
+}
+
+template <>
+__device__ __forceinline__ u64 quotient<u64>(u64 n, i64 size, i64) {
+  return n / (u64)size;
+}
+
+// Element i's source position in units, from the offset: torch's OffsetCalculator, a divmod
+// per dim (the outermost too, whose quotient is 0; one fewer would save a division but takes
+// a run-time dim index, which puts the dims in local memory).
+template <typename I, typename P>
+__device__ __forceinline__ P position(I i, const Dims& v) {
+  P at = 0;
+  I rest = i;
+#pragma unroll
+  for (int d = 0; d < MAX_DIMS; ++d) {
+    if (d == v.ndim) break;
+    const I q = quotient<I>(rest, v.size[d], v.magic[d]);
+    at += (P)(rest - q * (I)v.size[d]) * (P)v.stride[d];
+    rest = q;
+  }
+  return at;
+}
+
+template <typename T, typename I, typename P>
 __device__ __forceinline__ void copy_view(T* __restrict__ out, const T* __restrict__ src,
-                                          i64 numel, i64 storage_numel, i64 offset,
-                                          const View& v) {
-  constexpr int V = 16 / sizeof(T);  // elements per chunk
-  constexpr int UNROLL = 4;          // chunks per thread and pass, all loaded before any store
-  union Chunk {
-    uint4 whole;
-    T e[V];
-  };
-  const int nd = v.ndim;
-  // the last dim is the row: chunks never straddle two rows
-  const U inner = nd > 0 ? (U)v.size[nd - 1] : (U)1;
-  const i64 inner_stride = nd > 0 ? v.stride[nd - 1] : 0;
-  const U per_row = (inner + (V - 1)) / V;
-  const i64 chunks = (numel / (i64)inner) * (i64)per_row;  // <= numel: fits U
-  const i64 tile = (i64)blockDim.x * UNROLL;  // a block's chunks per pass, side by side
-  const i64 step = (i64)gridDim.x * tile;
-  for (i64 first = (i64)blockIdx.x * tile + threadIdx.x; first < chunks; first += step) {
-    Chunk buf[UNROLL];
-    i64 dest[UNROLL];
-    int count[UNROLL];
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-      const i64 c = first + (i64)u * blockDim.x;
-      count[u] = 0;
-      dest[u] = 0;
-      if (c >= chunks) continue;
-      U row = 0, col = (U)c * V;
-      if (nd > 1) {
-        row = (U)c / per_row;
-        col = ((U)c % per_row) * V;
-      }
-      position_t at = (position_t)offset;
-      U rest = row;
-      for (int d = nd - 2; d > 0; --d) {
-        const U extent = (U)v.size[d];
-        const U coord = rest % extent;
-        rest /= extent;
-        at += (position_t)coord * (position_t)v.stride[d];
-      }
-      if (nd > 1) at += (position_t)rest * (position_t)v.stride[0];  // what is left
-      at += (position_t)col * (position_t)inner_stride;
-      const i64 o = (i64)row * (i64)inner + (i64)col;  // the chunk's first output element
-      const U left = inner - col;
-      const int n = left < (U)V ? (int)left : V;
-      count[u] = n;
-      dest[u] = o;
+                                          I numel, i64 storage_numel, i64 offset,
+                                          const Dims& v, int tail) {
 #ifndef INDEX_32BIT
-      if (n == V && inner_stride == 1 && ((u64)(src + at) & 15) == 0) {
-        buf[u].whole = __ldg(reinterpret_cast<const uint4*>(src + at));
-        continue;
-      }
+  src += offset;  // 64-bit pointer arithmetic: positions count from here
 #endif
+  const I tile = (I)blockDim.x * UNROLL;
+  const I step = (I)gridDim.x * tile;
+  for (I first = (I)blockIdx.x * tile + (I)threadIdx.x; first < numel; first += step) {
+    T buf[UNROLL];
 #pragma unroll
-      for (int k = 0; k < V; ++k)
-        if (k < n) buf[u].e[k] = src[source_index(at + (position_t)k * (position_t)inner_stride,
-                                                  storage_numel)];
+    for (int u = 0; u < UNROLL; ++u) {
+      const I i = first + (I)u * (I)blockDim.x;
+      if (i >= numel) continue;
+#ifdef INDEX_32BIT
+      const u32 at = (u32)offset + position<I, u32>(i, v);
+      const i64 p = (i64)(int)at;
+      buf[u] = src[p < 0 ? 0 : (p >= storage_numel ? storage_numel - 1 : p)];
+#else
+      buf[u] = src[position<I, P>(i, v)];
+#endif
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int n = count[u];
-      T* to = out + dest[u];
-      if (n == V && ((u64)to & 15) == 0) {
-        *reinterpret_cast<uint4*>(to) = buf[u].whole;
-        continue;
-      }
-#pragma unroll
-      for (int k = 0; k < V; ++k)
-        if (k < n) to[k] = buf[u].e[k];
+      const I i = first + (I)u * (I)blockDim.x;
+      if (i < numel) out[i] = buf[u];
     }
+  }
+  if (tail > 0 && blockIdx.x == 0 && (int)threadIdx.x < tail) {
+    // a one-dim view (stride 1): its last bytes follow its last whole unit
+    reinterpret_cast<unsigned char*>(out + numel)[threadIdx.x] =
+        reinterpret_cast<const unsigned char*>(src + numel)[threadIdx.x];
   }
 }
 
-#define VIEW_PARAMS                                                                   \
+#define DIMS_PARAMS                                                                       \
   i64 n0, i64 n1, i64 n2, i64 n3, i64 n4, i64 n5, i64 n6, i64 n7, i64 s0, i64 s1, i64 s2, \
-      i64 s3, i64 s4, i64 s5, i64 s6, i64 s7, int ndim
+      i64 s3, i64 s4, i64 s5, i64 s6, i64 s7, i64 m0, i64 m1, i64 m2, i64 m3, i64 m4,     \
+      i64 m5, i64 m6, i64 m7, int ndim
 
-#define DEFINE_COPY(NAME, T)                                                               \
-  extern "C" __global__ void NAME(T* __restrict__ out, const T* __restrict__ src,         \
-                                  i64 numel, i64 storage_numel, i64 offset, VIEW_PARAMS) { \
-    const View v = {{n0, n1, n2, n3, n4, n5, n6, n7}, {s0, s1, s2, s3, s4, s5, s6, s7}, ndim}; \
-    if ((u64)numel <= 0xffffffffULL)                                                       \
-      copy_view<T, u32>(out, src, numel, storage_numel, offset, v);                        \
-    else                                                                                   \
-      copy_view<T, u64>(out, src, numel, storage_numel, offset, v);                        \
+// NAME: strided_copy_<unit bytes>_<index><position>, i = 32-bit, l = 64-bit
+#define DEFINE_COPY(NAME, T, I, P)                                                        \
+  extern "C" __global__ void __launch_bounds__(BLOCK)                                     \
+      NAME(T* __restrict__ out, const T* __restrict__ src, i64 numel, i64 storage_numel,  \
+           i64 offset, DIMS_PARAMS, int tail) {                                           \
+    const Dims v = {{n0, n1, n2, n3, n4, n5, n6, n7},                                     \
+                    {s0, s1, s2, s3, s4, s5, s6, s7},                                     \
+                    {m0, m1, m2, m3, m4, m5, m6, m7},                                     \
+                    ndim};                                                                \
+    copy_view<T, I, P>(out, src, (I)numel, storage_numel, offset, v, tail);               \
   }
 
-DEFINE_COPY(strided_copy_1, unsigned char)
-DEFINE_COPY(strided_copy_2, unsigned short)
-DEFINE_COPY(strided_copy_4, unsigned int)
-DEFINE_COPY(strided_copy_8, unsigned long long)
+#define DEFINE_UNIT(BYTES, T)                                 \
+  DEFINE_COPY(strided_copy_##BYTES##_ii, T, u32, u32)         \
+  DEFINE_COPY(strided_copy_##BYTES##_il, T, u32, i64)         \
+  DEFINE_COPY(strided_copy_##BYTES##_ll, T, u64, i64)
+
+DEFINE_UNIT(1, unsigned char)
+DEFINE_UNIT(2, unsigned short)
+DEFINE_UNIT(4, unsigned int)
+DEFINE_UNIT(8, unsigned long long)
+DEFINE_UNIT(16, uint4)
