@@ -157,7 +157,8 @@ def _launch(kernels: Any, storage, size, stride, offset, out, *, widen: bool = T
 
 @cuda_launch(unsupported=unsupported)
 def launch_strided_copy(kernels: Any, storage, size, stride, offset, out) -> Any:
-    """64-bit source positions: right past 2**31 elements, strides and offsets."""
+    """32-bit index arithmetic where the view allows it, 64-bit past 2**31: right past 2**31
+    elements, strides and offsets."""
     return _launch(kernels, storage, size, stride, offset, out)
 
 
