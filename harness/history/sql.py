@@ -48,38 +48,61 @@ def scalar(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> 
     return rows[0][0] if rows else None
 
 
-def translate_sqlite(label: str, exc: sqlite3.Error) -> StoreError | None:
-    """A one-line StoreError for SQLite failures a user can cause, None for anything else."""
+#: what SQLite says, by kind: (its result-code name's prefix, a phrase of its message)
+_SQLITE_KINDS = {
+    "not_a_db": ("SQLITE_NOTADB", "file is not a database"),
+    "corrupt": ("SQLITE_CORRUPT", "malformed"),
+    "locked": (("SQLITE_BUSY", "SQLITE_LOCKED"), "database is locked"),
+    "cannot_open": ("SQLITE_CANTOPEN", "unable to open database"),
+    "read_only": ("SQLITE_READONLY", "readonly database"),
+    "io_error": ("SQLITE_IOERR", "disk I/O error"),  # a full disk, met by the WAL
+    "full": ("SQLITE_FULL", "database or disk is full"),
+}
+#: the kinds that say the file itself cannot be used now (damaged, or its disk full)
+SQLITE_DAMAGE = frozenset({"not_a_db", "corrupt", "io_error", "full"})
+
+
+def sqlite_kind(exc: sqlite3.Error) -> str | None:
+    """Which of ``_SQLITE_KINDS`` an SQLite failure is, None for any other."""
     name = getattr(exc, "sqlite_errorname", "") or ""
     msg = str(exc)
-    if name == "SQLITE_NOTADB" or "file is not a database" in msg:
+    for kind, (prefix, phrase) in _SQLITE_KINDS.items():
+        if (name and name.startswith(prefix)) or phrase in msg:
+            return kind
+    return None
+
+
+def translate_sqlite(label: str, exc: sqlite3.Error) -> StoreError | None:
+    """A one-line StoreError for SQLite failures a user can cause, None for anything else."""
+    kind, msg = sqlite_kind(exc), str(exc)
+    if kind == "not_a_db":
         return StoreError(
             f"history DB {label} is not an SQLite database: move it away or pass another --db"
         )
-    if name.startswith("SQLITE_CORRUPT") or "malformed" in msg:
+    if kind == "corrupt":
         return StoreError(
             f"history DB {label} is corrupt ({msg}): move it away and re-ingest the run "
             "directories with `harness ingest`, or pass another --db"
         )
-    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")) or "database is locked" in msg:
+    if kind == "locked":
         return StoreError(
             f"history DB {label} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
             "retry when the other run has finished ingesting"
         )
-    if name.startswith("SQLITE_CANTOPEN") or "unable to open database" in msg:
+    if kind == "cannot_open":
         return StoreError(
             f"history DB {label} cannot be opened: check the path and its permissions "
             "or pass another --db"
         )
-    if name.startswith("SQLITE_READONLY") or "readonly database" in msg:
+    if kind == "read_only":
         return StoreError(
             f"history DB {label} is read-only: make it (and its directory) writable "
             "or pass another --db"
         )
-    if name.startswith("SQLITE_IOERR") or "disk I/O error" in msg:  # a full disk, met by WAL
+    if kind == "io_error":
         return Unavailable(f"history DB {label}: disk I/O error ({msg}): its disk may be full "
                            "or failing: free space (or fix the disk) and retry")
-    if name == "SQLITE_FULL" or "database or disk is full" in msg:
+    if kind == "full":
         return Unavailable(f"history DB {label}: the disk is full: free space and retry")
     return None
 

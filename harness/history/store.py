@@ -45,6 +45,7 @@ from harness.history import pg
 from harness.history.schema import MIGRATIONS, Migration, migrate
 from harness.history.sql import (
     BUSY_TIMEOUT_S,
+    SQLITE_DAMAGE,
     StoreError,
     Unreachable,
     error_of,
@@ -52,6 +53,7 @@ from harness.history.sql import (
     is_postgres,
     limit_clause,
     scalar,
+    sqlite_kind,
     translate_any,
     translate_pg,
     translate_sqlite,
@@ -161,12 +163,7 @@ def connect(
 def _damage(label: str, exc: sqlite3.Error) -> StoreError | None:
     """The one-line StoreError of a damaged or full DB file, None for any other failure (a
     locked DB is retried where it is met, a constraint is the caller's)."""
-    err = translate_sqlite(label, exc)
-    name = getattr(exc, "sqlite_errorname", "") or ""
-    damaged = (name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_FULL", "SQLITE_IOERR"))
-               or any(w in str(exc) for w in ("malformed", "not a database", "disk is full",
-                                              "disk I/O error")))
-    return err if damaged else None
+    return translate_sqlite(label, exc) if sqlite_kind(exc) in SQLITE_DAMAGE else None
 
 
 class _Cursor(sqlite3.Cursor):
