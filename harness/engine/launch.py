@@ -358,7 +358,10 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
     killed: dict | None = None
     try:
         while proc.poll() is None:
-            time.sleep(0.2)
+            try:  # a poll every 0.2 s, and at once when the job ends
+                proc.wait(timeout=0.2)
+            except subprocess.TimeoutExpired:
+                pass
             now_done = recorded.update()
             report(now_done)
             if lost is not None and lost.update():
