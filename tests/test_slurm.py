@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # one case per implementation at each world size: enough to prove the ranks wired up
 SELECTOR = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"
+pytestmark = pytest.mark.heavy  # a SLURM cluster brought up for the module: run apart, -m heavy
 
 
 @pytest.fixture(scope="module")
