@@ -91,9 +91,12 @@ run_step() {
                --world-sizes 1,4 --device cuda --impl cuda --impl tile_cuda --impl torch \
                --fail-on never ;;
     # views past 2**31 elements: the int32 control must fail, not error (it ran over 140 s on
-    # an H200 without finishing, so a step of its own, after the quick ones)
+    # an H200 without finishing, so a step of its own, after the quick ones). A case past
+    # --timeout is a timeout whose reason names where it was (inputs and reference, or the
+    # call), inside the quick plan's 150 s for the step
     stress) harness run strided_copy --tier stress --world-sizes 1 --device cuda \
-              --impl cuda --impl cuda_int32_index --impl torch --no-bench --fail-on never ;;
+              --impl cuda --impl cuda_int32_index --impl torch --no-bench --fail-on never \
+              --timeout 100 ;;
     nightly1) harness run --tier nightly --world-sizes 1 --device cuda --fail-on never ;;
     # every negative control and the Triton kernels at 1 rank: a control that passes every
     # case on a GPU (named by the run's warning) is a bug the GPU hides from a check

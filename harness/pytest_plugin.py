@@ -138,6 +138,7 @@ class HarnessSession:
         from harness.engine.case_setup import SetupCache
 
         self.setups = SetupCache()  # a case's inputs and reference, shared by its impls
+        self.phase = ""  # the case in progress's (runner.PHASES), for a timeout's reason
 
     def _group_timeout(self) -> float:
         # collectives must outlive the watchdog: the watchdog, not gloo, decides a timeout
@@ -158,11 +159,12 @@ class HarnessSession:
                                              "deadline_s": deadline, "pid": os.getpid()})
         # other ranks wait a little longer, so that rank 0 records the timeout before an abort
         on_expire = (lambda: self._record_timeout(item, deadline)) if root else None
+        self.phase = ""
         self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire)
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
                           bench=self.bench, timing=self.timing, env_id=self.env_id,
                           golden=self.golden, calibration=self.calibration,
-                          setups=self.setups)
+                          setups=self.setups, phase=self._enter)
         sticky = self._sticky_error(result)
         if sticky:
             result = dataclasses.replace(result, status="error", reason=sticky)
@@ -203,14 +205,22 @@ class HarnessSession:
                 f"{', '.join(map(str, ranks))} unusable ({broken[ranks[0]]}): the job ended "
                 "after this case and its remaining cases ran in a new one")
 
+    def _enter(self, phase: str) -> None:
+        self.phase = phase  # read by the watchdog's thread when a deadline passes
+
     def _record_timeout(self, item: PlannedItem, deadline: float) -> None:
+        from harness.engine.runner import PHASES
+
         if self.results_path is None:
             return
         spec = item.case.spec
+        # rank 0's phase: another rank may be stuck before it (a hung rank is not asked)
+        who = "" if self.world.size == 1 else "rank 0 "
+        where = f" ({who}{PHASES[self.phase]})" if self.phase in PHASES else ""
         results_mod.append(self.results_path, CaseResult(
             run_id=self.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
             impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),
-            status="timeout", reason=f"no result within its {deadline:g} s deadline; "
+            status="timeout", reason=f"no result within its {deadline:g} s deadline{where}; "
                                      "the job was aborted and the remaining cases relaunched",
             device=str(self.world.device), started_at=time.time(), env_id=self.env_id,
             duration_s=deadline))

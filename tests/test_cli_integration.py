@@ -625,6 +625,8 @@ def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(faults_run
     got = _fault_statuses(faults_run, "harness_test_impls:hang_on_last_rank")
     hung = got.pop(_FAULT_CASE)
     assert hung["status"] == "timeout" and "deadline" in hung["reason"]
+    # rank 0 waits in the collective of the call its last rank never makes
+    assert "(rank 0 in the implementation's call)" in hung["reason"], hung["reason"]
     assert {r["status"] for r in got.values()} == {"pass"}
 
 

@@ -343,3 +343,36 @@ def test_a_skip_question_that_takes_backend_is_told_the_jobs():
     # a question without the keyword is asked as before
     plain = Case(_spec(requires=lambda p, w, d: f"on {d}"), {"n": 1031}, 1)
     assert runner._skip_or_error(on("cuda", "gloo"), plain, doubled) == ("skip", "on cuda")
+
+
+def test_the_phases_a_timeout_names_are_the_ones_the_case_is_in(world):
+    """What the phase callback says (a timeout's reason names the last one) against where
+    the work happens: the reference and the inputs under "setup", the implementation under
+    "call", its timed repeats under "timing"."""
+    phases: list[str] = []
+    seen: dict[str, list[str]] = {"inputs": [], "reference": [], "impl": []}
+
+    def inputs(params, rank, world_size):
+        seen["inputs"].append(phases[-1])
+        return _inputs(params, rank, world_size)
+
+    def reference(x, out):
+        seen["reference"].append(phases[-1])
+        return x * 2
+
+    def impl(x, out):
+        seen["impl"].append(phases[-1])
+        return torch.mul(x, 2, out=out)
+
+    spec = OpSpec(name="toy_phases", family="toy", reference=reference, make_inputs=inputs,
+                  grid={"smoke": [{"n": 1031}]}, implementations={"ok": impl},
+                  out_buffers={"out": "out"})
+    r = run_case(world, Case(spec, {"n": 1031}, 1), "ok", impl, timing=TIMING,
+                 phase=phases.append)
+    assert r.status == "pass", r.reason
+    assert phases == ["setup", "call", "check", "call", "check", "timing"]
+    # the case's own inputs and reference in its setup; after timing, the twin case's
+    assert seen["inputs"][0] == seen["reference"][0] == "setup"
+    assert set(seen["inputs"]) | set(seen["reference"]) == {"setup", "timing"}
+    assert seen["impl"][:2] == ["call", "call"] and set(seen["impl"][2:]) == {"timing"}
+    assert set(phases) <= set(runner.PHASES)

@@ -74,6 +74,14 @@ from harness.engine.verdict import agree, gather_peak, gather_verdict, golden_ch
 
 #: how long a host thread gets to change an output after the call returned
 SETTLE_S = 0.001
+#: what a case is doing, as a timeout's reason names it (``run_case``'s ``phase`` callback)
+PHASES = {
+    "setup": "while making its inputs and reference (the op's make_inputs and reference, "
+             "not the implementation)",
+    "call": "in the implementation's call",
+    "check": "while checking its outputs",
+    "timing": "while timing the implementation and checking it again",
+}
 
 
 def _hash(outputs: Mapping[str, torch.Tensor]) -> str:
@@ -224,12 +232,14 @@ def run_case(
     golden: GoldenStore | GoldenShelf | None = None,
     calibration: Mapping[str, Any] | None = None,
     setups: SetupCache | None = None,
+    phase: Callable[[str], None] = lambda name: None,
 ) -> CaseResult:
     """Run, check and time one implementation on one case, on every rank.
 
     With a ``golden`` store the first call's outputs are also compared with the stored golden
     (when the case has one); a mismatch fails the case with the golden's file named. With
     ``setups`` the inputs and reference of a case are made once for all its implementations.
+    ``phase`` is told each of ``PHASES`` as the case enters it (a timeout names the last).
     """
     started = time.time()
     t0 = time.perf_counter()
@@ -244,7 +254,7 @@ def run_case(
     checks = ["poisoned_outputs"] if case.spec.out_buffers else []
     clock_tampering()  # an untimed implementation before this one may have left a patch
     calls = _checked_calls(world, case, impl, result.interpreter, setups or SetupCache(),
-                           golden, checks)
+                           golden, checks, phase)
     result.status, result.reason, result.outputs, result.wrong = gather_verdict(
         world, case, calls.error, calls.stages)
     if golden is not None:
@@ -259,6 +269,7 @@ def run_case(
         if result.interpreter:
             cfg = cfg.interpreted(result.interpreter)
         setup = calls.setup
+        phase("timing")
         _time_and_recheck(world, case, impl, calls.inputs, calls.writable, setup.expected,
                           calls.tols, result, cfg, checks, calibration, setup.memos,
                           setup.magnitudes, setup)
@@ -304,7 +315,7 @@ class _Calls:
 
 def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpreter: str | None,
                    setups: SetupCache, golden: GoldenStore | GoldenShelf | None,
-                   checks: list[str]) -> _Calls:
+                   checks: list[str], phase: Callable[[str], None]) -> _Calls:
     """The first call, on fresh inputs with its outputs poisoned, then (where the case allows)
     the shifted call, on a copy of the inputs in fresh memory after every buffer of the first
     was poisoned: each call's outputs measured against the reference, the first's against the
@@ -312,6 +323,7 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
     spec = case.spec
     calls = _Calls(PeakMemory(world.device))
     try:
+        phase("setup")
         setup = calls.setup = setups.get(case, world.rank)
         inputs = calls.inputs = setup.inputs(world.device)
         writable = calls.writable = _writable(case, inputs)
@@ -321,8 +333,10 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
         tols = calls.tols = tolerances(case, expected)
         if interpreter:
             tols = calls.tols = interpreted_lens(tols)
+        phase("call")
         with calls.mem:
             outputs = _call(world, case, impl, inputs, fresh_poison=True)
+        phase("check")
         _check_contract(case, inputs, outputs, guards)
         calls.stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos,
                                         setup.magnitudes)
@@ -337,8 +351,10 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
             del outputs
             inputs = calls.inputs = shifted
             calls.mem = PeakMemory(world.device)
+            phase("call")
             with calls.mem:
                 outputs = _call(world, case, impl, inputs)
+            phase("check")
             _check_contract(case, inputs, outputs, guards)
             calls.stages["shifted"] = _measure(outputs, expected, tols, world.rank, setup.memos,
                                                setup.magnitudes)
