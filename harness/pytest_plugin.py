@@ -42,6 +42,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--harness-world-size", type=int, default=None,
                 help="the number of ranks the launcher started: a rank whose MPI world "
                      "differs stops the job (its ranks did not wire up into one)")
+    g.addoption("--harness-wait-for", default=None, metavar="PATH",
+                help="wait until PATH exists before reading the run directory (a job harness "
+                     "started while it was still planning the run: harness.engine.warm)")
     g.addoption("--harness-set", action="append", default=[], metavar="NAME=VALUE",
                 help="set one run option by hand (repeatable): tier=nightly, "
                      "impls=torch,tile, bench=false, device=cpu, timeout=60 (the fields of "
@@ -85,6 +88,8 @@ class HarnessSession:
         from harness.engine.watchdog import Watchdog
 
         opt = config.option
+        if opt.harness_wait_for:
+            _wait_for(Path(opt.harness_wait_for))
         size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
         files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
         options, info = rank_settings(config, files)
@@ -117,6 +122,9 @@ class HarnessSession:
             if placement_path is not None and MPI.COMM_WORLD.Get_rank() == 0:
                 _write_json(placement_path, {"error": str(exc)})
             raise pytest.UsageError(str(exc)) from exc
+        if opt.harness_wait_for and self.world.rank == 0:
+            # every rank is past its wait: the world above was made by all of them
+            Path(opt.harness_wait_for).unlink(missing_ok=True)
         if placement_path is not None and self.world.rank == 0:
             facts = self.world.facts
             _write_json(placement_path, {
@@ -224,6 +232,19 @@ class HarnessSession:
                                      "the job was aborted and the remaining cases relaunched",
             device=str(self.world.device), started_at=time.time(), env_id=self.env_id,
             duration_s=deadline))
+
+
+def _wait_for(path: Path) -> None:
+    """Until ``path`` exists: this job was started before its run was planned, and has
+    imported torch and the suites and wired up MPI meanwhile."""
+    from harness.engine.warm import GO_WAIT_S
+
+    give_up = time.monotonic() + GO_WAIT_S
+    while not path.exists():
+        if time.monotonic() > give_up:
+            raise pytest.UsageError(f"no {path} within {GO_WAIT_S:g} s: the harness that "
+                                    "started this job is gone")
+        time.sleep(0.005)
 
 
 #: a job's exit code after a case left a sticky CUDA error (the launcher relaunches the rest)

@@ -168,9 +168,11 @@ def srun_args(launcher_args: Sequence[str]) -> list[str]:
     return list(launcher_args) if chosen else [SRUN_MPI, *launcher_args]
 
 
-def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]:
+def build_command(cfg: LaunchConfig, world_size: int, attempt: int, go: Path | None = None
+                  ) -> list[str]:
     """The mpiexec (or srun) command line of one job: the ranks get the run directory and
-    their world size, and read every other setting from the run's ``run.json``."""
+    their world size, and read every other setting from the run's ``run.json`` (once ``go``
+    exists, where given: harness.engine.warm)."""
     opts, files = cfg.options, cfg.files
     name = Path(cfg.launcher).name
     args = srun_args(opts.launcher_args) if name.startswith("srun") else opts.launcher_args
@@ -184,7 +186,8 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int) -> list[str]
         "-p", "no:cacheprovider", "-p", "no:unraisableexception",
         "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
         "--junitxml", str(files.junit(world_size, attempt)),
-        "--harness-run-dir", str(cfg.run_dir), "--harness-world-size", str(world_size)]
+        "--harness-run-dir", str(cfg.run_dir), "--harness-world-size", str(world_size),
+        *(["--harness-wait-for", str(go)] if go is not None else [])]
 
 
 class RecordedKeys:
@@ -291,7 +294,8 @@ def lost_node_message(world_size: int, nodes: Sequence[str], in_progress: str | 
             f"the node is back, `harness run --resume {run_id}` runs them")
 
 
-def _kill_group(proc: subprocess.Popen, at_once: bool = False) -> None:
+def kill_group(proc: subprocess.Popen, at_once: bool = False) -> None:
+    """Stop a job's launcher and its ranks: SIGTERM, then SIGKILL if they outlive 5 s."""
     steps = ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
     for sig, wait in steps[1:] if at_once else steps:
         try:
@@ -365,15 +369,15 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
             now_done = recorded.update()
             report(now_done)
             if lost is not None and lost.update():
-                _kill_group(proc, at_once=True)
+                kill_group(proc, at_once=True)
                 break
             prog = _read_progress(progress_path)
             if (prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.options.grace
                     and prog["key"] not in now_done):
                 killed = prog
-                _kill_group(proc)
+                kill_group(proc)
     except BaseException:
-        _kill_group(proc)  # Ctrl-C: take the ranks down with us
+        kill_group(proc)  # Ctrl-C: take the ranks down with us
         raise
     return killed
 
@@ -430,12 +434,13 @@ def _launches_before(files: RunDir, world_size: int) -> int:
     return earlier
 
 
-def _start_job(cfg: LaunchConfig, world_size: int, attempt: int, log: Any) -> subprocess.Popen:
+def start_job(cfg: LaunchConfig, world_size: int, attempt: int, log: Any,
+              go: Path | None = None) -> subprocess.Popen:
     """One job of the ranks, its output to ``log`` after its command line. The ranks run in
     the run directory; relative --impl paths (kernel.cu:launch) are the user's, so they
     resolve against the directory harness was started in."""
     env = job_environment(cfg, world_size)
-    cmd = build_command(cfg, world_size, attempt)
+    cmd = build_command(cfg, world_size, attempt, go)
     log.write("$ " + " ".join(cmd) + "\n")
     log.flush()
     try:
@@ -457,8 +462,11 @@ def _node_lost(cfg: LaunchConfig, world_size: int, lost: LostNodes, recorded: Re
 
 
 def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
-                   on_progress: Callable[[int], None] | None = None) -> WorldOutcome:
-    """Run every item at one world size, relaunching after timeouts and crashes."""
+                   on_progress: Callable[[int], None] | None = None, warm: Any = None
+                   ) -> WorldOutcome:
+    """Run every item at one world size, relaunching after timeouts and crashes. ``warm``:
+    this world size's first job, already started and waiting (harness.engine.warm), which
+    the first launch lets go instead of starting one."""
     outcome = WorldOutcome(world_size)
     by_key = {item.key: item for item in items}
     files = cfg.files
@@ -466,7 +474,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
     placement_path = files.of(world_size, "placement.json")
     fruitless = 0
     recorded = RecordedKeys(cfg.results_path, world_size)
-    earlier = _launches_before(files, world_size)
+    earlier = 0 if warm is not None else _launches_before(files, world_size)
 
     def report(done: set[str]) -> None:
         if on_progress:
@@ -482,12 +490,16 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         placement_path.unlink(missing_ok=True)
         outcome.launches += 1
         attempt = earlier + outcome.launches
-        log_path = files.launch_log(world_size, attempt)
+        if warm is not None:
+            proc, log_path = warm.go()
+            warm = None
+        else:
+            log_path = files.launch_log(world_size, attempt)
+            with open(log_path, "w") as log:
+                proc = start_job(cfg, world_size, attempt, log)
         outcome.logs.append(log_path)
-        with open(log_path, "w") as log:
-            proc = _start_job(cfg, world_size, attempt, log)
-            lost = LostNodes(log_path)
-            killed = _watch(cfg, proc, recorded, progress_path, report, lost)
+        lost = LostNodes(log_path)
+        killed = _watch(cfg, proc, recorded, progress_path, report, lost)
         rc = proc.returncode
         if lost.update():
             _node_lost(cfg, world_size, lost, recorded, progress_path, by_key)

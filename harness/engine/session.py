@@ -250,15 +250,16 @@ def write_calibrations(db_path: Path | str, fingerprint: str, files: RunDir) -> 
     return bool(found)
 
 
-def new_run(options: RunOptions, mpiexec: str, db_path: Path | str) -> tuple[Path, RunInfo]:
+def new_run(options: RunOptions, mpiexec: str, db_path: Path | str,
+            run_id: str | None = None) -> tuple[Path, RunInfo]:
     """A new run's directory (beside the history DB ``db_path``, or in ``--out-dir``) and
-    record."""
+    record; ``run_id``: the one its warm job was started under."""
     import sys
 
     from harness.device import envinfo
     from harness.history import store
 
-    run_id = uuid.uuid4().hex
+    run_id = run_id or uuid.uuid4().hex
     run_dir = (store.runs_root(db_path, options.out_dir) / run_id).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     env = envinfo.environment(mpiexec)
@@ -272,12 +273,31 @@ def new_run(options: RunOptions, mpiexec: str, db_path: Path | str) -> tuple[Pat
 def execute(options: RunOptions, reporter: Reporter,
             resumed: tuple[Path, RunInfo] | None = None) -> Outcome:
     """Run ``options`` (or finish the ``resumed`` run: its directory and record), store the
-    results in the history DB, analyse them, and return what happened."""
+    results in the history DB, analyse them, and return what happened. A new run starts its
+    first job before it plans (harness.engine.warm), and kills it if it is refused."""
     from harness.device import envinfo
+    from harness.engine import warm as warm_start
     from harness.history import store
 
     if options.golden_dir:
         options = dataclasses.replace(options, golden_dir=str(Path(options.golden_dir).resolve()))
+    warm = None
+    if resumed is None:
+        db_path = store.resolve_db_path(options.db)
+        warm = warm_start.start(options, envinfo.find_launcher(options.launcher),
+                                store.runs_root(db_path, options.out_dir), uuid.uuid4().hex)
+    try:
+        return _execute(options, reporter, resumed, warm)
+    finally:
+        if warm is not None:
+            warm.cancel()  # nothing once its world size's launch has let it go
+
+
+def _execute(options: RunOptions, reporter: Reporter, resumed: tuple[Path, RunInfo] | None,
+             warm: Any) -> Outcome:
+    from harness.device import envinfo
+    from harness.history import store
+
     the_plan = plan(options.selectors, options.tier, options.world_sizes, options.impls,
                     options.device)
     if not any(the_plan.items.values()):
@@ -292,7 +312,8 @@ def execute(options: RunOptions, reporter: Reporter,
     mpiexec, sanitizer = preflight(options, the_plan.device_type)
     db_path = store.resolve_db_path(options.db)
     reachable = check_db(db_path, reporter)
-    run_dir, info = resumed if resumed is not None else new_run(options, mpiexec, db_path)
+    run_dir, info = resumed if resumed is not None else new_run(
+        options, mpiexec, db_path, warm and warm.cfg.run_id)
     info.status, info.options = "running", options.to_json()
     files = RunDir(run_dir)
     info.write(files.run_json)
@@ -313,7 +334,7 @@ def execute(options: RunOptions, reporter: Reporter,
     cfg = LaunchConfig(launcher=mpiexec, run_dir=run_dir, run_id=info.run_id, options=options,
                        env_id=envinfo.env_id(info.env), sanitizer=sanitizer)
     try:
-        _launch_all(cfg, the_plan, reporter, outcome)
+        _launch_all(cfg, the_plan, reporter, outcome, warm)
         info.finished_at = time.time()
         info.status = ("infra_error" if outcome.infra_errors else
                        "config_error" if outcome.placement_error else "complete")
@@ -330,17 +351,23 @@ def execute(options: RunOptions, reporter: Reporter,
     return outcome
 
 
-def _launch_all(cfg: Any, the_plan: Plan, reporter: Reporter, outcome: Outcome) -> None:
+def _launch_all(cfg: Any, the_plan: Plan, reporter: Reporter, outcome: Outcome,
+                warm: Any = None) -> None:
     """Every world size's job in turn, until the launcher fails or the ranks find no
-    placement."""
+    placement; ``warm``, the first world size's job already started, is let go by its
+    launch (or killed, where that world size has nothing to run)."""
     from harness.engine.launch import LauncherError, PlacementFailed, run_world_size
 
     for w in cfg.options.world_sizes:
         items = the_plan.items.get(w) or []
         if not items:
             continue
+        first = warm if warm is not None and warm.world_size == w else None
+        if warm is not None and first is None:
+            warm.cancel()
+        warm = None
         try:
-            world = run_world_size(cfg, w, items, reporter.world(w, len(items)))
+            world = run_world_size(cfg, w, items, reporter.world(w, len(items)), warm=first)
         except LauncherError as exc:
             outcome.infra_errors.append(str(exc))
             return

@@ -1,0 +1,92 @@
+"""A run's first job started before the run is planned (harness.engine.warm): which runs start
+warm, that the job is let go and finishes the run, that a refused run kills it and leaves no
+folder behind, and that a first world size with nothing to run costs nothing but its job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.engine import warm
+from harness.engine.options import RunOptions
+
+
+@pytest.mark.parametrize("launcher,changes,starts", [
+    ("/usr/bin/mpiexec", {}, True),
+    ("/opt/mpi/bin/mpirun", {}, True),
+    (None, {}, False),                                # no launcher: the run says so later
+    ("/usr/bin/srun", {}, False),                     # a step inside an allocation
+    ("/usr/bin/mpiexec", {"sanitize": True}, False),  # compute-sanitizer comes after the plan
+    ("/usr/bin/mpiexec", {"world_sizes": ()}, False),
+])
+def test_which_runs_start_warm(launcher, changes, starts):
+    options = RunOptions.from_mapping({"world_sizes": (1, 4), **changes})
+    assert warm.eligible(options, launcher) is starts
+
+
+def test_a_cancelled_run_removes_only_the_folders_it_made(tmp_path):
+    (tmp_path / "db").mkdir()
+    run_dir = tmp_path / "db" / "out" / "runs" / "abc"
+    made = warm.first_missing(run_dir)
+    assert made == (tmp_path / "db" / "out").resolve()
+    run_dir.mkdir(parents=True)
+    (run_dir / "w1.launch-1.log").write_text("$ mpiexec\n")
+    other = tmp_path / "db" / "out" / "runs" / "def"  # another run's, made meanwhile
+    other.mkdir()
+    warm._remove(run_dir.resolve(), made)
+    assert not run_dir.exists() and other.is_dir()
+    other.rmdir()
+    run_dir.mkdir()
+    warm._remove(run_dir.resolve(), made)
+    assert not (tmp_path / "db" / "out").exists() and (tmp_path / "db").is_dir()
+
+
+def _harness(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", "run", *args, "--db",
+                           str(cwd / "fresh" / "h.db"), "--no-bench"], cwd=cwd,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HARNESS_DB": ""})
+
+
+def _harness_processes() -> list[str]:
+    """Command lines of running ranks of this test's runs (any pytest --pyargs suites)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if "--harness-wait-for" in cmd:
+            found.append(cmd)
+    return found
+
+
+def test_the_warm_job_runs_the_first_world_size_and_is_let_go(tmp_path):
+    out = _harness(tmp_path, "hopper_tasks.rmsnorm[*]", "--world-sizes", "4,1")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    (run_dir,) = (tmp_path / "fresh" / "runs").iterdir()
+    logs = sorted(p.name for p in run_dir.glob("*.launch-*.log"))
+    # the op runs at one rank only: the warm job of 4 was killed and its log removed
+    assert logs == ["w1.launch-1.log"], logs
+    # the first launch at 1 was not warm (4 was first), so it has no wait; run one that is
+    out = _harness(tmp_path, "hopper_tasks.rmsnorm[*]", "--world-sizes", "1")
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    newest = max((tmp_path / "fresh" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
+    assert "--harness-wait-for" in (newest / "w1.launch-1.log").read_text().splitlines()[0]
+    assert not list(newest.glob("*.go")) and "5 pass" in out.stdout
+
+
+def test_a_refused_run_kills_its_warm_job_and_leaves_no_folder(tmp_path):
+    out = _harness(tmp_path, "no_such_op", "--world-sizes", "4")
+    assert out.returncode == 2 and "matches no" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "fresh").exists()
+    # the launcher was waited for; its ranks go as soon as their launcher tells them
+    deadline = time.monotonic() + 60
+    while _harness_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _harness_processes()
