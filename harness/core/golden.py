@@ -73,11 +73,16 @@ def entry_key(case_id: str, world_size: int) -> str:
     return f"w{world_size}:{case_id}"
 
 
+def _file_tag(case_id: str, world_size: int) -> str:
+    """The end of an entry's file name that makes it unique: ``w4-<hash of its key>``."""
+    digest = hashlib.sha256(entry_key(case_id, world_size).encode()).hexdigest()[:10]
+    return f"w{world_size}-{digest}"
+
+
 def relative_file(family: str, op: str, case_id: str, world_size: int) -> str:
     """Where an entry's file lives under the golden dir: readable, and unique by a hash."""
     stem = "".join(c if c.isalnum() or c in "._=-" else "_" for c in case_id.split("[", 1)[-1])
-    digest = hashlib.sha256(entry_key(case_id, world_size).encode()).hexdigest()[:10]
-    return f"{family}/{op}/{stem.strip('_')[:80]}-w{world_size}-{digest}.safetensors"
+    return f"{family}/{op}/{stem.strip('_')[:80]}-{_file_tag(case_id, world_size)}.safetensors"
 
 
 # ----------------------------------------------------------------------------- encodings
@@ -466,11 +471,10 @@ class GoldenStore:
         if self._on_disk is None:
             self._on_disk = {p.stem.rsplit("-", 2)[-2] + "-" + p.stem.rsplit("-", 1)[-1]: p
                              for p in self.root.rglob("*.safetensors") if p.stem.count("-") >= 2}
-        key = entry_key(case_id, world_size)
-        digest = hashlib.sha256(key.encode()).hexdigest()[:10]
-        path = self._on_disk.get(f"w{world_size}-{digest}")
+        path = self._on_disk.get(_file_tag(case_id, world_size))
         if path is None:
             return None
+        key = entry_key(case_id, world_size)
         return (f"golden file {path} is on disk but {self.manifest_path} has no entry {key}: "
                 "the manifest lost it; restore the manifest from git, or rerun `harness golden "
                 "generate` to list it again")

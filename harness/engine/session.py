@@ -281,22 +281,22 @@ def execute(options: RunOptions, reporter: Reporter,
 
     if options.golden_dir:
         options = dataclasses.replace(options, golden_dir=str(Path(options.golden_dir).resolve()))
+    db_path = store.resolve_db_path(options.db)
     warm = None
     if resumed is None:
-        db_path = store.resolve_db_path(options.db)
         warm = warm_start.start(options, envinfo.find_launcher(options.launcher),
                                 store.runs_root(db_path, options.out_dir), uuid.uuid4().hex)
     try:
-        return _execute(options, reporter, resumed, warm)
+        return _execute(options, reporter, resumed, db_path, warm)
     finally:
         if warm is not None:
             warm.cancel()  # nothing once its world size's launch has let it go
 
 
 def _execute(options: RunOptions, reporter: Reporter, resumed: tuple[Path, RunInfo] | None,
-             warm: Any) -> Outcome:
+             db_path: Path | str, warm: Any) -> Outcome:
+    """``execute`` once the first job is started (``warm``) or is not started early."""
     from harness.device import envinfo
-    from harness.history import store
 
     the_plan = plan(options.selectors, options.tier, options.world_sizes, options.impls,
                     options.device)
@@ -310,7 +310,6 @@ def _execute(options: RunOptions, reporter: Reporter, resumed: tuple[Path, RunIn
     for line in shared_impl_notes(the_plan.specs, options.impls):
         reporter.note(line)
     mpiexec, sanitizer = preflight(options, the_plan.device_type)
-    db_path = store.resolve_db_path(options.db)
     reachable = check_db(db_path, reporter)
     run_dir, info = resumed if resumed is not None else new_run(
         options, mpiexec, db_path, warm and warm.cfg.run_id)

@@ -14,7 +14,6 @@ accounting), and compute-sanitizer is chosen after the device is resolved.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -59,9 +58,7 @@ class WarmJob:
     def go(self) -> tuple[subprocess.Popen, Path]:
         """Let the ranks read the run (call once ``run.json``, the calibrations and the skip
         file are in place); the job and its log are the launcher's from here."""
-        tmp = self.go_path.with_suffix(".tmp")
-        tmp.write_text("go\n")
-        os.replace(tmp, self.go_path)
+        self.go_path.touch()  # the ranks wait for it to exist, whatever it holds
         self.adopted = True
         return self.proc, self.log_path
 

@@ -72,6 +72,12 @@ def sqlite_kind(exc: sqlite3.Error) -> str | None:
     return None
 
 
+def corrupt(label: str, found: str) -> StoreError:
+    """The one line of a damaged SQLite history DB, with what SQLite ``found``."""
+    return StoreError(f"history DB {label} is corrupt ({found}): move it away and re-ingest "
+                      "the run directories with `harness ingest`, or pass another --db")
+
+
 def translate_sqlite(label: str, exc: sqlite3.Error) -> StoreError | None:
     """A one-line StoreError for SQLite failures a user can cause, None for anything else."""
     kind, msg = sqlite_kind(exc), str(exc)
@@ -80,10 +86,7 @@ def translate_sqlite(label: str, exc: sqlite3.Error) -> StoreError | None:
             f"history DB {label} is not an SQLite database: move it away or pass another --db"
         )
     if kind == "corrupt":
-        return StoreError(
-            f"history DB {label} is corrupt ({msg}): move it away and re-ingest the run "
-            "directories with `harness ingest`, or pass another --db"
-        )
+        return corrupt(label, msg)
     if kind == "locked":
         return StoreError(
             f"history DB {label} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "

@@ -48,6 +48,7 @@ from harness.history.sql import (
     SQLITE_DAMAGE,
     StoreError,
     Unreachable,
+    corrupt,
     error_of,
     insert_id,
     is_postgres,
@@ -223,9 +224,7 @@ def check_integrity(conn: Any) -> None:
     problems = [row[0] for row in conn.execute("PRAGMA quick_check(3)").fetchall()]
     if problems != ["ok"]:
         found = " ".join("; ".join(problems).split())[:200]  # one line: SQLite's has breaks
-        raise StoreError(f"history DB {conn.label} is corrupt ({found}): "
-                         "move it away and re-ingest the run directories with `harness "
-                         "ingest`, or pass another --db")
+        raise corrupt(conn.label, found)
 
 
 #: how long work on a PostgreSQL history DB whose connection was lost (a server restart) is
