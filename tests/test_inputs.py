@@ -8,6 +8,7 @@ import time
 import pytest
 import torch
 
+from harness.core import inputs as inputs_module
 from harness.core.inputs import (
     GENERATOR_VERSION,
     dtype_from_name,
@@ -215,6 +216,31 @@ def test_large_tensor_spans_many_cpu_chunks() -> None:
     t = generate(shape, "f64", seed=11, dist="int", low=0, high=1000)
     for i in (0, 2**15 - 1, 2**15, 2 * 2**15 + 17, shape[0] - 1):
         assert t[i].item() == py_value(i, 11, "int", low=0, high=1000)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_cpu_chunks_give_every_thread_a_grain(monkeypatch, threads: int) -> None:
+    # each hash pass is one torch op per chunk, split between the intra-op threads a grain
+    # (32768 elements) at a time: a chunk of fewer grains than threads leaves cores idle
+    sizes: list[int] = []
+    real = inputs_module.hash32
+
+    def counted(index, seed, stream=0):
+        sizes.append(index.numel())
+        return real(index, seed, stream)
+
+    monkeypatch.setattr(inputs_module, "hash32", counted)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        n = 7 * 2**15 + 3
+        t = generate((n,), "f64", seed=4, low=-100.0, high=100.0)
+    finally:
+        torch.set_num_threads(before)
+    assert max(sizes) == threads * 2**15
+    assert sum(sizes) == n
+    for i in (0, threads * 2**15 - 1, threads * 2**15, n - 1):
+        assert t[i].item() == py_value(i, 4, "uniform", low=-100.0, high=100.0)
 
 
 # ---------------------------------------------------------------- streams and statistics

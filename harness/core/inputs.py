@@ -35,12 +35,22 @@ _GOLDEN = 0x9E3779B9
 _SQRT3 = 1.7320508075688772  # math.sqrt(3), a constant so that no device computes a sqrt
 _DRAWS_PER_STREAM = 4
 _MAX_STREAM = (1 << 32) // _DRAWS_PER_STREAM
-# On the CPU the hash's ~20 int64 passes run ~10x faster on cache-resident blocks than on
-# chunks that spill to DRAM; on CUDA, large chunks amortise the kernel launches instead. Two
-# of torch's grain sizes (at::internal::GRAIN_SIZE in ATen/Parallel.h, 32768 elements; an op
-# on fewer runs on one thread): 1 << 15 left the second core idle, and 1 << 16 makes 2**27
-# int32 values in 1.2 s instead of 2.1 s on 2 cores. The values never depend on it.
-_CPU_CHUNK = 1 << 16
+#: torch's grain size (at::internal::GRAIN_SIZE in ATen/Parallel.h): an op on n elements runs
+#: on min(threads, ceil(n / grain)) intra-op threads (invoke_parallel, ATen/ParallelOpenMP.h)
+_GRAIN = 1 << 15
+
+
+def _cpu_chunk() -> int:
+    """Elements per chunk on the CPU: one grain for each of torch's intra-op threads.
+
+    The hash's ~20 int64 passes run ~10x faster on cache-resident blocks than on chunks that
+    spill to DRAM (on CUDA, large chunks amortise the kernel launches instead). A grain per
+    thread keeps each thread on its own 256 KiB block and every thread busy: on 2 cores
+    2**15 left the second idle and 2**16 makes 2**27 int32 values in 1.2 s instead of 2.1 s;
+    a fixed 2**16 held a 16-core GPU host to 2 of them for the stress tier's 2**31-element
+    storages. The values never depend on it."""
+    return _GRAIN * max(1, torch.get_num_threads())
+
 
 DISTS = ("uniform", "normal", "int", "sign")
 
@@ -326,7 +336,7 @@ def generate(
     if out.numel() == 0:
         return out.reshape(out_shape)
     if out.device.type == "cpu":
-        chunk_elems = min(chunk_elems, _CPU_CHUNK)  # values never depend on the chunking
+        chunk_elems = min(chunk_elems, _cpu_chunk())  # values never depend on the chunking
     _fill(out, values, base, kept, chunk_elems, device)
     return out.reshape(out_shape)
 
