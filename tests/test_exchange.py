@@ -445,6 +445,22 @@ def test_run_without_fingerprint_is_refused_before_the_db(tmp_path: Path) -> Non
         exchange.load(path)
 
 
+def test_a_result_line_is_its_dict_as_json_nested_dataclasses_included() -> None:
+    from harness.core.compare import Metrics
+
+    results = make_results("r1")
+    nested = make_result("r1", 7, "torch", 1, 10.0)
+    nested.golden = {"outputs": {"out": {"metrics": Metrics(numel=3, n_nan=1)}}}
+    for r in [*results, nested]:
+        line = r.to_json()
+        assert line == json.dumps(r.to_dict(), sort_keys=True, allow_nan=True)
+        assert CaseResult.from_dict(json.loads(line)).to_dict() == json.loads(line)
+    assert json.loads(nested.to_json())["golden"]["outputs"]["out"]["metrics"]["n_nan"] == 1
+    nested.derived = {"gbps": object()}
+    with pytest.raises(TypeError, match="object is not JSON serializable"):
+        nested.to_json()
+
+
 def test_run_directory_ingests_and_keeps_a_torn_last_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "runs" / RUN_A
     run_dir.mkdir(parents=True)

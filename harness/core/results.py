@@ -89,8 +89,10 @@ class CaseResult:
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
-        """One line of JSON, no trailing newline."""
-        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=True)
+        """One line of JSON, no trailing newline: ``to_dict``'s, without its deep copy (a
+        quarter of a millisecond of every case's cost)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return json.dumps(fields, sort_keys=True, allow_nan=True, default=_plain)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CaseResult:
@@ -103,6 +105,14 @@ class CaseResult:
             )
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _plain(value: Any) -> Any:
+    """A nested dataclass as ``dataclasses.asdict`` gives it; anything else JSON cannot take is
+    an error, as it is for ``to_dict``'s JSON."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def result_key(case_id: str, impl: str, world_size: int) -> str:
