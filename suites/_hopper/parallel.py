@@ -281,7 +281,9 @@ DECODER_LAYER = OpSpec(
     work=lambda p, w: Work(flops=2.0 * p["requests"] * p["tokens"] * p["hidden"] * (
         (p["hkv"] * (p["hq"] // p["hkv"] + 2) + p["hq"]) * p["d"] + 3 * p["inter"]) / w,
         flops_dtype="bf16"),
-    grid={"smoke": [_layer_case(2, 2, 256, 16, 8, 32, 4096, 8, 16, 3)],
+    # a hidden size that is no power of two (as 7168 and 2880 are): a norm over a padded
+    # power-of-two block divides by the wrong width only there
+    grid={"smoke": [_layer_case(2, 2, 384, 16, 8, 32, 4096, 8, 16, 3)],
           "nightly": [_layer_case(b, 1, 4096, 32, 8, 128, 12288, 8, 64, 64) for b in (1, 8)]},
     implementations={"torch": decoder_layer_torch},
     negative_controls={"rope_before_norm": decoder_layer_rope_before_norm,
