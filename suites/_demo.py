@@ -3,8 +3,9 @@
 It is torch's strided copy, plus what the demo plants on later nights through the
 environment, so the dashboard has a real slowdown and a real wrong answer to show:
 ``HARNESS_DEMO_DELAY_S`` adds a sleep after the copy (a regression the history analysis must
-flag), ``HARNESS_DEMO_REPEAT=N`` copies N times (a night a busy machine slowed a little), ``HARNESS_DEMO_BUG=1`` corrupts the last element of outputs past 1500 elements (a tail
-bug past a size threshold: a failure with its first bad index, while smaller cases pass).
+flag), ``HARNESS_DEMO_REPEAT=N`` copies N times (a night a busy machine slowed a little),
+``HARNESS_DEMO_BUG=1`` corrupts the last element of outputs past 1500 elements (a tail bug
+past a size threshold: a failure with its first bad index, while smaller cases pass).
 Loaded ad hoc: ``--impl suites._demo:copy_under_development``.
 """
 

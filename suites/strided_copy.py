@@ -261,7 +261,9 @@ STRIDED_COPY = OpSpec(
                        "cuda_int32_index": from_source(source("strided_copy.cu"),
                                                        launch_strided_copy_int32),
                        "triton_int32_index": triton_impl("strided_copy:strided_copy_int32_index",
-                                                         elements=_elements)},
+                                                         elements=_elements),
+                       "triton_store_one_past": triton_impl(
+                           "strided_copy:strided_copy_store_one_past", elements=_elements)},
     requires=fits,
     deadline_s=1800.0,
 )

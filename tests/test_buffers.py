@@ -10,6 +10,9 @@ import torch
 
 from harness.core.buffers import (
     ALIGN_BYTES,
+    CANARY_BYTE,
+    REDZONE_BYTES,
+    Redzones,
     free_blocks_to_poison,
     fresh_memory_poisoned,
     lies_within,
@@ -81,6 +84,47 @@ def _segment(device=0, expandable=False, pool=(0, 0), blocks=()):
             "segment_type": "large", "segment_pool_id": pool, "is_expandable": expandable,
             "blocks": [{"address": a, "size": n, "requested_size": n, "state": st}
                        for a, n, st in blocks]}
+
+
+def _beside(t: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """``count`` elements of ``t``'s storage from element ``first`` (relative to ``t``'s start):
+    what a kernel whose index runs past the buffer touches."""
+    return torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), t.storage_offset() + first,
+                                              (count,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.uint8, torch.bfloat16])
+def test_redzones_name_the_buffer_written_past_and_by_how_much(dtype):
+    out, x = torch.zeros(37, dtype=dtype), torch.ones(5, dtype=dtype)
+    zones = Redzones()
+    moved = relocate({"x": x, "out": out}, shift_bytes=ALIGN_BYTES, redzones=zones)
+    assert zones.damage() is None
+    moved["out"].fill_(3)  # the whole buffer: inside
+    assert zones.damage() is None
+    _beside(moved["out"], 37, 1).fill_(7)  # one element past the end
+    size = out.element_size()
+    past = f"{size} byte past" if size == 1 else f"{size} bytes past"
+    assert zones.damage() == (
+        f"wrote outside the buffers it was given: 'out' ({past} its end) (a store mask or an "
+        "index one too far: on a GPU such a write lands in another allocation or is lost)")
+    _beside(moved["x"], -2, 1).fill_(7)  # two elements before the start of x
+    why = zones.damage()
+    assert f"'x' ({2 * size} bytes before its start)" in why and "'out'" in why
+
+
+def test_redzones_cover_a_storage_shared_by_views_and_the_far_end_of_the_zone():
+    base = torch.zeros(64)
+    x, out = base[:32], base[32:]
+    zones = Redzones()
+    moved = relocate({"x": x, "out": out}, redzones=zones)  # no shift: nothing before
+    storage = moved["x"].untyped_storage()
+    assert storage.nbytes() == 64 * 4 + REDZONE_BYTES
+    raw = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+    assert bool((raw[64 * 4:] == CANARY_BYTE).all())
+    raw[-1] = 0  # the last byte of the zone
+    assert "'x' / 'out' (4096 bytes past its end)" in zones.damage()
+    # without redzones a relocation is as big as the storage it copies
+    assert relocate({"x": x})["x"].untyped_storage().nbytes() == 64 * 4
 
 
 def test_only_the_default_pools_free_blocks_on_this_device_are_poisoned():

@@ -59,6 +59,34 @@ def test_a_correct_implementation_passes_every_check(world):
     assert r.timing["n"] >= 3 and r.output_hash
 
 
+
+def test_a_write_past_the_output_is_an_error_though_every_element_is_right(world):
+    # a store mask one too long: the output holds the right values, and one more
+    def one_past(x, out):
+        n = out.numel()
+        torch.mul(x, 2, out=out)
+        torch.empty(0, dtype=out.dtype).set_(out.untyped_storage(), out.storage_offset() + n,
+                                             (1,)).fill_(1.0)
+        return out
+
+    r = _run(world, one_past)
+    assert r.status == "error"
+    assert "wrote outside the buffers it was given: 'out' (4 bytes past its end)" in r.reason
+
+
+def test_a_write_before_the_input_is_caught_on_the_shifted_call(world):
+    # a negative index; the first call's buffers start where their storage does, the shifted
+    # call's have the shift before them
+    def one_before(x, out):
+        if x.storage_offset() > 0:
+            torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), x.storage_offset() - 1,
+                                               (1,)).fill_(1.0)
+        return torch.mul(x, 2, out=out)
+
+    r = _run(world, one_before)
+    assert r.status == "error"
+    assert "wrote outside the buffers it was given: 'x' (4 bytes before its start)" in r.reason
+
 def test_an_unwritten_element_stays_poisoned_and_fails(world):
     def skips_last(x, out):
         torch.mul(x[:-1], 2, out=out[:-1])

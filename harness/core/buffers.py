@@ -15,6 +15,11 @@
   ``x`` as a slice of ``out``). Calling an implementation on relocated inputs after poisoning
   the old ones catches caches keyed by address and reads of stale buffers; nccl-tests shifts
   its buffers between iterations for the same reason.
+- ``Redzones``: a relocation can also fill the bytes just before and just after each new
+  storage with a canary; a kernel that writes past either end of a buffer (a store mask one
+  too long, a negative index) changes them, where nothing else would show it: the allocator
+  rounds a block up, so such a write lands in slack or in a neighbour and is lost silently
+  (compute-sanitizer's memcheck finds the same on a GPU, much more slowly).
 """
 
 from __future__ import annotations
@@ -199,28 +204,87 @@ def nbytes(values: Mapping[str, Any]) -> int:
     return sum(seen.values())
 
 
+#: the byte a redzone is filled with: no poison (0xFF, 0x00, 0x80...), no common value's byte
+CANARY_BYTE = 0x5A
+#: the redzone after each storage: a vector store, or a row of a tile, past the end lands in it
+REDZONE_BYTES = 4096
+
+
+class Redzones:
+    """The canary-filled bytes around the storages one ``relocate`` made: the ``shift_bytes``
+    before each and ``REDZONE_BYTES`` after it. ``damage()`` says which buffer an
+    implementation wrote past, or None."""
+
+    def __init__(self) -> None:
+        #: (input names sharing the storage, the new storage's bytes, data start, data end)
+        self._zones: list[tuple[list[str], torch.Tensor, int, int]] = []
+
+    def add(self, names: list[str], fresh: torch.Tensor, start: int, end: int) -> None:
+        fresh[:start].fill_(CANARY_BYTE)
+        fresh[end:].fill_(CANARY_BYTE)
+        self._zones.append((names, fresh, start, end))
+
+    def damage(self) -> str | None:
+        """One line naming every buffer whose redzone bytes changed, or None (after the
+        device is synchronised)."""
+        found = []
+        for names, fresh, start, end in self._zones:
+            if fresh.device.type == "meta":  # no values to read
+                continue
+            before = (fresh[:start] != CANARY_BYTE).nonzero()
+            after = (fresh[end:] != CANARY_BYTE).nonzero()
+            where = []
+            if before.numel():
+                where.append(f"{_bytes(start - int(before[0, 0]))} before its start")
+            if after.numel():
+                where.append(f"{_bytes(int(after[-1, 0]) + 1)} past its end")
+            if where:
+                found.append(f"{' / '.join(repr(n) for n in names)} ({' and '.join(where)})")
+        if not found:
+            return None
+        return ("wrote outside the buffers it was given: " + "; ".join(found) + " (a store "
+                "mask or an index one too far: on a GPU such a write lands in another "
+                "allocation or is lost)")
+
+
+def _bytes(n: int) -> str:
+    return f"{n} byte" if n == 1 else f"{n} bytes"
+
+
 def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
-             device: torch.device | str | None = None) -> dict[str, Any]:
+             device: torch.device | str | None = None,
+             redzones: Redzones | None = None) -> dict[str, Any]:
     """A copy of ``values`` whose tensors live in new storage, ``shift_bytes`` past its start,
     on ``device`` (default: where they are). Tensors that shared a storage share the new one
     with the same offsets and strides; the same tensor object maps to one new object. Plain
-    mutable values (lists, dicts, sets) are copied too; immutable ones are shared."""
+    mutable values (lists, dicts, sets) are copied too; immutable ones are shared. With
+    ``redzones``, every new storage gets ``REDZONE_BYTES`` more, and the bytes around its
+    data are filled with the canary and recorded there."""
     if shift_bytes % ALIGN_BYTES:
         raise ValueError(f"shift_bytes must be a multiple of {ALIGN_BYTES}")
     storages: dict[tuple[str, int], torch.UntypedStorage] = {}
+    names_of: dict[tuple[str, int], list[str]] = {}
     memo: dict[int, torch.Tensor] = {}
+    tail = REDZONE_BYTES if redzones is not None else 0
 
-    def move(t: torch.Tensor) -> torch.Tensor:
-        if id(t) in memo:
-            return memo[id(t)]
-        target = torch.device(device) if device is not None else t.device
+    def move(t: torch.Tensor, name: str) -> torch.Tensor:
         old = t.untyped_storage()
         key = (str(t.device), old.data_ptr())
+        if id(t) in memo:
+            names_of[key].append(name)
+            return memo[id(t)]
+        target = torch.device(device) if device is not None else t.device
         if key not in storages:
-            fresh = torch.empty(shift_bytes + old.nbytes(), dtype=torch.uint8, device=target)
+            end = shift_bytes + old.nbytes()
+            fresh = torch.empty(end + tail, dtype=torch.uint8, device=target)
             src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(old, 0, (old.nbytes(),))
-            fresh[shift_bytes:].copy_(src)
+            fresh[shift_bytes:end].copy_(src)
             storages[key] = fresh.untyped_storage()
+            names_of[key] = []
+            if redzones is not None:
+                redzones.add(names_of[key], fresh, shift_bytes, end)
+        if name not in names_of[key]:
+            names_of[key].append(name)
         new = torch.empty(0, dtype=t.dtype, device=target).set_(
             storages[key], t.storage_offset() + shift_bytes // t.element_size(), t.shape,
             t.stride())
@@ -230,9 +294,10 @@ def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
     out: dict[str, Any] = {}
     for name, v in values.items():
         if isinstance(v, torch.Tensor):
-            out[name] = move(v)
+            out[name] = move(v, name)
         elif isinstance(v, (list, tuple)) and any(isinstance(i, torch.Tensor) for i in v):
-            out[name] = type(v)(move(i) if isinstance(i, torch.Tensor) else i for i in v)
+            out[name] = type(v)(move(i, f"{name}[{j}]") if isinstance(i, torch.Tensor) else i
+                                for j, i in enumerate(v))
         elif isinstance(v, (list, dict, set)):  # a list of split sizes is the copy's own too
             out[name] = copy.deepcopy(v)
         else:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from harness.core import compare
-from harness.core.buffers import nbytes, relocate
+from harness.core.buffers import Redzones, nbytes, relocate
 from harness.core.spec import Case
 
 
@@ -124,14 +124,18 @@ class CaseSetup:
             self._twin = CaseSetup(twin, self.rank, lens=False)  # staleness, not precision
         return self._twin
 
-    def inputs(self, device: torch.device, shift_bytes: int = 0) -> dict[str, Any]:
-        """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory."""
+    def inputs(self, device: torch.device, shift_bytes: int = 0,
+               redzones: Redzones | None = None) -> dict[str, Any]:
+        """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory; with
+        ``redzones``, canaries around each new storage (none where inputs over the cap are
+        used where they were made, on the CPU)."""
         if self.pristine is not None:
-            return relocate(self.pristine, shift_bytes=shift_bytes, device=device)
+            return relocate(self.pristine, shift_bytes=shift_bytes, device=device,
+                            redzones=redzones)
         made, self._first = self._first, None
         if made is None:  # not kept: generate again
             made = self.case.spec.make_inputs(self.case.params, self.rank, self.case.world_size)
-        return _place(made, device, shift_bytes)
+        return _place(made, device, shift_bytes, redzones)
 
 
 class SetupCache:
@@ -152,9 +156,9 @@ class SetupCache:
         return last
 
 
-def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0
-           ) -> dict[str, Any]:
+def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0,
+           redzones: Redzones | None = None) -> dict[str, Any]:
     """Inputs on the device (aliasing kept); shifted into fresh memory when asked."""
     if device.type == "cpu" and shift_bytes == 0:
         return dict(values)
-    return relocate(values, shift_bytes=shift_bytes, device=device)
+    return relocate(values, shift_bytes=shift_bytes, device=device, redzones=redzones)

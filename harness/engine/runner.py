@@ -37,6 +37,7 @@ import torch
 from harness.core import compare
 from harness.core.buffers import (
     ALIGN_BYTES,
+    Redzones,
     flat_bytes,
     fresh_memory_poisoned,
     lies_within,
@@ -132,9 +133,13 @@ def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[st
 
 
 def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
-                    guards: Mapping[str, torch.Tensor]) -> None:
-    """Untouched read-only inputs, outputs in the buffers provided, in-place outputs aliased."""
+                    guards: Mapping[str, torch.Tensor], zones: Redzones) -> None:
+    """Nothing written outside the buffers given, untouched read-only inputs, outputs in the
+    buffers provided, in-place outputs aliased."""
     spec = case.spec
+    outside = zones.damage()
+    if outside:
+        raise CaseError(outside)
     for k, before in guards.items():
         if not same_bits(inputs[k], before):
             raise CaseError(f"input {k!r} was modified, but this case may not write it")
@@ -325,7 +330,8 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
     try:
         phase("setup")
         setup = calls.setup = setups.get(case, world.rank)
-        inputs = calls.inputs = setup.inputs(world.device)
+        zones = Redzones()
+        inputs = calls.inputs = setup.inputs(world.device, redzones=zones)
         writable = calls.writable = _writable(case, inputs)
         guards = {k: v.clone() for k, v in inputs.items()
                   if isinstance(v, torch.Tensor) and k not in writable}
@@ -337,7 +343,7 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
         with calls.mem:
             outputs = _call(world, case, impl, inputs, fresh_poison=True)
         phase("check")
-        _check_contract(case, inputs, outputs, guards)
+        _check_contract(case, inputs, outputs, guards, zones)
         calls.stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos,
                                         setup.magnitudes)
         calls.digest = _hash(outputs)
@@ -345,7 +351,8 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
             calls.golden = golden_check(golden, case, outputs, tols, world.rank,
                                         setup.magnitudes)
         if spec.shift_buffers and nbytes(inputs) <= RELOCATE_CAP_BYTES:
-            shifted = setup.inputs(world.device, SHIFT_BYTES)
+            zones = Redzones()
+            shifted = setup.inputs(world.device, SHIFT_BYTES, zones)
             for _, t in tensors(inputs):
                 poison_(t)
             del outputs
@@ -355,7 +362,7 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
             with calls.mem:
                 outputs = _call(world, case, impl, inputs)
             phase("check")
-            _check_contract(case, inputs, outputs, guards)
+            _check_contract(case, inputs, outputs, guards, zones)
             calls.stages["shifted"] = _measure(outputs, expected, tols, world.rank, setup.memos,
                                                setup.magnitudes)
             checks.append("shifted_buffers")

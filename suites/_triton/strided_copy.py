@@ -6,7 +6,8 @@ The output index and the position are int64: a view can hold more than 2**31 ele
 past 2**31 in its storage, or step by more than 2**31. The control does the same in int32,
 as a kernel written from ``tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)`` does: its
 positions wrap past 2**31, and the bounds mask both kernels carry turns the wrapped ones into
-missing elements, not a read outside the storage.
+missing elements, not a read outside the storage. A second control's store mask reaches one
+element past the output.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ BLOCK = 4096
 
 @triton.jit
 def _strided_copy(src_ptr, out_ptr, numel, storage_numel, offset, sizes_ptr, strides_ptr,
-                  NDIM: tl.constexpr, BLOCK: tl.constexpr, INDEX_32: tl.constexpr):
+                  NDIM: tl.constexpr, BLOCK: tl.constexpr, INDEX_32: tl.constexpr,
+                  PAST: tl.constexpr):
     if INDEX_32:  # the control
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         pos = tl.zeros([BLOCK], dtype=tl.int32) + offset.to(tl.int32)
@@ -44,10 +46,10 @@ def _strided_copy(src_ptr, out_ptr, numel, storage_numel, offset, sizes_ptr, str
         rest = rest // n
     inside = (i >= 0) & (i < numel)
     value = tl.load(src_ptr + pos, mask=inside & (pos >= 0) & (pos < storage_numel))
-    tl.store(out_ptr + i, value, mask=inside)
+    tl.store(out_ptr + i, value, mask=(i >= 0) & (i < numel + PAST))  # PAST = 1: a control
 
 
-def _copy(storage, size, stride, offset, out, index_32: bool):
+def _copy(storage, size, stride, offset, out, index_32: bool, past: int = 0):
     numel = math.prod(size)
     if numel == 0:
         return out
@@ -56,7 +58,7 @@ def _copy(storage, size, stride, offset, out, index_32: bool):
     strides = torch.tensor(list(stride) or [0], dtype=torch.int64, device=storage.device)
     _strided_copy[(triton.cdiv(numel, BLOCK),)](
         raw_bits(storage), raw_bits(out), numel, storage.numel(), offset, sizes, strides,
-        NDIM=sizes.numel(), BLOCK=BLOCK, INDEX_32=index_32)
+        NDIM=sizes.numel(), BLOCK=BLOCK, INDEX_32=index_32, PAST=past)
     return out
 
 
@@ -68,3 +70,10 @@ def strided_copy(storage, size, stride, offset, out):
 def strided_copy_int32_index(storage, size, stride, offset, out):
     """Control: the output index and source position in int32."""
     return _copy(storage, size, stride, offset, out, True)
+
+
+def strided_copy_store_one_past(storage, size, stride, offset, out):
+    """Control: the store mask is ``i < numel + 1``: the last program writes one element past
+    the output wherever numel is not a multiple of BLOCK. Every element of the output is
+    right; only the bytes after it say so."""
+    return _copy(storage, size, stride, offset, out, False, past=1)
