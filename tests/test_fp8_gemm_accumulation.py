@@ -5,9 +5,12 @@ element of -0.020 whose products summed to 252 in magnitude came out 0.0016 off 
 that sum). FP8 tensor cores accumulate with about 14 mantissa bits between promotions, so an
 element whose products cancel keeps their rounding error. The check now allows 2**-14 of each
 element's magnitude sum_k |a_ik| |b_jk| beside the old allclose. Here, through the runner
-and the stored goldens: an accumulator rounded to 12 or 13 significant bits after every
-32-wide K step (worse than a promoting kernel) passes every per-tensor smoke case, and
-failed the old tolerance; one of 8 bits (bf16) and one of 10 fail.
+and the stored goldens: an accumulator rounded to 13 significant bits after every 32-wide K
+step (one bit below a tensor core's, never promoted) passes every per-tensor smoke case, and
+failed the old tolerance; one of 8 bits (bf16), 10 and 12 fail. 12 bits passes the bf16-output
+cases, whose own rounding hides it, and fails the float32-output one, which is held to
+float32's rounding (at gpu-mode's rtol 2e-2 it passed, and so did a float32 output rounded
+through bf16).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def _run(world, case, fn):
                     golden=GoldenShelf(registry().golden_dir_of))
 
 
-@pytest.mark.parametrize("bits", [12, 13])
+@pytest.mark.parametrize("bits", [13])
 def test_a_tensor_core_like_accumulator_passes_every_case(world, bits):
     gemm = narrow_accumulator(bits)
     failed_before = 0
@@ -72,7 +75,7 @@ def test_a_tensor_core_like_accumulator_passes_every_case(world, bits):
     assert failed_before, "the old tolerance took it too: the test would show nothing"
 
 
-@pytest.mark.parametrize("bits", [8, 10])
+@pytest.mark.parametrize("bits", [8, 10, 12])
 def test_a_narrower_accumulator_still_fails(world, bits):
     results = [_run(world, case, narrow_accumulator(bits)) for case in CASES]
     assert any(r.status == "fail" and "magnitude_rtol" in r.reason for r in results), \
@@ -87,3 +90,15 @@ def test_every_fp8_gemm_gives_a_magnitude_of_each_outputs_shape():
         setup = CaseSetup(Case(spec, case.params, 1), 0)
         assert setup.magnitudes["out"].shape == setup.expected["out"].shape, name
         assert bool((setup.magnitudes["out"] >= 0).all()), name
+
+
+def test_a_float32_output_rounded_through_bf16_fails(world):
+    # an epilogue that converts through bf16: 2**-9 of each value, 2**15 times float32's
+    def through_bf16(a, scale_a, b, scale_b, out_dtype):
+        out = SPEC.implementations["torch"](a, scale_a, b, scale_b, out_dtype)
+        return out.to(torch.bfloat16).to(out_dtype)
+
+    results = {case.params["out"]: _run(world, case, through_bf16) for case in CASES
+               if case.params["fmt"] == "e4m3"}
+    assert results["f32"].status == "fail", results["f32"].reason
+    assert results["bf16"].status == "pass", results["bf16"].reason  # the same bits there
