@@ -36,7 +36,7 @@ SELECTION = (
 )
 #: the quick demo (the browser test): fewer cases, the same shapes of charts, on the last
 #: QUICK_SELECTION_NIGHTS nights only (the kernel under development runs every night: its
-#: change point needs three nights at the old level and two at the new)
+#: change point needs LEVEL_NIGHTS at the old level and SLOWDOWN_NIGHTS at the new)
 QUICK_SELECTION_NIGHTS = 2
 QUICK_SELECTION = (
     "allreduce[dtype=f32,inplace=false,mode=exact,*op=sum]",
@@ -57,12 +57,21 @@ DELAY_S = 0.002
 SLOW_NIGHT_REPEAT = 6
 
 
+#: the last nights, slower: three runs at the new level make the change point significant
+#: even when a loaded machine made the nights before it differ (after two, a plain night 1.7x
+#: slow beside the slow night once left it at p = 0.011)
+SLOWDOWN_NIGHTS = 3
+#: nights at the old level before the slowdown, at least (the slow night is not one of them)
+LEVEL_NIGHTS = 3
+
+
 def _night_env(night: int, nights: int, slow_night: bool = False) -> dict[str, str]:
     """What the kernel under development does on this night (1-based)."""
     env: dict[str, str] = {}
-    if night > nights - 2:  # the last two nights: slower (two in a row confirm a regression)
+    first_slow = nights - SLOWDOWN_NIGHTS + 1
+    if night >= first_slow:
         env["HARNESS_DEMO_DELAY_S"] = str(DELAY_S)
-    elif slow_night and night == nights - 2:
+    elif slow_night and night == first_slow - 1:
         env["HARNESS_DEMO_REPEAT"] = str(SLOW_NIGHT_REPEAT)
     if night == nights:
         env["HARNESS_DEMO_BUG"] = "1"
@@ -85,9 +94,11 @@ def _summary(out: subprocess.CompletedProcess[str]) -> str:
               help="History DB the demo fills (its own, not your real history).")
 @click.option("--out", "out_dir", default="harness-results/demo/site", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="Where the site goes.")
-@click.option("--nights", default=6, show_default=True, type=click.IntRange(5, 50),
-              help="Runs of the selection to make: the last two plant the slowdown, "
-                   "and at least three before them set the level it leaves.")
+@click.option("--nights", default=6, show_default=True,
+              type=click.IntRange(LEVEL_NIGHTS + SLOWDOWN_NIGHTS, 50),
+              help="Runs of the selection to make: the last three plant the slowdown, "
+                   "and at least three before them set the level it leaves (four with "
+                   "--slow-night).")
 @click.option("--world-sizes", default="1,4", show_default=True)
 @click.option("--quick", is_flag=True,
               help="Fewer cases, and on the last 2 nights only (about a minute on 2 "
@@ -103,6 +114,10 @@ def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: 
     from harness.cli.main import command_named
 
     sizes = ",".join(map(str, parse_world_sizes(world_sizes)))
+    if slow_night and nights < LEVEL_NIGHTS + 1 + SLOWDOWN_NIGHTS:
+        raise HarnessExit(f"--slow-night needs --nights {LEVEL_NIGHTS + 1 + SLOWDOWN_NIGHTS} "
+                          f"or more: {LEVEL_NIGHTS} nights at the old level, the slow one, "
+                          f"and {SLOWDOWN_NIGHTS} slower", EXIT_USAGE)
     if db.exists():
         raise HarnessExit(f"{db} exists: the demo writes a fresh history; remove it or pass "
                           "another --db", EXIT_USAGE)

@@ -671,6 +671,7 @@ def test_a_wrong_user_callable_fails_every_case_with_exit_1(faults_run):
     (["run", "--world-sizes", "0"], 2, "--world-sizes '0'"),
     (["run", "--launcher", "/nonexistent/mpiexec"], 4, "no MPI launcher found"),
     (["run", "--device", "cuda"], 2, "no CUDA device"),
+    (["demo", "--slow-night", "--nights", "6"], 2, "--slow-night needs --nights 7 or more"),
 ])
 def test_bad_input_is_one_clear_line_and_a_documented_exit_code(tmp_path, args, code, needle):
     if args[-1] == "cuda":

@@ -48,15 +48,15 @@ def _chromium() -> str:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """A quick demo history (6 nights, the default, of real runs of the kernel under
-    development: four at the old level and two at the new, so that the change point rests on
-    enough runs to be significant even when a loaded machine makes the nights differ; the
+    """A quick demo history (7 nights of real runs of the kernel under development: three at
+    the old level, a slow one, and three at the new, so that the change point rests on enough
+    runs to be significant even when a loaded machine makes the nights differ; the
     selection on the last 2 nights, at world size 2 only, which still draws busbw, to spare CI
     a minute) and its rendered site."""
     tmp = tmp_path_factory.mktemp("demo")
     # --slow-night: night 4 a little slow, as a busy machine makes a night before a step: the
     # change points must be dated at night 5 all the same
-    out = harness(tmp, "demo", "--quick", "--slow-night", "--world-sizes", "2",
+    out = harness(tmp, "demo", "--quick", "--slow-night", "--nights", "7", "--world-sizes", "2",
                   "--db", str(tmp / "demo.db"), "--out", str(tmp / "site"))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return tmp, out
@@ -133,8 +133,8 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
     tmp, out = demo
     db = tmp / "demo.db"
     runs = sql(db, "SELECT run_id, argv FROM runs ORDER BY started_at")
-    # 6 nights of the kernel under development, the selection on the last 2 (--quick)
-    assert len(runs) == 8
+    # 7 nights of the kernel under development, the selection on the last 2 (--quick)
+    assert len(runs) == 9
     kernel = "suites._demo:copy_under_development"
     rows = sql(db, "SELECT r.run_id, r.case_id, r.status, r.median_ns FROM results r "
                    "JOIN runs USING (run_id) WHERE r.impl = ? ORDER BY runs.started_at", kernel)
@@ -143,23 +143,23 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
         by_case.setdefault(r["case_id"], []).append(r)
     step = next(v for k, v in by_case.items() if "view=step" in k)
     contiguous = next(v for k, v in by_case.items() if "view=contiguous" in k)
-    # the slowdown: 2 ms planted on nights 5 and 6 of a copy that takes microseconds
+    # the slowdown: 2 ms planted on nights 5 to 7 of a copy that takes microseconds
     assert step[4]["median_ns"] > max(r["median_ns"] for r in step[:4]) + 1.5e6
-    assert [r["status"] for r in step] == ["pass"] * 6
-    assert [r["status"] for r in contiguous] == ["pass"] * 5 + ["fail"]  # the tail bug
+    assert [r["status"] for r in step] == ["pass"] * 7
+    assert [r["status"] for r in contiguous] == ["pass"] * 6 + ["fail"]  # the tail bug
     # what a failure below needs to be read: the nightly medians the analysis judged
     medians = [round(r["median_ns"]) for r in step]
     findings = {(f["run_id"], f["kind"], f["case_id"]) for f in sql(
         db, "SELECT run_id, kind, case_id FROM findings WHERE impl = ?", kernel)}
     # night 4, slowed a little (the planted slow night), is between the two levels: the
-    # slowdown is found once, by night 5 (night 4 and 5 both off the old level) or 6, in each
+    # slowdown is found once, by night 5 (night 4 and 5 both off the old level), 6 or 7, in each
     # case, dated at night 5 where it began, with night 4 as the earliest it may have begun
     # (against the middle of nights 1-3: a loaded machine once made night 1 alone 2x the others)
     assert step[3]["median_ns"] > 1.5 * sorted(r["median_ns"] for r in step[:3])[1], medians
     regressions = sorted((f[2], f[0]) for f in findings if f[1] == "regression")
     assert [c for c, _ in regressions] == sorted([step[4]["case_id"],
                                                   contiguous[4]["case_id"]]), medians
-    assert {r for _, r in regressions} <= {step[4]["run_id"], step[5]["run_id"]}, medians
+    assert {r for _, r in regressions} <= {step[i]["run_id"] for i in (4, 5, 6)}, medians
     points = sql(db, "SELECT case_id, run_id, earliest_run_id, direction, state, triage "
                      "FROM change_points WHERE impl = ?", kernel)
     # the planted one is the only slower change point of each case. A copy of microseconds
@@ -172,7 +172,7 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
          "earliest_run_id": case[3]["run_id"], "direction": "up", "state": "open",
          "triage": None} for case in (step, contiguous)], key=lambda p: p["case_id"]), (
         points, medians)
-    assert (contiguous[5]["run_id"], "new_failure", contiguous[5]["case_id"]) in findings
+    assert (contiguous[6]["run_id"], "new_failure", contiguous[6]["case_id"]) in findings
     assert "site: " in out.stdout and (tmp / "site" / "index.html").is_file()
 
 
@@ -337,9 +337,9 @@ def test_report_judges_the_runs_it_is_told_for_ci_and_triage_silences(demo, tmp_
     # night 4, the slow one, is not judged a regression alone
     slow = report("--run", kernel_runs[3][:8], "--fail-on", "regression")
     assert slow.returncode == 0 and "0 untriaged regression(s)" in slow.stdout
-    # nights 5 and 6: the tail bug fails (correctness beats speed) and the regressions are
+    # nights 5 to 7: the tail bug fails (correctness beats speed) and the regressions are
     # reported beside it, with the range to bisect
-    last = report("--run", kernel_runs[4][:8], "--run", kernel_runs[5][:8],
+    last = report(*[a for i in (4, 5, 6) for a in ("--run", kernel_runs[i][:8])],
                   "--fail-on", "regression")
     assert last.returncode == 1 and "FAIL w1 strided_copy[" in last.stdout
     assert "REGRESSION w1 strided_copy[" in last.stdout and "as early as run" in last.stdout
@@ -352,7 +352,7 @@ def test_report_judges_the_runs_it_is_told_for_ci_and_triage_silences(demo, tmp_
     marked = harness(tmp_path, "triage", *ups, "acknowledged", "--note",
                      "planted by the demo", "--db", str(db))
     assert marked.returncode == 0, marked.stdout + marked.stderr
-    after = report("--run", kernel_runs[4][:8], "--run", kernel_runs[5][:8],
+    after = report(*[a for i in (4, 5, 6) for a in ("--run", kernel_runs[i][:8])],
                    "--fail-on", "regression")
     assert after.returncode == 1 and "0 untriaged regression(s)" in after.stdout
     index = (tmp_path / "s" / "index.html").read_text()
