@@ -270,9 +270,6 @@ def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
     def move(t: torch.Tensor, name: str) -> torch.Tensor:
         old = t.untyped_storage()
         key = (str(t.device), old.data_ptr())
-        if id(t) in memo:
-            names_of[key].append(name)
-            return memo[id(t)]
         target = torch.device(device) if device is not None else t.device
         if key not in storages:
             end = shift_bytes + old.nbytes()
@@ -283,13 +280,12 @@ def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
             names_of[key] = []
             if redzones is not None:
                 redzones.add(names_of[key], fresh, shift_bytes, end)
-        if name not in names_of[key]:
-            names_of[key].append(name)
-        new = torch.empty(0, dtype=t.dtype, device=target).set_(
-            storages[key], t.storage_offset() + shift_bytes // t.element_size(), t.shape,
-            t.stride())
-        memo[id(t)] = new
-        return new
+        names_of[key].append(name)  # every name is met once: the keys, and list items by index
+        if id(t) not in memo:
+            memo[id(t)] = torch.empty(0, dtype=t.dtype, device=target).set_(
+                storages[key], t.storage_offset() + shift_bytes // t.element_size(), t.shape,
+                t.stride())
+        return memo[id(t)]
 
     out: dict[str, Any] = {}
     for name, v in values.items():
