@@ -57,9 +57,9 @@ DELAY_S = 0.002
 SLOW_NIGHT_REPEAT = 6
 
 
-#: the last nights, slower: three runs at the new level make the change point significant
-#: even when a loaded machine made the nights before it differ (after two, a plain night 1.7x
-#: slow beside the slow night once left it at p = 0.011)
+#: the last nights, slower: three runs at the new level keep the change point significant
+#: when a loaded machine made the nights before it differ (two beside a slow night and a plain
+#: night slowed 1.7x fall just short of alpha)
 SLOWDOWN_NIGHTS = 3
 #: nights at the old level before the slowdown, at least (the slow night is not one of them)
 LEVEL_NIGHTS = 3
