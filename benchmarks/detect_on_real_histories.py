@@ -31,10 +31,10 @@ Sources (each is skipped, with the reason, when its data is not here):
   (a one-run blip, a noisier machine: the level did not move; the synthetic histories' noise
   change is no change point either); a phase shift of a periodic signal is left out.
 
-Detectors: ``harness`` (``harness.history.changepoints.find`` called as ``harness detect --json`` calls
-it on a CSV at its defaults: one sample per run, the trend model, linear, runs read by their
-median, changes of at least ``regress.MIN_CHANGE_PCT``), ``perfherder`` (Mozilla's rule:
-tcpd_changepoints.perfherder) and ``none`` (no change point).
+Detectors: ``harness`` (``harness.history.changepoints.find`` called as ``harness detect
+--json`` calls it on a CSV at its defaults: one sample per run, the trend model, linear, runs
+read by their median, changes of at least ``regress.MIN_CHANGE_PCT``), ``perfherder``
+(Mozilla's rule: tcpd_changepoints.perfherder) and ``none`` (no change point).
 
     python benchmarks/detect_on_real_histories.py                  # the table, writes results
     python benchmarks/detect_on_real_histories.py --per-series tcpd  # harness vs perfherder

@@ -93,15 +93,16 @@ def measure(quick: bool) -> dict:
         exact_res = exact + r.double()
         for name, acc in gemm_orders(x32, w32, quick).items():
             rows.append({"op": "linear", "shape": [b, n, k], "variant": name, "correct": True,
-                         **dict(zip(("off", "max_ulp"), lens(acc.to(BF16), exact)))})
+                         **dict(zip(("off", "max_ulp"), lens(acc.to(BF16), exact), strict=True))})
             rows.append({"op": "linear_with_residual", "shape": [b, n, k], "variant": name,
                          "correct": True, **dict(zip(("off", "max_ulp"),
-                                                      lens((acc + r32).to(BF16), exact_res)))})
+                                                      lens((acc + r32).to(BF16), exact_res),
+                                                      strict=True))})
         acc = x32 @ w32.T
         twice = (acc.to(BF16).float() + r32).to(BF16)
         rows.append({"op": "linear_with_residual", "shape": [b, n, k], "correct": False,
                      "variant": "GEMM rounded to bf16 before the residual add",
-                     **dict(zip(("off", "max_ulp"), lens(twice, exact_res)))})
+                     **dict(zip(("off", "max_ulp"), lens(twice, exact_res), strict=True))})
         through = acc.to(BF16).to(F32)
         m = compare.measure(through, exact, compare.rounding(1.0))
         rows.append({"op": "linear (float32 out)", "shape": [b, n, k], "correct": False,
@@ -122,7 +123,7 @@ def measure(quick: bool) -> dict:
         for variant, got, ok in (("float32, one rounding", once, True),
                                  ("normalised value rounded before the weight", twice, False)):
             rows.append({"op": "rmsnorm", "shape": [b, h], "variant": variant, "correct": ok,
-                         **dict(zip(("off", "max_ulp"), lens(got, exact)))})
+                         **dict(zip(("off", "max_ulp"), lens(got, exact), strict=True))})
     correct = [r["off"] for r in rows if r["correct"]]
     wrong = [r["off"] for r in rows if not r["correct"]]
     return {"rows": rows, "worst_correct_off": max(correct), "least_wrong_off": min(wrong),
@@ -144,8 +145,9 @@ def main() -> int:
         ulp = "-" if r["max_ulp"] is None else f"{r['max_ulp']:.3g}"
         print(f"{'ok ' if r['correct'] else 'BUG'} {r['op']:<22} {str(r['shape']):<18} "
               f"{r['variant']:<46} off {r['off']:.4f}  max ulp {ulp}")
-    print(f"worst correct off {result['worst_correct_off']:.4f} (max {result['worst_correct_ulp']:.3g}"
-          f" ulp), least wrong off {result['least_wrong_off']:.4f}; bound {ROUNDING_OFF}")
+    print(f"worst correct off {result['worst_correct_off']:.4f} "
+          f"(max {result['worst_correct_ulp']:.3g} ulp), "
+          f"least wrong off {result['least_wrong_off']:.4f}; bound {ROUNDING_OFF}")
     if not args.quick:
         # the double roundings of a bf16 output (a float32 output through bf16 is off at 100%)
         twice = [r["off"] for r in result["rows"]

@@ -27,9 +27,8 @@ LAYERS = ("device", "core", "history", "engine", "cli")
 TOP = {"api": "cli", "pytest_plugin": "engine", "__main__": "cli"}
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
-#: over a limit until the change that splits them lands (the command's ``_run`` moves out of
-#: cli/main.py, and launch's run_world_size is being reworked); an entry that fits is an error,
-#: so that it is taken out here when it does
+
+
 @functools.cache
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), filename=str(path))
