@@ -42,9 +42,12 @@ def scale_from_amax(amax: torch.Tensor, fmt: str, ue8m0: bool = False) -> torch.
     scale = divide(amax.float().clamp_min(AMAX_FLOOR), FMAX[fmt])
     if ue8m0:
         # the smallest power of two >= scale, exactly: scale = m * 2**e with m in [0.5, 1);
-        # (float32 log2 of a value one ulp above a power of two rounds to an integer)
+        # (float32 log2 of a value one ulp above a power of two rounds to an integer). A NaN
+        # or infinite scale stays as it is (DeepGEMM's 2**ceil(log2 s) keeps it): frexp gives
+        # them exponent 0, which would make them 1.0
         mantissa, exponent = torch.frexp(scale)
-        scale = torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).int())
+        pow2 = torch.ldexp(torch.ones_like(scale), exponent - (mantissa == 0.5).int())
+        scale = torch.where(torch.isfinite(scale), pow2, scale)
     return scale
 
 

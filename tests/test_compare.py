@@ -139,6 +139,23 @@ def test_exact_casts_float64_expected_to_actual_dtype():
     assert not passes(t32([1.0 + 2.0**-23]), t64([1.0 + 3 * 2.0**-24]), compare.exact())
 
 
+def test_exact_keeps_a_nans_sign_and_payload_unless_any_nan():
+    def bf16(*bits: int) -> torch.Tensor:
+        return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+
+    e = bf16(0x7FC1, 0xFFC0, 0x7FC0)  # a payload, a negative NaN, the plain one
+    canonical = bf16(0x7FC0, 0x7FC0, 0x7FC0)
+    assert passes(e.clone(), e, compare.exact())
+    c = compare.check(canonical, e, compare.exact())
+    assert not c.passed and c.metrics.n_mismatch == 2
+    assert "sign and payload" in c.reason
+    assert passes(canonical, e, compare.exact(any_nan=True))
+    assert not passes(t32([1.0]), t32([math.nan]), compare.exact(any_nan=True))
+    tol = compare.exact(any_nan=True)
+    assert compare.Tolerance.from_dict(tol.to_dict()) == tol
+    assert compare.Tolerance.from_dict(compare.exact().to_dict()) == compare.exact()
+
+
 def test_exact_integers():
     e = torch.tensor([1, 2, 3], dtype=torch.int32)
     assert passes(e.clone(), e, compare.exact())

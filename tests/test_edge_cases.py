@@ -42,6 +42,12 @@ def copy_through_arithmetic(x: torch.Tensor) -> torch.Tensor:
     return x + 0.0
 
 
+def copy_through_float32(x: torch.Tensor) -> torch.Tensor:
+    """A copy that loads into float32 and stores back: every value survives but a NaN's sign
+    and payload (torch's float32 to bf16 returns one NaN for all)."""
+    return x.float().to(x.dtype)
+
+
 def copy_flushing_subnormals(x: torch.Tensor) -> torch.Tensor:
     """A copy that flushes subnormals to a zero of their sign, as a load with FTZ does (-0.0
     stays -0.0: only the subnormals can show it)."""
@@ -83,7 +89,8 @@ def unpermute_per_token_loop(permuted, rowmap, routemap, permuted_probs, num_tok
 
 # ------------------------------------------------------------------ the tests
 
-@pytest.mark.parametrize("wrong", [copy_through_arithmetic, copy_flushing_subnormals])
+@pytest.mark.parametrize("wrong", [copy_through_arithmetic, copy_flushing_subnormals,
+                                   copy_through_float32])
 def test_identity_special_values_catch_a_copy_that_computes(world, wrong):
     edge, plain = _edge_and_plain("hopper_tasks.identity", values="special")
     assert _status(world, "hopper_tasks.identity", edge, wrong) == "fail"
@@ -140,9 +147,18 @@ def test_special_values_hold_each_class_once_per_dtype():
         sub = v[(v != 0) & (v.abs() < torch.finfo(dtype).tiny)]
         assert sub.numel() == 4 and bool((sub > 0).any()) and bool((sub < 0).any())
         assert bool(torch.isinf(v).any()) == (dtype != torch.float8_e4m3fn)
-    x = plant_specials(torch.ones(80, dtype=torch.bfloat16))  # 12 slots for 11 specials
-    assert int(torch.isnan(x).sum()) == 1 and float(x[1]) == 1.0
-    assert float(x[7]) == torch.finfo(torch.bfloat16).max
+        # NaNs of every sign, and one that is not the canonical NaN a conversion makes
+        nans = special_values(dtype)[torch.isnan(v)]
+        bits = {bytes(n.view(torch.uint8).tolist()) for n in nans.reshape(-1, 1)}
+        assert len(bits) == nans.numel() == (2 if dtype == torch.float8_e4m3fn else 3)
+        assert bool(torch.signbit(nans.double()).any())
+        if dtype not in (torch.float32, torch.float64, torch.float8_e4m3fn):
+            through = nans.float().to(dtype)  # float32 and back: one NaN (e4m3fn has one)
+            assert not torch.equal(through.view(torch.uint8), nans.view(torch.uint8))
+    x = plant_specials(torch.ones(100, dtype=torch.bfloat16))  # 15 slots for 13 specials
+    special = special_values(torch.bfloat16)
+    assert torch.equal(x[0:91:7].view(torch.int16), special.view(torch.int16))
+    assert float(x[1]) == 1.0 and float(x[7]) == torch.finfo(torch.bfloat16).max
 
 
 def test_an_output_in_the_wrong_dtype_fails_even_when_every_value_survives_the_cast(world):

@@ -6,15 +6,14 @@ first_bad_index. They are computed on the tensors' device, in float64, a chunk a
 full host copy), as partial sums so that the metrics of every rank merge into one
 (``harness.core.metrics.Metrics``).
 
-Tolerance kinds: ``exact`` (bitwise), ``allclose`` (|a-e| <= atol + rtol*|e|, plus
-``magnitude_rtol`` times a per-element magnitude the op gives beside its reference, with an
-optional mismatch budget), ``ulp`` (at most n units in the last place of the output dtype),
-``cos_diff`` and ``rel_l2`` (global bounds), ``rounding`` (the precision lens: against the
-op's float64 value before its one rounding, how many elements are not that value correctly
-rounded, or, for float32 outputs, carry no more bits than bf16 or fp16), and ``all_of``
-combinations. NaN never passes
-unless the expected value has NaN in the same place; an infinity passes only against the
-same infinity.
+Tolerance kinds: ``exact`` (bitwise, a NaN's sign and payload too unless ``any_nan``),
+``allclose`` (|a-e| <= atol + rtol*|e|, plus ``magnitude_rtol`` times a per-element magnitude
+the op gives beside its reference, with an optional mismatch budget), ``ulp`` (at most n units
+in the last place of the output dtype), ``cos_diff`` and ``rel_l2`` (global bounds),
+``rounding`` (the precision lens: against the op's float64 value before its one rounding, how
+many elements are not that value correctly rounded, or, for float32 outputs, carry no more
+bits than bf16 or fp16), and ``all_of`` combinations. NaN never passes unless the expected
+value has NaN in the same place; an infinity passes only against the same infinity.
 """
 
 from __future__ import annotations
@@ -47,6 +46,9 @@ class Tolerance:
     #: allclose: plus this times the output's per-element magnitude (``OpSpec.magnitude``:
     #: for a GEMM, sum_k |a_ik| |b_jk|, the scale of a dot product's rounding error)
     magnitude_rtol: float = 0.0
+    #: exact: any NaN matches any NaN (NaNs an op computes, whose bits differ by device);
+    #: otherwise a NaN must carry the expected one's sign and payload, as a copy does
+    any_nan: bool = False
 
     def __post_init__(self) -> None:
         kinds = ELEMENTWISE_KINDS + GLOBAL_KINDS + ("all_of",)
@@ -69,7 +71,7 @@ class Tolerance:
     def describe(self) -> str:
         """Short text for tables and reports, e.g. ``allclose(rtol=0.016, atol=1e-05)``."""
         if self.kind == "exact":
-            return "exact"
+            return "exact(any NaN)" if self.any_nan else "exact"
         if self.kind == "allclose":
             frac = self.max_mismatch_frac
             extra = f", max_mismatch_frac={frac:g}" if frac else ""
@@ -88,7 +90,9 @@ class Tolerance:
     def to_dict(self) -> dict[str, Any]:
         """JSON form stored with each result."""
         d: dict[str, Any] = {"kind": self.kind, "text": self.describe()}
-        if self.kind == "allclose":
+        if self.kind == "exact" and self.any_nan:
+            d["any_nan"] = True
+        elif self.kind == "allclose":
             d.update(rtol=self.rtol, atol=self.atol, max_mismatch_frac=self.max_mismatch_frac)
             if self.magnitude_rtol:
                 d["magnitude_rtol"] = self.magnitude_rtol
@@ -109,12 +113,14 @@ class Tolerance:
                    ulps=d.get("ulps", 0), bound=d.get("bound", 0.0),
                    max_mismatch_frac=d.get("max_mismatch_frac", 0.0),
                    parts=tuple(cls.from_dict(p) for p in d.get("parts", ())),
-                   magnitude_rtol=d.get("magnitude_rtol", 0.0))
+                   magnitude_rtol=d.get("magnitude_rtol", 0.0), any_nan=d.get("any_nan", False))
 
 
-def exact() -> Tolerance:
-    """Bitwise equality (data movement, integers, exact-by-construction reductions)."""
-    return Tolerance("exact")
+def exact(any_nan: bool = False) -> Tolerance:
+    """Bitwise equality, a NaN's sign and payload included (data movement, integers).
+    ``any_nan``: any NaN matches any NaN, for outputs whose NaNs are computed (a sum with a
+    NaN in it, a quantized NaN), whose bits IEEE leaves to the device."""
+    return Tolerance("exact", any_nan=any_nan)
 
 
 def allclose(rtol: float, atol: float, max_mismatch_frac: float = 0.0,
@@ -339,7 +345,8 @@ def _measure_chunk(
         bad = bad_special
     elif elem.kind == "exact":
         bad = _int_view(a_raw) != _int_view(e_raw)
-        bad = bad & ~(a_nan & e_nan)  # NaN payloads may differ
+        if elem.any_nan:
+            bad = bad & ~(a_nan & e_nan)
     else:
         bad = bad_special | (finite & _out_of_bounds(m, elem, a_raw, e_raw, e, diff, finite,
                                                      bad_special, out_dtype, g_raw))
@@ -458,6 +465,8 @@ def _verdict_one(m: Metrics, t: Tolerance) -> tuple[bool, str]:
             f"; first at rank {m.first_bad_rank} index {m.first_bad_position()}: "
             f"{m.first_bad_actual!r} vs {m.first_bad_expected!r}"
         )
+        if math.isnan(m.first_bad_actual) and math.isnan(m.first_bad_expected):
+            where += " (a NaN of other bits: a copy keeps a NaN's sign and payload)"
     if t.kind == "rounding":
         if m.n_mismatch > t.max_mismatch_frac * m.numel:
             ulp = f"; max {m.max_ulp:.3g} ulp" if m.max_ulp else ""

@@ -426,24 +426,38 @@ def _fill(out: torch.Tensor, values: Callable[[torch.Tensor], torch.Tensor], bas
 def special_values(dtype: torch.dtype) -> torch.Tensor:
     """The values a bitwise copy must carry unchanged and arithmetic does not: -0.0 (``x + 0``
     makes it +0.0), the smallest and largest subnormals (a kernel that flushes them to zero),
-    +-inf, NaN, the largest finite values and a normal neighbour. float8_e4m3fn has no
-    infinity: its list stops at NaN and +-448."""
+    +-inf, NaN, a negative NaN and one with a payload (a copy through a wider type and back
+    returns one NaN for all: torch's float32 to bf16 on the CPU makes each 0xFFFF), the largest
+    finite values and a normal neighbour. float8_e4m3fn has no infinity and one NaN per sign:
+    its list has NaN, -NaN and +-448."""
     info = torch.finfo(dtype)
     bits, width = _BITS_OF[dtype], info.bits
     mantissa = round(-math.log2(info.eps))  # eps = 2**-mantissa bits
-    # subnormals by their bit patterns, +- (the sign bit set, two's complement for the signed
-    # views): no float arithmetic touches them on the way
+    sign = 1 << (width - 1)
+    # subnormals and NaNs by their bit patterns (no float arithmetic touches them on the way)
     patterns = [1, (1 << mantissa) - 1]
-    if bits == torch.uint8:
-        patterns += [p | 0x80 for p in patterns]
+    patterns += [p | sign for p in patterns]
+    if dtype == torch.float8_e4m3fn:
+        nans = [0x7F | sign]  # S.1111.111 is its only NaN
     else:
-        patterns += [p - (1 << (width - 1)) for p in patterns]
-    subnormal = torch.tensor(patterns, dtype=torch.int64).to(bits).view(dtype)
-    values = [torch.tensor([-0.0, info.max, -info.max, info.tiny], dtype=dtype), subnormal]
+        quiet = (sign - 1) ^ ((1 << (mantissa - 1)) - 1)  # exponent all ones, top mantissa bit
+        canonical = int(torch.tensor(math.nan, dtype=dtype).view(bits)) % (1 << width)
+        payload = quiet | 1 if quiet | 1 != canonical else quiet  # e5m2's canonical is 0x7F
+        nans = [quiet | sign, payload]
+    values = [torch.tensor([-0.0, info.max, -info.max, info.tiny], dtype=dtype),
+              _from_bits(patterns, bits, width, dtype)]
     if dtype != torch.float8_e4m3fn:
         values.append(torch.tensor([math.inf, -math.inf], dtype=dtype))
-    values.append(torch.tensor([math.nan], dtype=dtype))
+    values += [torch.tensor([math.nan], dtype=dtype), _from_bits(nans, bits, width, dtype)]
     return torch.cat([v.reshape(-1) for v in values])
+
+
+def _from_bits(patterns: list[int], bits: torch.dtype, width: int, dtype: torch.dtype
+               ) -> torch.Tensor:
+    """Unsigned bit patterns as values of ``dtype`` (two's complement for the signed views)."""
+    if bits != torch.uint8:
+        patterns = [p - (1 << width) if p >> (width - 1) else p for p in patterns]
+    return torch.tensor(patterns, dtype=torch.int64).to(bits).view(dtype)
 
 
 def plant_specials(t: torch.Tensor, every: int = 7) -> torch.Tensor:
@@ -456,8 +470,7 @@ def plant_specials(t: torch.Tensor, every: int = 7) -> torch.Tensor:
     specials = special_values(t.dtype).to(t.device)
     where = torch.arange(0, t.numel(), every, device=t.device)
     pick = torch.arange(where.numel(), device=t.device) % specials.numel()
-    if t.element_size() == 1:  # index_put has no float8 kernel everywhere: move bytes
-        t.view(-1).view(torch.uint8)[where] = specials.view(torch.uint8)[pick]
-    else:
-        t.view(-1)[where] = specials[pick]
+    # written as integers: index_put has no float8 kernel everywhere, and bits stay bits
+    ints = _BITS_OF[t.dtype]
+    t.view(-1).view(ints)[where] = specials.view(ints)[pick]
     return t

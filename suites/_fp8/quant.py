@@ -27,7 +27,8 @@ def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
     spells the same out in ``scale_from_amax``; this implementation keeps its own, so that a
     bug in one is not in both (tests/test_edge_cases.py swaps this one for a wrong one)."""
     mantissa, exponent = torch.frexp(s)
-    return torch.ldexp(torch.ones_like(s), exponent - (mantissa == 0.5).int())
+    up = torch.ldexp(torch.ones_like(s), exponent - (mantissa == 0.5).int())
+    return torch.where(s.isnan() | s.isinf(), s, up)  # frexp(NaN or inf) has exponent 0
 
 
 def quantize_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
@@ -105,7 +106,8 @@ def _qcase(fmt, granularity, m, k, ue8m0=False, dist="logmag", static=False) -> 
 QUANTIZE = OpSpec(
     name="fp8_gemm.quantize", family=FAMILY, reference=ref.quantize,
     description="FP8 quantization per tensor, per token (1x128) or per block (128x128).",
-    make_inputs=quantize_inputs, outputs=("q", "scales"), tolerance=exact(),
+    make_inputs=quantize_inputs, outputs=("q", "scales"),
+    tolerance=exact(any_nan=True),  # a NaN group's values and scale are computed NaNs
     work=lambda p, w: Work(bytes=3.0 * p["m"] * p["k"]),
     grid={
         "smoke": [
@@ -118,9 +120,13 @@ QUANTIZE = OpSpec(
             _qcase("e4m3", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e5m2", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e4m3", "token", 7, 128, dist="uniform"),
-            # NaN and infinities: their groups' scales and values (reference_kernels.fp8)
+            # NaN and infinities: their groups' scales and values (reference_kernels.fp8);
+            # a UE8M0 scale keeps them too
             _qcase("e4m3", "token", 5, 300, dist="nan"),
+            _qcase("e5m2", "token", 3, 260, ue8m0=True, dist="nan"),
             _qcase("e5m2", "block", 130, 200, ue8m0=True, dist="nan"),
+            # the tensor's largest value in its last, partial 128-row tile
+            _qcase("e4m3", "tensor", 130, 300, dist="edge"),
         ],
         "nightly": [_qcase(f, g, m, k, ue8m0=u) for f in ("e4m3", "e5m2")
                     for g in ("token", "block") for m, k in ((4096, 7168), (16384, 2048))
@@ -180,7 +186,7 @@ TRANSPOSE_SPLIT_QUANT = OpSpec(
     description="Paddle's fused transpose-split-quant: pieces by expert, each (K, M_i), "
                 "128-token groups per column (pieces concatenated along M).",
     make_inputs=tsq_inputs, expected=tsq_expected, outputs=("q", "scales"),
-    tolerance=exact(),
+    tolerance=exact(any_nan=True),
     work=lambda p, w: Work(bytes=3.0 * sum(p["tokens"]) * p["k"]),
     grid={"smoke": [{"tokens": (128, 0, 256), "k": 200, "fmt": "e4m3", "ue8m0": False,
                      "dist": "logmag"},
