@@ -52,14 +52,17 @@ def paged_attention_inputs(params: Mapping[str, Any], rank: int, world_size: int
     rows = (indptr.numel() - 1) * t
     cos, sin = ref.rope_tables(pool * params["page_size"], d)
     cache_shape = (pool, params["page_size"], hkv, d)
+    # scores=wide: qk-norm weights times 16 (exact), scores of a few hundred, where a softmax
+    # that does not subtract the row's maximum overflows float32
+    boost = 16.0 if params.get("scores") == "wide" else 1.0
     return {
         "qkv": tensor("paged_attention", params, "qkv", (rows, hkv * (hq // hkv + 2) * d),
                       -2.0, 2.0),
         "k_cache": tensor("paged_attention", params, "k_cache", cache_shape),
         "v_cache": tensor("paged_attention", params, "v_cache", cache_shape),
         "kv_indptr": indptr, "kv_indices": indices, "last_page_len": last,
-        "q_norm_weight": norm_weight("paged_attention", params, "qn", d),
-        "k_norm_weight": norm_weight("paged_attention", params, "kn", d),
+        "q_norm_weight": norm_weight("paged_attention", params, "qn", d) * boost,
+        "k_norm_weight": norm_weight("paged_attention", params, "kn", d) * boost,
         "cos": cos, "sin": sin, "num_q_heads": hq, "num_kv_heads": hkv, "tokens": t,
     }
 
@@ -147,10 +150,12 @@ def paged_attention_work(params: Mapping[str, Any], world_size: int) -> Work:
                 flops_dtype="bf16")
 
 
-def _attention_case(requests, tokens, hq, hkv, d, page_size, max_pages, last=None) -> dict:
+def _attention_case(requests, tokens, hq, hkv, d, page_size, max_pages, last=None,
+                    scores=None) -> dict:
     case = {"requests": requests, "tokens": tokens, "hq": hq, "hkv": hkv, "d": d,
             "page_size": page_size, "max_pages": max_pages}
-    return case if last is None else {**case, "last": last}
+    extra = {"last": last, "scores": scores}
+    return {**case, **{k: v for k, v in extra.items() if v is not None}}
 
 
 PAGED_ATTENTION = OpSpec(
@@ -167,7 +172,8 @@ PAGED_ATTENTION = OpSpec(
                     _attention_case(3, 1, 4, 2, 32, 16, 3, last="edges"),
                     _attention_case(2, 3, 4, 4, 16, 8, 4, last="edges"),
                     # a head of 48: the per-head RMSNorm over a row that is no power of two
-                    _attention_case(2, 2, 4, 2, 48, 8, 3, last="edges")],
+                    _attention_case(2, 2, 4, 2, 48, 8, 3, last="edges"),
+                    _attention_case(2, 2, 4, 2, 32, 8, 3, scores="wide")],
           "nightly": [_attention_case(b, t, 32, 8, 128, 64, 64) for b in (1, 4, 16)
                       for t in (1, 4)]
           + [_attention_case(4, t, 32, 8, 128, 64, 64, last="edges") for t in (1, 4)]
@@ -188,6 +194,11 @@ def split_kv_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> di
         # max) overflows float32: only the max-subtracted softmax stays finite
         q = q * 32
     k = tensor("split_kv", params, "k", (s, h, d), -2.0, 2.0)
+    if params.get("scores") == "wide":
+        # the second chunk's keys opposite to q: every score of that chunk near -360, so a
+        # running max started at 0 (not -inf) underflows its exp to 0 and its sum to 0/0
+        c = params["chunk"]
+        k[c : 2 * c] = -2.0 * torch.sign(q)[None].expand(c, h, d)
     v = tensor("split_kv", params, "v", (s, h, d))
     if params.get("scores") == "nan":
         # a NaN key in head 0 (its every score NaN: out and lse NaN for the head) in the last
@@ -260,7 +271,8 @@ SPLIT_KV = OpSpec(
                            bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"], flops_dtype="bf16"),
     grid={"smoke": [{"heads": 4, "d": 64, "seq": 300, "chunk": 64},
                     {"heads": 2, "d": 32, "seq": 77, "chunk": 32},
-                    {"heads": 2, "d": 32, "seq": 100, "chunk": 32, "scores": "wide"},
+                    # seq a multiple of the chunk: no empty last chunk (0/0)
+                    {"heads": 2, "d": 32, "seq": 96, "chunk": 32, "scores": "wide"},
                     {"heads": 2, "d": 32, "seq": 77, "chunk": 32, "scores": "nan"},
                     {"heads": 4, "d": 64, "seq": 130, "chunk": 64, "scores": "nan"}],
           "nightly": [{"heads": 32, "d": 128, "seq": s, "chunk": 512}

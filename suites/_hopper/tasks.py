@@ -42,7 +42,8 @@ def embedding_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> d
     if params.get("ids") == "edges":
         # the first and last rows of the table, beside padding: a gather off by one reads
         # past the table or a neighbour; an id 0 taken for padding gives a zero row
-        edges = [0, vocab - 1, -1, 1, vocab - 2, -1, 0, vocab - 1, vocab // 2]
+        # (-2: every negative id is padding, not -1 alone)
+        edges = [0, vocab - 1, -1, 1, vocab - 2, -2, 0, vocab - 1, vocab // 2]
         ids = torch.tensor(edges[:b], dtype=torch.int64).reshape(b, 1)
     w = tensor("embedding", params, "w", (vocab, params["hidden"]))
     if params.get("values") == "special":
@@ -92,8 +93,11 @@ def rmsnorm_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dic
     x = tensor("rmsnorm", params, "x", (b, h), -2.0, 2.0)
     if params.get("rows") == "zero":
         # an all-zero row: 0 * rsqrt(0 + eps) is 0; without the eps (or with it outside the
-        # square root, rsqrt(0) + eps) it is NaN
+        # square root, rsqrt(0) + eps) it is NaN. And a row of 1e-3 magnitude, whose mean
+        # square (~1e-6) is the size of eps: eps added after the square root, or another eps,
+        # is off by a third there (and by less than a rounding on rows of ordinary size)
         x[1] = 0
+        x[2] = (x[2].double() * 2.0**-10).to(x.dtype)
     return {"x": x, "weight": norm_weight("rmsnorm", params, "w", h)}
 
 
@@ -269,7 +273,10 @@ RMSNORM_LINEAR = OpSpec(
 # ---------------------------------------------------------------- silu_mul
 def silu_mul_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     b, inter = params["b"], params["inter"]
-    return {"x": tensor("silu_mul", params, "x", (b, 2 * inter), -4.0, 4.0),
+    # gates to -24 (values=wide): silu(g) = g * sigmoid(g) is ~1e-9 there, which an exp or a
+    # division in float16 flushes to zero or overflows
+    low = -24.0 if params.get("values") == "wide" else -4.0
+    return {"x": tensor("silu_mul", params, "x", (b, 2 * inter), low, 4.0),
             "groups": params["groups"]}
 
 
@@ -289,7 +296,8 @@ SILU_MUL = OpSpec(
     description="silu(gate) * up over G interleaved [gate | up] chunks.",
     make_inputs=silu_mul_inputs,
     work=lambda p, w: Work(bytes=2.0 * 3 * p["b"] * p["inter"]),
-    grid={"smoke": [{"b": 4, "inter": 256, "groups": 4}, {"b": 3, "inter": 96, "groups": 2}],
+    grid={"smoke": [{"b": 4, "inter": 256, "groups": 4},
+                    {"b": 3, "inter": 96, "groups": 2, "values": "wide"}],
           "nightly": [{"b": b, "inter": i, "groups": 8} for b in BATCHES
                       for i in (12288, 14336, 18432)]},
     implementations={"torch": silu_mul_torch, "triton": triton_impl("hopper:silu_mul")},
@@ -341,13 +349,20 @@ SILU_MUL_LINEAR = OpSpec(
 def argmax_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     """Logits in [-1, 1) with one planted maximum per row (so the answer is unique), placed
     by a hash so that most rows have it past the first chunk; or, with ``values=ties``, the
-    rows of ``argmax_ties``."""
+    rows of ``argmax_ties`` (``nan``: of ``argmax_nan``). ``values=neginf``, for a vocab of whole
+    chunks: row 0 all -inf (answer 0: a scan that starts at index -1 or at a finite floor and
+    takes a logit only when it is larger keeps -1) and every other row -inf but its last
+    logit."""
     b, vocab, chunk = params["b"], params["vocab"], params["chunk"]
     logits = tensor("argmax", params, "logits", (b, vocab))
     if params.get("values") == "ties":
         return {"logits": argmax_ties(logits, chunk), "chunk": chunk}
     if params.get("values") == "nan":
         return {"logits": argmax_nan(logits, chunk), "chunk": chunk}
+    if params.get("values") == "neginf":
+        logits[:] = float("-inf")
+        logits[1:, -1] = -3.0
+        return {"logits": logits, "chunk": chunk}
     where = hash32(torch.arange(b), seed_from("argmax.max", b, vocab)) % vocab
     logits[torch.arange(b), where] = 4.0
     return {"logits": logits, "chunk": chunk}
@@ -453,7 +468,8 @@ ARGMAX = OpSpec(
                     {"b": 6, "vocab": 200, "chunk": 64, "values": "ties"},
                     {"b": 6, "vocab": 1000, "chunk": 96, "values": "ties"},
                     {"b": 6, "vocab": 200, "chunk": 64, "values": "nan"},
-                    {"b": 6, "vocab": 1000, "chunk": 96, "values": "nan"}],
+                    {"b": 6, "vocab": 1000, "chunk": 96, "values": "nan"},
+                    {"b": 2, "vocab": 64, "chunk": 16, "values": "neginf"}],
           "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
                       for v in (128256, 151936, 152064)]
           + [{"b": 6, "vocab": 151936, "chunk": 4096, "values": v} for v in ("ties", "nan")]},
