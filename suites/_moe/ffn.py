@@ -41,6 +41,10 @@ UNQUANTIZED_BOUND = 4e-3
 def _ffn_case(params: Mapping[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
     """The permuted bf16 rows, and the FFN's inputs (rows quantized for fp8)."""
     x = hidden("ffn", params, params["tokens"], params["hidden"])
+    if params.get("outlier"):
+        # one token 256x the others (exact): the activation between the GEMMs must be
+        # requantized per token; one scale per expert or tensor zeroes the other tokens
+        x[5] *= 256.0
     routemap, probs = routing("ffn", params, params["tokens"])
     tpe, rows = layout(routemap, params)
     permuted = ref.moe_permute(x, None, routemap, probs, params["experts"], tpe,
@@ -117,7 +121,8 @@ def _case(tokens, hidden_size, inter, experts, topk, align, precision, **extra) 
 
 
 SMOKE = [_case(200, 256, 128, 8, 4, 128, "bf16"), _case(200, 256, 128, 8, 4, 128, "fp8"),
-         _case(90, 384, 256, 4, 2, 16, "fp8"), _case(150, 128, 256, 16, 8, 32, "bf16"),
+         _case(90, 384, 256, 4, 2, 16, "fp8", outlier=True),
+         _case(150, 128, 256, 16, 8, 32, "bf16"),
          # per-group and per-block magnitudes 2**-1..2 (a scale read from the wrong group,
          # block or expert shows), and a decode-sized batch: experts with exactly one token
          _case(6, 256, 256, 16, 2, 16, "fp8", scales="blocky")]

@@ -56,9 +56,13 @@ def _args(params: Mapping[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------- single device
 def layer_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     s = params["tokens"]
+    x = logits("layer", params, s)
+    if params.get("skew"):
+        # experts 0 and 1 first for every token: each gets every token, past any capacity
+        # (a kernel that drops tokens over one loses them; the op drops none)
+        x[:, :2] += 16.0
     return {"hidden": hidden("layer", params, s, params["hidden"]),
-            "logits": logits("layer", params, s), **expert_weights("layer", params),
-            **_args(params)}
+            "logits": x, **expert_weights("layer", params), **_args(params)}
 
 
 def layer_torch(**kw):
@@ -75,10 +79,11 @@ def layer_not_renormalized(**kw):
     return torch_ops.layer(**kw, skip_renormalize=True)
 
 
-def _case(tokens, hidden_size, inter, experts, topk, align, precision, renormalize=True
-          ) -> dict:
+def _case(tokens, hidden_size, inter, experts, topk, align, precision, renormalize=True,
+          **extra) -> dict:
     return {"tokens": tokens, "hidden": hidden_size, "inter": inter, "experts": experts,
-            "topk": topk, "align": align, "precision": precision, "renormalize": renormalize}
+            "topk": topk, "align": align, "precision": precision, "renormalize": renormalize,
+            **extra}
 
 
 LAYER = OpSpec(
@@ -87,7 +92,7 @@ LAYER = OpSpec(
     make_inputs=layer_inputs, tolerance=layer_tolerance,
     work=lambda p, w: _layer_work(p["tokens"], p),
     grid={"smoke": [_case(300, 256, 128, 8, 4, 128, "bf16"),
-                    _case(200, 256, 128, 16, 4, 128, "fp8"),
+                    _case(200, 256, 128, 16, 4, 128, "fp8", skew=True),
                     _case(120, 128, 128, 4, 2, 16, "bf16", renormalize=False),
                     # a decode batch: fewer tokens than experts, the last expert idle
                     _case(3, 128, 128, 8, 2, 16, "bf16"),

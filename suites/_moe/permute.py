@@ -28,6 +28,10 @@ def _source(tag: str, params: Mapping[str, Any]):
     x = hidden(tag, params, params["tokens"], params["hidden"])
     if tag == "permute" and params.get("values") == "special":
         plant_specials(x)  # -0.0, subnormals, +-inf, NaN: permute moves bits
+    if tag == "unpermute" and params.get("values") == "special":
+        # every fifth token's row times 2**17 (exact): sums past float16's 65504, which a
+        # float32 accumulator holds and a float16 one does not
+        x[::5] *= 2.0**17
     routemap, probs = routing(tag, params, params["tokens"])
     if params["dtype"] == "fp8":
         q, scale = fp8.quantize(x, FMT, "token")
@@ -107,7 +111,10 @@ SMOKE = [_case(300, 256, 8, 4, 128, "bf16"), _case(257, 320, 16, 8, 128, "fp8"),
          # 16, 16, 32), and tokens routed to none
          _case(20, 128, 5, 4, 16, "fp8", counts="0x1x15x16x17"),
          # one token routed to one expert: a single (token, expert) pair in all
-         _case(1, 128, 4, 1, 16, "bf16")]
+         _case(1, 128, 4, 1, 16, "bf16"),
+         # more than 1024 tokens: an expert's rows stay in token order across any block of
+         # tokens a kernel takes at a time
+         _case(1100, 64, 8, 2, 16, "bf16")]
 
 PERMUTE = OpSpec(
     name="moe.permute", family=FAMILY, reference=permute_reference,
