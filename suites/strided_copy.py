@@ -215,6 +215,18 @@ def _smoke() -> list[dict]:
         _view("dims4", "i16", *_permuted((3, 4, 5, 6), (3, 1, 0, 2))),
         _view("dims5", "f16", (2, 3, 4, 5, 6), (0, 240, 1, 48, 8), 11),     # stride-0 and mixed
         _view("dims6", "u8", *_permuted((2, 3, 2, 5, 3, 4), (5, 0, 3, 1, 4, 2))),
+        # a transpose sliced, at an offset: the leading dimension is not the view's size
+        # (x.t()[5:45, 2:30] of a (37, 53) x)
+        _view("transpose_slice", "f32", (40, 28), (1, 53), 5 + 2 * 53),
+        _view("transpose_slice", "bf16", (40, 28), (1, 53), 5 + 2 * 53),
+        # rows of whole 16-byte units (32 elements) at a pitch that is not: a kernel that
+        # takes such rows for one contiguous run (x[3:, 4:36])
+        _view("rows16", "f32", (34, 32), (53, 1), 3 * 53 + 4),
+        _view("rows16", "bf16", (34, 32), (53, 1), 3 * 53 + 4),
+        # a dim of size 1 between others (x[:, 2:3, :] of a (4, 7, 5) x), and an empty view
+        # whose innermost dim is the empty one
+        _view("unit_dim", "f32", (4, 1, 5), (35, 5, 1), 10),
+        _view("empty_inner", "i16", (5, 0), (7, 1)),
     ]
     return cases
 
