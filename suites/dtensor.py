@@ -1,7 +1,8 @@
 """DTensor redistribution (torch.distributed.tensor) on 1-D, 2-D and 3-D device meshes.
 
 Every rank starts from its local tensor of a global ``x`` under the source placements (made
-by the reference ``local_shard``), the implementation redistributes it, and the check is
+by the reference ``local_shard``; a Partial source's locals then differ by rank,
+``uneven_partials``), the implementation redistributes it, and the check is
 twofold: this rank's new local tensor against ``local_shard`` under the target placements,
 and the full tensor gathered back from the result against ``x`` (the round trip). Values are
 multiples of 8 with small magnitudes, so Partial(sum) locals (x / n) and every reduction are
@@ -43,9 +44,32 @@ def redistribute_inputs(params: Mapping[str, Any], rank: int, world_size: int
                         ) -> dict[str, Any]:
     shape = mesh_shape(params)
     x = global_tensor(params)
-    return {"local": ref.local_shard(x, shape, params["src"], ref.coordinate(rank, shape)),
-            "global_shape": tuple(x.shape), "mesh_shape": shape, "src": params["src"],
-            "dst": params["dst"]}
+    coord = ref.coordinate(rank, shape)
+    local = uneven_partials(ref.local_shard(x, shape, params["src"], coord), shape,
+                            params["src"], coord)
+    return {"local": local, "global_shape": tuple(x.shape), "mesh_shape": shape,
+            "src": params["src"], "dst": params["dst"]}
+
+
+def uneven_partials(local: torch.Tensor, shape: Sequence[int], placements: str,
+                    coord: Sequence[int]) -> torch.Tensor:
+    """``local`` with every Partial mesh dim's locals made to differ by rank, still reducing
+    to the same global value: for sum and avg, plus 8 * s * (2c - (n - 1)) (s in {-1, 0, 1}
+    by element; the terms cancel over the n coordinates c); for max, minus 8 * ((c + i) % n),
+    which is 0 on one coordinate per element i (plus, for min). Identical locals (x / n, or
+    x) would let a kernel pass that reduces nothing, one that multiplies its own local by n,
+    or one that swaps min and max. Multiples of 8 below 64: every sum stays exact."""
+    t = local.clone()
+    index = torch.arange(t.numel()).reshape(t.shape)
+    for k, (n, p, c) in enumerate(zip(shape, ref.parse(placements), coord, strict=True)):
+        if p.kind != "P" or n == 1:
+            continue
+        if p.op in ("sum", "avg"):
+            t += (8 * ((index + k) % 3 - 1) * (2 * c - (n - 1))).to(t.dtype)
+        else:
+            step = (8 * ((c + index + k) % n)).to(t.dtype)
+            t += -step if p.op == "max" else step
+    return t
 
 
 def redistribute_expected(params: Mapping[str, Any], rank: int, world_size: int
@@ -294,7 +318,7 @@ REDISTRIBUTE = OpSpec(
     implementations={"torch": redistribute_torch, "torch-graph": redistribute_torch_graph},
     negative_controls={"floor_chunks": redistribute_floor_chunks,
                        "strided_as_plain": redistribute_strided_as_plain},
-    distributed=True,
+    distributed=True, replicated=("full",),
     world_size_of=lambda p: math.prod(mesh_shape(p)),
     requires=dtensor_refusal,
     deadline_s=120.0,

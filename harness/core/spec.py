@@ -118,6 +118,11 @@ class OpSpec:
     #: inputs every call updates in place (a KV cache): writable, never poisoned; the update
     #: must be idempotent (the same call twice leaves the same state)
     readwrite_inputs: tuple[str, ...] = ()
+    #: outputs every rank must hold bit for bit the same (an allreduce's result: NCCL's ring,
+    #: tree and NVLS algorithms all end by sending each reduced chunk to every rank, and data
+    #: parallel training relies on identical replicas), even where a tolerance allows each
+    #: rank's own rounding
+    replicated: tuple[str, ...] = ()
     #: the outputs are a pipeline's stages, in order: a failure names the first stage whose
     #: output diverges
     pipeline: bool = False
@@ -142,10 +147,12 @@ class OpSpec:
         unknown = set(self.grid) - set(TIERS)
         if unknown:
             raise SpecError(f"{self.name}: unknown tiers {sorted(unknown)}; use {TIERS}")
-        stray = set(self.out_buffers) - set(self.outputs)
-        if stray:
-            raise SpecError(f"{self.name}: out_buffers names {sorted(stray)}, which are not "
-                            f"outputs {self.outputs}")
+        for field_name, names in (("out_buffers", self.out_buffers),
+                                  ("replicated", self.replicated)):
+            stray = set(names) - set(self.outputs)
+            if stray:
+                raise SpecError(f"{self.name}: {field_name} names {sorted(stray)}, which are "
+                                f"not outputs {self.outputs}")
         clash = set(self.implementations) & set(self.negative_controls)
         if clash:
             raise SpecError(f"{self.name}: {sorted(clash)} is both an implementation and a control")

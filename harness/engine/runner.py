@@ -266,6 +266,7 @@ def run_case(
         result.golden, status, reason = agree(world, calls.golden, judge_golden)
         if result.status == "pass" and status != "pass":
             result.status, result.reason = status, reason
+    _check_replicas(world, case, result, calls.replicas, checks)
     _hash_outputs(world, result, calls.digest)
 
     # ---- timing, only of implementations that are correct
@@ -310,8 +311,9 @@ class _Calls:
     tols: dict[str, compare.Tolerance] = field(default_factory=dict)
     #: per check ("call", "shifted"), each output's metrics and tolerance
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: the hash of the first call's outputs
+    #: the hash of the first call's outputs, and of each of its replicated ones
     digest: str = ""
+    replicas: dict[str, str] = field(default_factory=dict)
     #: the first call's outputs against the golden (``golden_check``)
     golden: dict[str, Any] | None = None
     #: what broke: the implementation (a CaseError) or the spec or harness
@@ -347,6 +349,7 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
         calls.stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos,
                                         setup.magnitudes)
         calls.digest = _hash(outputs)
+        calls.replicas = {n: _hash({n: outputs[n]}) for n in spec.replicated if n in outputs}
         if golden is not None:
             calls.golden = golden_check(golden, case, outputs, tols, world.rank,
                                         setup.magnitudes)
@@ -372,6 +375,25 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
         calls.error = (f"harness error {type(exc).__name__}: {exc}\n"
                        f"{traceback.format_exc(limit=4)}")
     return calls
+
+
+def _check_replicas(world: World, case: Case, result: CaseResult, replicas: dict[str, str],
+                    checks: list[str]) -> None:
+    """Fail a passing case whose replicated outputs (``OpSpec.replicated``) differ between
+    ranks: every rank judges the same gathered hashes, so every rank agrees."""
+    if world.size == 1 or not case.spec.replicated or result.status != "pass":
+        return
+    checks.append("replicated")
+    every = world.comm.allgather(replicas)
+    for name in case.spec.replicated:
+        differ = [r for r, h in enumerate(every) if h.get(name) != every[0].get(name)]
+        if differ:
+            result.status = "fail"
+            result.reason = (f"{name}: rank{'s' if len(differ) > 1 else ''} "
+                             f"{', '.join(map(str, differ))} of {world.size} hold other bits "
+                             f"than rank 0 (each within tolerance, maybe): every rank must "
+                             f"receive the same result")
+            return
 
 
 def _hash_outputs(world: World, result: CaseResult, digest: str) -> None:

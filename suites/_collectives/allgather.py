@@ -169,6 +169,7 @@ def _smoke() -> list[dict]:
         _case("f32", 1031), _case("f32", 1031, inplace=True), _case("bf16", 7),
         _case("i32", 65539), _case("f16", 1, inplace=True), _case("f32", 4099, 5, mode="random"),
         _case("bf16", 1031, 7), _case("f32", 1031, mode="special"),
+        _case("bf16", 1031, mode="special"),
         _case("f16", 67, inplace=True, mode="special"),
         # ~1 MiB per rank in 8 parameters: big enough for bulk's temporary to show in the
         # peak memory of every rank
@@ -207,6 +208,6 @@ ALLGATHER = OpSpec(
     negative_controls={"rank_order": allgather_rank_order, "no_tail": allgather_no_tail,
                        "stale_buffer": allgather_stale_buffer},
     distributed=True,
-    out_buffers={"out": "out"},
+    out_buffers={"out": "out"}, replicated=("out",),
     deadline_s=60.0,
 )

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.api import OpSpec, Work, dtype_from_name, from_source, generate, poisoned, seed_from
+from harness.api import OpSpec, Work, dtype_from_name, from_source, generate, seed_from
 from reference_kernels import collectives as ref
 from suites._cuda import source
 from suites._cuda.tile_reduce import DTYPES as TILE_DTYPES
@@ -31,7 +31,9 @@ from .common import (
     is_same,
     mpi_op,
     native_avg,
+    plant_extreme_specials,
     plant_sum_specials,
+    reduction_out,
     reduction_tolerance,
     sweep_counts,
     torch_op,
@@ -51,23 +53,32 @@ def _rank_input(params: Mapping[str, Any], rank: int, world_size: int) -> torch.
         return generate(shape, dtype, seed=seed, dist="uniform", low=-1.0, high=1.0,
                         region=region)
     if op == "prod":
-        # factors of magnitude 1 or 2: any product is a signed power of two, exact everywhere
-        mag = generate(shape, torch.int64, seed=seed, dist="int", low=0, high=1, region=region)
+        # floats: factors of magnitude 1 or 2, so any product is a signed power of two, exact
+        # everywhere; integers: magnitudes up to the W-th root of 2**31 - 1, so products pass
+        # 2**24 (a float32 accumulator rounds them) and stay inside int32
+        top = 1
+        if not dtype.is_floating_point:
+            top = int(round((2**31 - 1) ** (1 / world_size)))
+            while top ** world_size > 2**31 - 1:
+                top -= 1
+        mag = generate(shape, torch.int64, seed=seed, dist="int", low=1, high=max(top, 2),
+                       region=region)
         sign = generate(shape, torch.int64, seed=seed + 1, dist="sign", region=region)
-        return (sign * (1 + mag)).to(dtype)
+        return (sign * mag).to(dtype)
     bound = exact_bound(dtype, world_size)
     values = generate(shape, dtype, seed=seed, dist="int", low=-bound, high=bound, region=region)
     if mode == "special":
-        if op != "sum":
-            raise ValueError(f"mode special is defined for sum only, not {op}")
-        plant_sum_specials(values, rank, world_size)
+        if op not in ("sum", "min", "max"):
+            raise ValueError(f"mode special is defined for sum, min and max, not {op}")
+        plant = plant_sum_specials if op == "sum" else plant_extreme_specials
+        plant(values, rank, world_size)
     return values
 
 
 def allreduce_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     """Keyword arguments of one rank's allreduce call: ``out is x`` when in place."""
     x = _rank_input(params, rank, world_size)
-    out = x if params["inplace"] else poisoned(x.shape, x.dtype)
+    out = x if params["inplace"] else reduction_out(x.shape, x.dtype, params["op"])
     return {"x": x, "out": out, "op": params["op"]}
 
 
@@ -208,11 +219,16 @@ def _smoke() -> list[dict]:
     cases = [_case(dt, 1031, op) for dt in ("f32", "bf16") for op in _FLOAT_OPS]
     cases += [_case("i32", 1031, op) for op in _INT_OPS]
     cases += [_case(dt, 1031, op, inplace=True) for dt in ("f32", "bf16") for op in ("sum", "max")]
-    cases += [_case("f16", 7, "sum"), _case("f32", 1, "sum"), _case("bf16", 65539, "sum", True)]
-    cases += [_case("f32", 4099, "sum", mode="random"), _case("bf16", 4099, "avg", mode="random")]
-    # -0.0, subnormals, NaN and infinities, whose sums every order gives
+    # 65539 float32 elements: past 256 KiB, where libraries switch to another algorithm,
+    # with a count that no world size divides
+    cases += [_case("f16", 7, "sum"), _case("f32", 1, "sum"), _case("f32", 65539, "sum", True)]
+    cases += [_case("f32", 4099, "sum", mode="random"), _case("bf16", 4099, "avg", mode="random"),
+              _case("f16", 1031, "sum", mode="random")]
+    # -0.0, subnormals, NaN and infinities, whose sums every order gives; subnormals and
+    # infinities for min and max
     cases += [_case("f32", 1031, "sum", mode="special"),
-              _case("bf16", 67, "sum", inplace=True, mode="special")]
+              _case("bf16", 67, "sum", inplace=True, mode="special"),
+              _case("f32", 1031, "max", mode="special"), _case("bf16", 1031, "min", mode="special")]
     return cases
 
 
@@ -256,6 +272,6 @@ ALLREDUCE = OpSpec(
                            triton_impl("tile_reduce:allreduce_tile_partials_in_bf16",
                                        unsupported=tile_unsupported)},
     distributed=True,
-    out_buffers={"out": "out"},
+    out_buffers={"out": "out"}, replicated=("out",),
     deadline_s=60.0,
 )

@@ -133,6 +133,6 @@ BROADCAST = OpSpec(
     negative_controls={"root_zero": broadcast_root_zero, "no_tail": broadcast_no_tail,
                        "root_out_unwritten": broadcast_root_out_unwritten},
     distributed=True,
-    out_buffers={"out": "out"},
+    out_buffers={"out": "out"}, replicated=("out",),
     deadline_s=60.0,
 )

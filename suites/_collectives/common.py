@@ -23,6 +23,7 @@ from harness.api import (
     exact,
     generate,
     plant_specials,
+    poisoned,
     seed_from,
     ulp,
 )
@@ -66,6 +67,8 @@ def rank_values(tag: str, params: Mapping[str, Any], rank: int, world_size: int,
     values = generate((count,), dtype, seed=seed, dist="int", low=-bound, high=bound)
     if mode != "special":
         return values
+    if sums and params.get("op") in ("min", "max"):
+        return plant_extreme_specials(values, rank, world_size)
     if sums:
         return plant_sum_specials(values, rank, world_size)
     return plant_specials(values, every=5 + rank % 3)
@@ -97,6 +100,43 @@ def plant_sum_specials(values: torch.Tensor, rank: int, world_size: int) -> torc
         if last:
             flat[where == 8] = -math.inf
     return values
+
+
+def plant_extreme_specials(values: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """Rank ``rank``'s part of a min or max whose special values every order gives: rank r
+    holds r + 1 times the smallest subnormal (min: one of them, max: W of them; a path that
+    flushes subnormals gives 0), and its negative, at positions 2 and 4 modulo
+    SUM_SPECIAL_PERIOD; +inf on rank 0 and -inf on the last rank. No NaN (MPI's MAX and
+    torch's disagree on it) and no zero (the sign of min(-0.0, +0.0) is left open by IEEE)."""
+    if not values.dtype.is_floating_point:
+        return values
+    flat = values.view(-1)
+    info = torch.finfo(values.dtype)
+    where = torch.arange(flat.numel()) % SUM_SPECIAL_PERIOD
+    smallest = info.tiny * info.eps
+    flat[where == 2] = smallest * (rank + 1)
+    flat[where == 4] = -smallest * (rank + 1)
+    if rank == 0:
+        flat[where == 6] = math.inf
+    if rank == world_size - 1:
+        flat[where == 8] = -math.inf
+    return values
+
+
+def reduction_out(shape: int | tuple[int, ...], dtype: torch.dtype, op: str) -> torch.Tensor:
+    """An out-of-place reduction's output buffer: poison (NaN, the integer minimum), but for
+    min and max the value that wins the reduction (-inf or the integer minimum for min, +inf
+    or the maximum for max): fmax and fmin skip NaN, and the integer minimum is max's identity,
+    so a kernel that folds the ranks into whatever ``out`` held would pass on poison."""
+    out = poisoned(shape, dtype)
+    if op in ("min", "max"):
+        low = op == "min"
+        if dtype.is_floating_point:
+            out.fill_(-math.inf if low else math.inf)
+        else:
+            info = torch.iinfo(dtype)
+            out.fill_(info.min if low else info.max)
+    return out
 
 
 def resolve_root(root: int, world_size: int) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from harness.api import OpSpec, Work, dtype_from_name, poisoned
+from harness.api import OpSpec, Work, dtype_from_name
 from reference_kernels import collectives as ref
 
 from .allreduce import reduce_low_precision
@@ -21,6 +21,7 @@ from .common import (
     mpi_op,
     native_avg,
     rank_values,
+    reduction_out,
     reduction_tolerance,
     sweep_counts,
     torch_op,
@@ -35,10 +36,12 @@ def _values(params: Mapping[str, Any], rank: int, world_size: int) -> torch.Tens
 
 def reduce_scatter_inputs(params: Mapping[str, Any], rank: int, world_size: int
                           ) -> dict[str, Any]:
-    """``x`` (W*n values), ``out`` (n, poisoned; in place, x's own-rank piece) and ``op``."""
+    """``x`` (W*n values), ``out`` (n, poisoned: ``reduction_out``; in place, x's own-rank
+    piece) and ``op``."""
     n = int(params["n"])
     x = _values(params, rank, world_size)
-    out = x[rank * n : (rank + 1) * n] if params["inplace"] else poisoned(n, x.dtype)
+    out = (x[rank * n : (rank + 1) * n] if params["inplace"]
+           else reduction_out(n, x.dtype, params["op"]))
     return {"x": x, "out": out, "op": params["op"]}
 
 
@@ -130,10 +133,12 @@ def _smoke() -> list[dict]:
     cases += [_case("f32", 1031, "sum", True), _case("bf16", 1031, "max", True)]
     cases += [_case("f16", 7, "sum"), _case("f32", 1, "sum")]
     cases += [_case("f32", 4099, op, mode="random") for op in ("sum", "max")]
-    cases += [_case("bf16", 4099, "avg", mode="random")]
-    # -0.0, subnormals, NaN and infinities, whose sums every order gives
+    cases += [_case("bf16", 4099, "avg", mode="random"), _case("f16", 1031, "sum", mode="random")]
+    # -0.0, subnormals, NaN and infinities, whose sums every order gives; subnormals and
+    # infinities for max
     cases += [_case("f32", 1031, "sum", mode="special"),
-              _case("f16", 67, "sum", inplace=True, mode="special")]
+              _case("f16", 67, "sum", inplace=True, mode="special"),
+              _case("bf16", 1031, "sum", mode="special"), _case("f32", 1031, "max", mode="special")]
     return cases
 
 

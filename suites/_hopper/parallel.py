@@ -107,7 +107,7 @@ TP_MLP = OpSpec(
     implementations={"torch": tp_mlp_torch},
     negative_controls={"residual_every_rank": tp_mlp_residual_every_rank,
                        "partials_in_bf16": tp_mlp_partials_in_bf16},
-    distributed=True,
+    distributed=True, replicated=("out",),
 )
 
 
@@ -289,7 +289,7 @@ DECODER_LAYER = OpSpec(
     negative_controls={"rope_before_norm": decoder_layer_rope_before_norm,
                        "residual_every_rank": decoder_layer_residual_every_rank,
                        "down_bf16_accumulation": decoder_layer_down_bf16_accumulation},
-    distributed=True,
+    distributed=True, replicated=("out",),
     deadline_s=300.0,
 )
 
