@@ -600,6 +600,36 @@ def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
     assert "not bitwise equal" in results["triton_int32_index"]["reason"]
 
 
+# wrong reductions at three ranks (two add in one order whichever comes first), each on the
+# cases made for its bug: sums in another order per rank (random mode), min and max folded into out (its poison must not be their
+# identity), subnormals flushed (special mode)
+_EDGE_IMPLS = ("harness_test_impls:rank_rotated", "harness_test_impls:folded_into_out",
+               "harness_test_impls:flushing_subnormals")
+
+
+def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
+    impls = [a for impl in _EDGE_IMPLS for a in ("--impl", impl)]
+    out = harness(tmp_path, "run", "allreduce[*mode=random*]", "allreduce[*mode=special*]",
+                  "--world-sizes", "3", "--no-bench", "--impl", "torch", *impls, timeout=400)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    got = {(r["impl"].split(":")[-1], r["case_id"]): r for r in _results(tmp_path)}
+    assert {r["status"] for (impl, _), r in got.items() if impl == "torch"} == {"pass"}
+
+    def failed(impl: str) -> dict[str, str]:
+        return {c: r["reason"] for (i, c), r in got.items() if i == impl
+                and r["status"] == "fail"}
+
+    rotated = failed("rank_rotated")
+    f32_random = "allreduce[dtype=f32,inplace=false,mode=random,n=4099,op=sum]"
+    assert "hold other bits than rank 0" in rotated[f32_random]
+    assert all("mode=random" in c for c in rotated)
+    folded = failed("folded_into_out")
+    assert set(folded) == {"allreduce[dtype=f32,inplace=false,mode=special,n=1031,op=max]",
+                           "allreduce[dtype=bf16,inplace=false,mode=special,n=1031,op=min]"}
+    flushed = failed("flushing_subnormals")
+    assert {c for c in flushed if "op=max" in c or "op=min" in c} == set(folded)
+
+
 # one launch for both faults and a wrong user callable: the hang's and the crash's
 # implementations each fail the same case, every other case of theirs must still run (in a
 # relaunched job) and pass; the wrong callable fails every case

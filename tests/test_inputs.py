@@ -16,6 +16,7 @@ from harness.core.inputs import (
     generate,
     hash32,
     seed_from,
+    special_values,
     uniform01,
 )
 
@@ -120,8 +121,11 @@ def test_regeneration_is_bit_identical(dtype: str, dist: str) -> None:
 
 def test_pinned_values_match_generator_version() -> None:
     # Changing the generated values without bumping GENERATOR_VERSION would silently break
-    # every stored golden; these literals pin version 1.
-    assert GENERATOR_VERSION == 1
+    # every stored golden; these literals pin version 2.
+    assert GENERATOR_VERSION == 2
+    bf16 = special_values(torch.bfloat16).view(torch.int16).tolist()
+    assert [b & 0xFFFF for b in bf16] == [0x8000, 0x7F7F, 0xFF7F, 0x0080, 0x0001, 0x007F, 0x8001,
+                                          0x807F, 0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x7FC1]
     idx = torch.tensor([0, 1, 2, 2**32, 2**40 + 5])
     assert hash32(idx, 0).tolist() == [py_hash(int(i), 0, 0) for i in idx]
     assert hash32(idx, 0).tolist() == [2957369479, 261164412, 349713808, 4090471117, 2071073926]

@@ -15,8 +15,9 @@ The function, exactly (``M = 2**32 - 1``, all arithmetic on non-negative Python-
     uniform01(h) = (h >> 8) * 2**-24                      # top 24 bits, exact in float64
 
 A distribution drawn at ``stream=s`` uses streams ``4s .. 4s+3`` (``normal`` needs four draws).
-Change any of this (or the distributions below) and bump ``GENERATOR_VERSION``: goldens
-record it.
+Change any of this (or the distributions below, or ``special_values``) and bump
+``GENERATOR_VERSION``: goldens record it. Version 2: ``special_values`` holds a negative NaN
+and one with a payload.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 
 _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9

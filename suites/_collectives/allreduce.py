@@ -26,6 +26,7 @@ from .common import (
     MPI_WIRE,
     as_array,
     exact_bound,
+    full_mantissa_uniform,
     gather_rows,
     host,
     is_same,
@@ -50,8 +51,7 @@ def _rank_input(params: Mapping[str, Any], rank: int, world_size: int) -> torch.
     shape = (max(world_size, rank + 1), n)
     region = (rank,)
     if mode == "random":
-        return generate(shape, dtype, seed=seed, dist="uniform", low=-1.0, high=1.0,
-                        region=region)
+        return full_mantissa_uniform(shape, dtype, seed, region)
     if op == "prod":
         # floats: factors of magnitude 1 or 2, so any product is a signed power of two, exact
         # everywhere; integers: magnitudes up to the W-th root of 2**31 - 1, so products pass

@@ -38,6 +38,19 @@ def precision_bits(dtype: torch.dtype) -> int:
     return torch.iinfo(dtype).bits - 1
 
 
+def full_mantissa_uniform(shape: tuple[int, ...], dtype: torch.dtype, seed: int,
+                          region: Any = None) -> torch.Tensor:
+    """Uniform values in [-1, 1) that carry the dtype's full mantissa: two draws (each on a
+    grid of about 2**-22) combined in float64, then rounded once. Values on a coarse grid
+    add exactly while partial sums stay small, so every order of adding three ranks gives
+    the same bits, and a rank that adds in its own order would pass."""
+    coarse = generate(shape, torch.float64, seed=seed, dist="uniform", low=-1.0, high=1.0,
+                      region=region)
+    fine = generate(shape, torch.float64, seed=seed + 7, dist="uniform", low=-1.0, high=1.0,
+                    region=region)
+    return (coarse + fine * 2.0**-24).clamp(-1.0, 1.0).to(dtype)
+
+
 def exact_bound(dtype: torch.dtype, world_size: int) -> int:
     """Magnitude bound per element so that sums over up to max(W, 8) ranks stay exact."""
     return max(1, (2 ** precision_bits(dtype) - 1) // max(world_size, 8))
@@ -60,7 +73,7 @@ def rank_values(tag: str, params: Mapping[str, Any], rank: int, world_size: int,
     key = ",".join(f"{k}={params[k]}" for k in sorted(params))
     seed = seed_from(tag, key, world_size if sums else 0, rank)
     if mode == "random" and dtype.is_floating_point:
-        return generate((count,), dtype, seed=seed, dist="uniform", low=-1.0, high=1.0)
+        return full_mantissa_uniform((count,), dtype, seed)
     if mode not in ("exact", "random", "special"):
         raise ValueError(f"mode {mode!r}: use exact, random or special")
     bound = exact_bound(dtype, world_size) if sums else 2 ** min(precision_bits(dtype), 62) - 1

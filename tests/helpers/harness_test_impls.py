@@ -86,3 +86,46 @@ def stall_while_flagged(world, x, out, op):
     while flag and os.path.exists(flag):
         time.sleep(0.05)
     return allreduce_torch(world, x, out, op)
+
+
+# ---- wrong reductions only more ranks and the edge cases show (test_cli_integration's
+# reduction_edges_run): each computes every rank's rows, then reduces them its own wrong way
+
+def _rows(world, x: torch.Tensor) -> torch.Tensor:
+    import torch.distributed as dist
+
+    rows = [torch.empty_like(x) for _ in range(world.size)]
+    dist.all_gather(rows, x.contiguous(), group=world.group)
+    return torch.stack(rows)
+
+
+def _fold(rows: torch.Tensor, op: str, order: list[int], start: torch.Tensor | None = None
+          ) -> torch.Tensor:
+    acc = rows[order[0]].float() if start is None else start.float()
+    for r in order[1:] if start is None else order:
+        v = rows[r].float()
+        acc = {"sum": acc + v, "avg": acc + v, "prod": acc * v, "min": torch.fmin(acc, v),
+               "max": torch.fmax(acc, v)}[op]
+    return acc / len(order) if op == "avg" else acc
+
+
+def rank_rotated(world, x, out, op):
+    """Each rank sums from its own row on: every rank within tolerance, no two alike."""
+    rows = _rows(world, x)
+    order = [(world.rank + i) % world.size for i in range(world.size)]
+    return out.copy_(_fold(rows, op, order).to(out.dtype))
+
+
+def folded_into_out(world, x, out, op):
+    """min and max folded into whatever out held (fmin/fmax skip a NaN poison)."""
+    rows = _rows(world, x)
+    start = out.clone() if op in ("min", "max") else None
+    return out.copy_(_fold(rows, op, list(range(world.size)), start).to(out.dtype))
+
+
+def flushing_subnormals(world, x, out, op):
+    """A reduction whose loads flush subnormals to zero."""
+    rows = _rows(world, x)
+    tiny = torch.finfo(x.dtype).tiny
+    rows = torch.where(rows.abs() < tiny, torch.zeros_like(rows), rows)
+    return out.copy_(_fold(rows, op, list(range(world.size))).to(out.dtype))
