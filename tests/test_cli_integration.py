@@ -601,8 +601,8 @@ def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
 
 
 # wrong reductions at three ranks (two add in one order whichever comes first), each on the
-# cases made for its bug: sums in another order per rank (random mode), min and max folded into out (its poison must not be their
-# identity), subnormals flushed (special mode)
+# cases made for its bug: sums in another order per rank (random mode), min and max folded
+# into out (its poison must not be their identity), subnormals flushed (special mode)
 _EDGE_IMPLS = ("harness_test_impls:rank_rotated", "harness_test_impls:folded_into_out",
                "harness_test_impls:flushing_subnormals")
 

@@ -1,0 +1,314 @@
+"""Plausible wrong kernels, written apart from the suites' own controls, each run through the
+real runner (every check, in process, world size 1) on the smoke case made for its bug, which
+it must not pass, and on a plain smoke case of the same op, which it passes: the edge case,
+not any case, is what catches it. Each bug passed every smoke case before its case existed.
+(Wrong collectives that need more ranks: test_cli_integration's wrong reductions.)"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import suites._fp8.quant as quant
+import suites._hopper.attention as attention
+from harness.core.discovery import registry
+from harness.core.spec import Case
+from harness.device.runtime import World
+from harness.engine.runner import run_case
+from reference_kernels import fp8 as fp8_ref
+from suites._fp8.gemm import contiguous_torch, per_tensor_torch
+from suites._hopper.tasks import argmax_torch
+from suites._moe import torch_ops
+from suites.strided_copy import copy_torch
+
+BF16 = torch.bfloat16
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return World.from_mpi("cpu", timeout_s=60)
+
+
+def _case(op: str, **match) -> dict:
+    return next(p for p in registry().specs[op].grid["smoke"]
+                if all(p.get(k) == v for k, v in match.items()))
+
+
+def _status(world: World, op: str, params: dict, impl: Callable) -> str:
+    spec = registry().specs[op]
+    return run_case(world, Case(spec, params, 1), "candidate", impl, bench=False).status
+
+
+# ------------------------------------------------------------------ hopper tasks
+
+def rmsnorm_eps_after_sqrt(x, weight):
+    x32 = x.float()
+    return (x32 / (x32.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * weight.float()).to(x.dtype)
+
+
+def rmsnorm_eps_1e5(x, weight):
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)
+            * weight.float()).to(x.dtype)
+
+
+def silu_mul_half_exp(x, groups):
+    """sigmoid's exp in float16 (half2 math): it overflows to inf for gates below -11."""
+    m = x.unflatten(1, (groups, 2, -1)).float()
+    gate = m[:, :, 0]
+    act = (gate / (1 + torch.exp((-gate).half()).float())).to(x.dtype).float()
+    return (act * m[:, :, 1]).to(x.dtype).flatten(1)
+
+
+def argmax_scan_from_minus_one(logits, chunk):
+    """A scan that starts at index -1 and takes a logit only when it is larger: an all -inf
+    row keeps -1."""
+    index = argmax_torch(logits, chunk)
+    none = (logits == -math.inf).all(dim=1, keepdim=True)
+    return torch.where(none, torch.full_like(index, -1), index)
+
+
+def embedding_minus_one_only(ids, weight):
+    """Only id -1 is padding; -2 reads weight[-2]."""
+    flat = ids.reshape(-1)
+    rows = weight[flat]
+    return torch.where((flat == -1)[:, None], torch.zeros((), dtype=weight.dtype), rows)
+
+
+def split_kv_running_max_from_zero(q, k, v, chunk):
+    real = torch.Tensor.amax
+    try:  # each chunk's softmax shifted by max(0, its largest score)
+        torch.Tensor.amax = lambda t, *a, **kw: real(t, *a, **kw).clamp_min(0.0)
+        return attention.split_kv_torch(q, k, v, chunk)
+    finally:
+        torch.Tensor.amax = real
+
+
+def split_kv_one_chunk_too_many(q, k, v, chunk):
+    """S // chunk + 1 chunks: an empty one where the chunk divides S."""
+    pad = chunk if k.shape[0] % chunk == 0 else 0
+    k2 = torch.cat([k, k.new_full((pad, *k.shape[1:]), -math.inf)])
+    v2 = torch.cat([v, v.new_zeros((pad, *v.shape[1:]))])
+    return attention.split_kv_torch(q, k2, v2, chunk)
+
+
+def paged_attention_unshifted_softmax(**inputs):
+    real = F.scaled_dot_product_attention
+
+    def unshifted(q, k, v, attn_mask=None, scale=None):
+        p = torch.exp(q @ k.transpose(-2, -1) * scale) * attn_mask
+        return (p / p.sum(-1, keepdim=True)) @ v
+
+    try:
+        F.scaled_dot_product_attention = unshifted
+        return attention.paged_attention_torch(**inputs)
+    finally:
+        F.scaled_dot_product_attention = real
+
+
+HOPPER = [
+    ("hopper_tasks.rmsnorm", rmsnorm_eps_after_sqrt, {"rows": "zero", "hidden": 256}),
+    ("hopper_tasks.rmsnorm", rmsnorm_eps_1e5, {"rows": "zero", "hidden": 256}),
+    ("hopper_tasks.silu_mul", silu_mul_half_exp, {"values": "wide"}),
+    ("hopper_tasks.argmax", argmax_scan_from_minus_one, {"values": "neginf"}),
+    ("hopper_tasks.embedding", embedding_minus_one_only, {"ids": "edges", "vocab": 17}),
+    ("hopper_tasks.attention_split_kv", split_kv_running_max_from_zero, {"scores": "wide"}),
+    ("hopper_tasks.attention_split_kv", split_kv_one_chunk_too_many, {"scores": "wide"}),
+    ("hopper_tasks.paged_attention", paged_attention_unshifted_softmax, {"scores": "wide"}),
+]
+
+
+# ------------------------------------------------------------------ fp8
+
+def quantize_floor_on_zero_only(x, fmt, granularity, ue8m0, scale):
+    """amax floored to 1e-4 only where it is 0: a group of amax 1e-5 gets a 10x smaller scale."""
+    if granularity == "tensor":
+        return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+    blocks, amax = quant._grouped(x.float(), 1 if granularity == "token" else 128, 128)
+    s = fp8_ref.divide(torch.where(amax == 0, fp8_ref.AMAX_FLOOR, amax), fp8_ref.FMAX[fmt])
+    s = quant._pow2_ceil(s) if ue8m0 else s
+    fmax = fp8_ref.FMAX[fmt]
+    q = (blocks / s[:, None, :, None]).clamp(-fmax, fmax).to(fp8_ref.FORMATS[fmt])
+    return q.flatten(2, 3).flatten(0, 1)[: x.shape[0], : x.shape[1]], s
+
+
+def quantize_amax_of_whole_tiles(x, fmt, granularity, ue8m0, scale):
+    """A per-tensor amax reduced over whole 128-row tiles: the last partial tile is left out."""
+    if granularity != "tensor" or scale is not None or x.shape[0] <= 128:
+        return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+    rows = x.shape[0] // 128 * 128
+    s = fp8_ref.divide(x[:rows].float().abs().max().clamp_min(fp8_ref.AMAX_FLOOR),
+                       fp8_ref.FMAX[fmt])
+    fmax = fp8_ref.FMAX[fmt]
+    return (x.float() / s).clamp(-fmax, fmax).to(fp8_ref.FORMATS[fmt]), s
+
+
+def quantize_ue8m0_of_nan_is_one(x, fmt, granularity, ue8m0, scale):
+    """UE8M0 rounding by frexp alone: frexp gives NaN and inf exponent 0, a scale of 1.0."""
+    def frexp_only(s):
+        mantissa, exponent = torch.frexp(s)
+        return torch.ldexp(torch.ones_like(s), exponent - (mantissa == 0.5).int())
+
+    saved = quant._pow2_ceil
+    quant._pow2_ceil = frexp_only
+    try:
+        return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+    finally:
+        quant._pow2_ceil = saved
+
+
+def per_tensor_half_epilogue(a, scale_a, b, scale_b, out_dtype):
+    return per_tensor_torch(a, scale_a, b, scale_b, torch.float32).half().to(out_dtype)
+
+
+FP8 = [
+    ("fp8_gemm.quantize", quantize_floor_on_zero_only,
+     {"dist": "edge", "granularity": "token", "fmt": "e4m3"}, {"granularity": "token"}),
+    ("fp8_gemm.quantize", quantize_amax_of_whole_tiles,
+     {"dist": "edge", "granularity": "tensor"}, {"granularity": "tensor", "fmt": "e5m2"}),
+    ("fp8_gemm.quantize", quantize_ue8m0_of_nan_is_one,
+     {"dist": "nan", "granularity": "token", "ue8m0": True}, {"granularity": "token"}),
+    ("fp8_gemm.per_tensor", per_tensor_half_epilogue, {"dist": "wide"}, {}),
+]
+
+
+# ------------------------------------------------------------------ moe
+
+def router_unshifted_softmax(logits, topk, renormalize):
+    x = logits.float()
+    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
+    e = torch.exp(x)
+    probs = (e / e.sum(-1, keepdim=True)).gather(-1, experts)
+    if renormalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs, experts.to(torch.int32)
+
+
+def router_first_64_experts(logits, topk, renormalize):
+    """A top-k over one 64-wide register tile of experts."""
+    x = logits.float()
+    experts = torch.sort(x[:, :64], dim=-1, descending=True, stable=True).indices[:, :topk]
+    probs = torch.softmax(x, dim=-1).gather(-1, experts)
+    if renormalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs, experts.to(torch.int32)
+
+
+def unpermute_half_accumulator(permuted, rowmap, routemap, permuted_probs, num_tokens,
+                               num_experts):
+    rows = rowmap.long()
+    gathered = permuted[rows.clamp_min(0)].half() * (rows >= 0)[..., None]
+    acc = torch.zeros(num_tokens, permuted.shape[1], dtype=torch.float16)
+    for e in range(num_experts):
+        acc += gathered[:, e]
+    return acc.to(permuted.dtype), torch_ops.unpermute(
+        permuted, rowmap, routemap, permuted_probs, num_tokens, num_experts)[1]
+
+
+MOE = [
+    ("moe.router", router_unshifted_softmax, {"values": "shifted"}, {}),
+    ("moe.router", router_first_64_experts, {"experts": 256}, {}),
+    ("moe.unpermute", unpermute_half_accumulator, {"values": "special"}, {}),
+]
+
+
+# ------------------------------------------------------------------ strided copy
+
+def copy_transpose_fast_path(storage, size, stride, offset, out):
+    """A 2-D (1, ld) view taken for a whole (size[1], size[0]) matrix at offset 0."""
+    if len(size) == 2 and stride[0] == 1 and stride[1] != 1 and size[0] > 1:
+        m, n = size
+        base = storage.as_strided((m * n,), (1,), storage.storage_offset())
+        return out.copy_(base.view(n, m).t())
+    return copy_torch(storage, size, stride, offset, out)
+
+
+def copy_vector_rows(storage, size, stride, offset, out):
+    """Rows of whole 16-byte units copied as one run from the view's start."""
+    units = 16 // storage.element_size()
+    if len(size) >= 2 and stride[-1] == 1 and size[-1] % units == 0 and out.numel():
+        run = storage.as_strided((out.numel(),), (1,), storage.storage_offset() + offset)
+        return out.view(-1).copy_(run)
+    return copy_torch(storage, size, stride, offset, out)
+
+
+def copy_squeezed_sizes(storage, size, stride, offset, out):
+    """Size-1 dims dropped from the sizes, the strides list cut to the same length."""
+    sizes = [s for s in size if s != 1]
+    strides = list(stride)[: len(sizes)]
+    view = storage.as_strided(sizes, strides, storage.storage_offset() + offset)
+    return out.view(sizes).copy_(view)
+
+
+COPY = [
+    ("strided_copy", copy_transpose_fast_path, {"view": "transpose_slice", "dtype": "f32"}, {}),
+    ("strided_copy", copy_vector_rows, {"view": "rows16", "dtype": "bf16"}, {}),
+    ("strided_copy", copy_squeezed_sizes, {"view": "unit_dim"}, {}),
+]
+
+
+def _plain(op: str, extra: dict) -> dict:
+    return _case(op, **extra) if extra else registry().specs[op].grid["smoke"][0]
+
+
+@pytest.mark.parametrize("op,wrong,edge,plain",
+                         [(*row, {}) for row in HOPPER] + FP8 + MOE + COPY,
+                         ids=lambda v: getattr(v, "__name__", None))
+def test_a_wrong_kernel_fails_the_case_made_for_it(world, op, wrong, edge, plain):
+    assert _status(world, op, _case(op, **edge), wrong) in ("fail", "error")
+    assert _status(world, op, _plain(op, plain), wrong) == "pass"
+
+
+def test_a_grouped_gemm_that_computes_its_padding_rows_fails(world):
+    """Padding rows of a hold values now: computing them (as group 0) gives them a nonzero
+    output on both smoke cases."""
+    def padding_as_group_zero(a, scale_a, b, scale_b, group_index, out):
+        return contiguous_torch(a, scale_a, b, scale_b, group_index.clamp_min(0), out)
+
+    op = "fp8_gemm.grouped_contiguous"
+    for params in registry().specs[op].grid["smoke"]:
+        assert _status(world, op, params, padding_as_group_zero) == "fail"
+
+
+def test_a_float16_epilogue_overflows_where_outputs_pass_65504(world):
+    params = _case("fp8_gemm.per_tensor", dist="wide")
+    inputs = registry().specs["fp8_gemm.per_tensor"].make_inputs(params, 0, 1)
+    ref = per_tensor_torch(**{k: v for k, v in inputs.items()}).abs().max()
+    assert float(ref) > 65504.0
+    assert not torch.isfinite(per_tensor_half_epilogue(**inputs)).all()
+
+
+def test_the_layer_case_routes_past_any_capacity():
+    """Skewed logits send every token to experts 0 and 1: more than a capacity factor of 2
+    (ceil(2 S k / E)) admits, so a layer that drops tokens over it loses some."""
+    params = _case("moe.layer", skew=True)
+    inputs = registry().specs["moe.layer"].make_inputs(params, 0, 1)
+    _, routemap = torch_ops.route(inputs["logits"], params["topk"], params["renormalize"])
+    load = torch.bincount(routemap.reshape(-1).long(), minlength=params["experts"])
+    capacity = math.ceil(2 * params["tokens"] * params["topk"] / params["experts"])
+    assert int(load.max()) > capacity
+
+
+def test_the_ffn_case_holds_an_outlier_token():
+    params = _case("moe.expert_ffn", outlier=True)
+    x = registry().specs["moe.expert_ffn"].make_inputs(params, 0, 1)
+    assert params["precision"] == "fp8" and x["x_scale"] is not None
+    scales = x["x_scale"].amax(dim=1)
+    routed = scales[scales > 0]
+    assert float(routed.max() / routed.median()) > 64
+
+
+def test_the_permute_case_spans_more_than_1024_tokens():
+    assert any(p["tokens"] > 1024 for p in registry().specs["moe.permute"].grid["smoke"])
+
+
+def test_bf16_special_values_survive_the_interleaved_case():
+    # the rows16 and transpose_slice views run in bf16 too, where a float32 round trip
+    # changes a planted NaN
+    x = registry().specs["strided_copy"].make_inputs(_case("strided_copy", view="rows16",
+                                                           dtype="bf16"), 0, 1)["storage"]
+    assert not torch.equal(x.view(torch.int16), x.float().to(BF16).view(torch.int16))
