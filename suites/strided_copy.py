@@ -238,6 +238,10 @@ def _nightly() -> list[dict]:
         _view("broadcast_big", "f32", (64, 1 << 20), (0, 1), 12345),
         _view("dims6_big", "f32", *_permuted((8, 9, 10, 11, 12, 13), (5, 4, 3, 2, 1, 0))),
         _view("offset_big", "i8", (1 << 20, 100), (128, 1), (1 << 30) + 3),
+        _view("transpose_slice", "bf16", (4000, 4000), (1, 4097), 5 + 2 * 4097),
+        _view("rows16", "f32", (4090, 4064), (4097, 1), 3 * 4097 + 4),
+        _view("unit_dim", "f32", (64, 1, 4096), (4096 * 7, 4096, 1), 2 * 4096),
+        _view("empty_inner", "i16", (4096, 0), (7, 1)),
     ]
     return cases
 

@@ -248,7 +248,7 @@ def _nightly() -> list[dict]:
     for dt in ("f32", "bf16", "f16"):
         for op in ("sum", "avg"):
             cases.append(_case(dt, (1 << 20) + 17, op, mode="random"))
-        cases.append(_case(dt, (1 << 20) + 17, "sum", mode="special"))
+        cases += [_case(dt, (1 << 20) + 17, op, mode="special") for op in ("sum", "min", "max")]
     return unique(cases)
 
 

@@ -155,6 +155,8 @@ def _nightly() -> list[dict]:
     for dt in ("f32", "bf16"):
         cases += [_case(dt, (1 << 20) + 17, op, mode="random") for op in ("sum", "avg")]
         cases.append(_case(dt, (1 << 20) + 17, "sum", mode="special"))
+        cases.append(_case(dt, (1 << 20) + 17, "max", mode="special"))
+    cases.append(_case("f16", (1 << 20) + 17, "sum", mode="random"))
     return unique(cases)
 
 

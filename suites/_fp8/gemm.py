@@ -145,7 +145,8 @@ GEMM_PER_TENSOR = OpSpec(
                     _mnk(33, 64, 512, fmt="e5m2", out="bf16"),
                     # outputs past float16's 65504 (an epilogue through float16 overflows)
                     _mnk(32, 64, 256, fmt="e4m3", out="f32", dist="wide")],
-          "nightly": [_mnk(m, n, k, fmt="e4m3", out="bf16") for m, n, k in NIGHTLY_MNK]},
+          "nightly": [_mnk(m, n, k, fmt="e4m3", out="bf16") for m, n, k in NIGHTLY_MNK]
+          + [_mnk(4096, 2112, 7168, fmt="e4m3", out="f32", dist="wide")]},
     implementations={"torch": per_tensor_torch, "scaled_mm": per_tensor_scaled_mm},
     negative_controls={"bf16_accumulation": per_tensor_bf16_accumulation},
 )

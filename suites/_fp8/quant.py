@@ -132,6 +132,9 @@ QUANTIZE = OpSpec(
                     for g in ("token", "block") for m, k in ((4096, 7168), (16384, 2048))
                     for u in (False, True)]
         + [_qcase("e4m3", "token", 4096, 7168, dist="nan"),
+           _qcase("e5m2", "token", 4096, 7168, ue8m0=True, dist="nan"),
+           _qcase("e4m3", "token", 4096, 7168, dist="edge"),
+           _qcase("e4m3", "tensor", 4100, 7168, dist="edge"),
            _qcase("e4m3", "block", 4096, 7000)],  # a partial last group
     },
     implementations={"torch": quantize_torch,

@@ -177,7 +177,8 @@ PAGED_ATTENTION = OpSpec(
           "nightly": [_attention_case(b, t, 32, 8, 128, 64, 64) for b in (1, 4, 16)
                       for t in (1, 4)]
           + [_attention_case(4, t, 32, 8, 128, 64, 64, last="edges") for t in (1, 4)]
-          + [_attention_case(4, 1, 32, 8, 96, 64, 64, last="edges")]},
+          + [_attention_case(4, 1, 32, 8, 96, 64, 64, last="edges"),
+             _attention_case(4, 1, 32, 8, 128, 64, 64, scores="wide")]},
     implementations={"torch": paged_attention_torch},
     negative_controls={"rope_before_norm": paged_attention_rope_before_norm,
                        "visibility_off_by_one": paged_attention_visibility_off_by_one,
@@ -277,7 +278,8 @@ SPLIT_KV = OpSpec(
                     {"heads": 4, "d": 64, "seq": 130, "chunk": 64, "scores": "nan"}],
           "nightly": [{"heads": 32, "d": 128, "seq": s, "chunk": 512}
                       for s in (4096, 32768, 131072)]
-          + [{"heads": 32, "d": 128, "seq": 4100, "chunk": 512, "scores": "nan"}]},
+          + [{"heads": 32, "d": 128, "seq": 4100, "chunk": 512, "scores": "nan"},
+             {"heads": 32, "d": 128, "seq": 4096, "chunk": 512, "scores": "wide"}]},
     implementations={"torch": split_kv_torch},
     negative_controls={"merge_without_rescale": split_kv_merge_without_rescale,
                        "min_shift": split_kv_min_shift,

@@ -299,7 +299,8 @@ SILU_MUL = OpSpec(
     grid={"smoke": [{"b": 4, "inter": 256, "groups": 4},
                     {"b": 3, "inter": 96, "groups": 2, "values": "wide"}],
           "nightly": [{"b": b, "inter": i, "groups": 8} for b in BATCHES
-                      for i in (12288, 14336, 18432)]},
+                      for i in (12288, 14336, 18432)]
+          + [{"b": 16, "inter": 14336, "groups": 8, "values": "wide"}]},
     implementations={"torch": silu_mul_torch, "triton": triton_impl("hopper:silu_mul")},
     negative_controls={"not_interleaved": silu_mul_not_interleaved,
                        "triton_tail_mask_off_by_one":
@@ -472,7 +473,8 @@ ARGMAX = OpSpec(
                     {"b": 2, "vocab": 64, "chunk": 16, "values": "neginf"}],
           "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
                       for v in (128256, 151936, 152064)]
-          + [{"b": 6, "vocab": 151936, "chunk": 4096, "values": v} for v in ("ties", "nan")]},
+          + [{"b": 6, "vocab": 151936, "chunk": 4096, "values": v} for v in ("ties", "nan")]
+          + [{"b": 2, "vocab": 131072, "chunk": 4096, "values": "neginf"}]},
     implementations={"torch": argmax_torch, "triton": triton_impl("hopper:argmax")},
     negative_controls={"no_chunk_offset": argmax_no_chunk_offset,
                        "last_on_ties": argmax_last_on_ties,

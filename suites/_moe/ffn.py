@@ -127,7 +127,8 @@ SMOKE = [_case(200, 256, 128, 8, 4, 128, "bf16"), _case(200, 256, 128, 8, 4, 128
          # block or expert shows), and a decode-sized batch: experts with exactly one token
          _case(6, 256, 256, 16, 2, 16, "fp8", scales="blocky")]
 #: DeepSeek-V3's expert shape (hidden 7168, moe_intermediate 2048)
-NIGHTLY = [_case(5000, 7168, 2048, e, 8, 128, p) for e in (8, 64) for p in ("bf16", "fp8")]
+NIGHTLY = [_case(5000, 7168, 2048, e, 8, 128, p) for e in (8, 64) for p in ("bf16", "fp8")] + [
+    _case(5000, 7168, 2048, 64, 8, 128, "fp8", outlier=True)]
 
 EXPERT_FFN = OpSpec(
     name="moe.expert_ffn", family=FAMILY, reference=ffn_reference,

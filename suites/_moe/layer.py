@@ -99,7 +99,8 @@ LAYER = OpSpec(
                     _case(100, 128, 128, 8, 4, 16, "fp8", renormalize=False)],
           "nightly": [_case(s, 7168, 2048, e, k, 128, p) for s in (5000,) for e in (8, 64)
                       for k in (4, 8) for p in ("bf16", "fp8")]
-          + [_case(5000, 7168, 2048, 64, 8, 128, p, renormalize=False) for p in ("bf16", "fp8")]},
+          + [_case(5000, 7168, 2048, 64, 8, 128, p, renormalize=False) for p in ("bf16", "fp8")]
+          + [_case(5000, 7168, 2048, 64, 8, 128, "fp8", skew=True)]},
     implementations={"torch": layer_torch},
     negative_controls={"probs_applied_twice": layer_probs_applied_twice,
                        "not_renormalized": layer_not_renormalized},

@@ -139,7 +139,8 @@ ROUTER = OpSpec(
           "nightly": [_case(16384, e, k, r) for e in (8, 60, 64, 256) for k in (4, 8)
                       for r in (True, False)]
           + [_case(16384, e, 8, False, values="ties") for e in (64, 256)]
-          + [_case(16384, 256, 8, True, values="nan")]},
+          + [_case(16384, 256, 8, True, values="nan"),
+             _case(16384, 256, 8, True, values="shifted")]},
     implementations={"torch": router_torch},
     negative_controls={"softmax_after_topk": router_softmax_after_topk,
                        "ties_higher_first": router_ties_higher_first,
