@@ -36,7 +36,7 @@ from _figures import record as record_figure  # noqa: E402
 
 #: the cases of tests/test_two_nodes.py
 SELECTORS = ("allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]",
-             "allreduce[dtype=bf16,inplace=true,mode=exact,n=65539,op=sum]",
+             "allreduce[dtype=f32,inplace=true,mode=exact,n=65539,op=sum]",
              "allreduce[dtype=f32,inplace=false,mode=random,n=4099,op=sum]")
 
 

@@ -82,7 +82,7 @@ run_step() {
     speed) python benchmarks/strided_copy_speed.py --json "$out/strided_copy_speed.json" ;;
     # the fixes of the last GPU run that no GPU has run since (docs/gpu-validation.md)
     rerun1) harness run fp8_gemm dtensor --world-sizes 1 --device cuda --fail-on never ;;
-    rerun4) harness run dtensor --world-sizes 4 --device cuda --fail-on never ;;
+    rerun4) harness run collectives dtensor --world-sizes 4 --device cuda --fail-on never ;;
     # 4 and 8 ranks on one GPU: gloo, with the warning
     smoke48) harness run --tier smoke --world-sizes 4,8 --device cuda --fail-on never ;;
     graph) harness run fp8_gemm strided_copy hopper_tasks --world-sizes 1 --device cuda \

@@ -60,8 +60,11 @@ STEPS = [
          "real shapes at 1 rank"),
     Step("rerun1", "proven", 45, "22 s (H100)", "the FP8 quantizers bitwise, the _scaled_mm "
          "tolerance, the _StridedShard refusal on torch < 2.12 (1 rank)", "smoke1"),
-    Step("rerun4", "proven", 40, "12 s (H100)", "DTensor on CUDA over gloo a skip, not a "
-         "crash (4 ranks sharing the GPU)", "smoke48"),
+    # collectives added since: every rank's replicated output compared bit for bit, min/max
+    # specials and outputs that win the reduction, NaNs with payloads through gloo on CUDA
+    Step("rerun4", "rerun", 45, "12 s for dtensor alone (H100)", "the collectives' "
+         "replicated-output check, min/max specials and NaN payloads through gloo on CUDA; "
+         "DTensor a skip, not a crash (4 ranks sharing the GPU)", "smoke48"),
     Step("tests-cuda", "proven", 70, "23 s (H100)", "inputs bit-identical on CPU and CUDA, "
          "CUDA event and graph timing tests", "tests"),
     Step("faults", "proven", 60, "32 s (H100)", "a faulting kernel costs its own case; "

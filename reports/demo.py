@@ -40,7 +40,7 @@ SELECTION = (
 QUICK_SELECTION_NIGHTS = 2
 QUICK_SELECTION = (
     "allreduce[dtype=f32,inplace=false,mode=exact,*op=sum]",
-    "allreduce[dtype=bf16,inplace=true,mode=exact,n=65539,op=sum]",
+    "allreduce[dtype=f32,inplace=true,mode=exact,n=65539,op=sum]",
     "hopper_tasks.rmsnorm",
 )
 KERNEL = "suites._demo:copy_under_development"

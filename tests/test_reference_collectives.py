@@ -475,10 +475,16 @@ def test_exact_inputs_make_every_summation_order_exact(params, w):
             pos, neg = (total_abs + total) / 2, (total_abs - total) / 2
             assert pos <= pos_limit and neg <= neg_limit, column
             assert total_abs <= max(pos_limit, neg_limit), column
-    elif op == "prod":
+    elif op == "prod" and dtype.is_floating_point:
         # factors +-1, +-2: any partial product is +-2**k with k <= w, exact everywhere
         assert {abs(v) for row in rows for v in row} <= {1.0, 2.0}
         assert 2**w <= pos_limit
+    elif op == "prod":
+        # integer factors up to the w-th root of 2**31 - 1: every product fits int32, and
+        # some pass 2**24, where a float32 accumulator would round them
+        products = [abs(math.prod(column)) for column in zip(*rows, strict=True)]
+        assert max(products) <= 2**31 - 1 and max(products) > 2**24
+        assert 0.0 not in {v for row in rows for v in row}
     # plain-Python reduction, and the same reduction done in the dtype in two orders
     if op == "avg":
         return
