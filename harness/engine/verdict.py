@@ -39,8 +39,31 @@ def agree(world: World, local: Any, judge: Callable[[list[Any]], Any]) -> Any:
 
 
 def gather_verdict(world: World, case: Case, local_error: str,
-                   stages: dict[str, dict[str, Any]]) -> tuple[str, str, dict[str, Any], int]:
-    return agree(world, (local_error, stages), lambda gathered: _judge(gathered, case))
+                   stages: dict[str, dict[str, Any]], replicas: dict[str, str] | None = None
+                   ) -> tuple[str, str, dict[str, Any], int]:
+    """Every rank's error and metrics judged as one; with ``replicas`` (each replicated
+    output's hash on this rank, ``OpSpec.replicated``), a case that passes fails where a rank
+    holds other bits than rank 0 (in the same exchange: no collective of its own)."""
+    def judge(gathered: list[tuple[str, dict[str, Any], dict[str, str]]]
+              ) -> tuple[str, str, dict[str, Any], int]:
+        verdict = _judge([(e, s) for e, s, _ in gathered], case)
+        return verdict if verdict[0] != "pass" else _judge_replicas(
+            [r for _, _, r in gathered], case, verdict)
+
+    return agree(world, (local_error, stages, replicas or {}), judge)
+
+
+def _judge_replicas(per_rank: list[dict[str, str]], case: Case,
+                    verdict: tuple[str, str, dict[str, Any], int]
+                    ) -> tuple[str, str, dict[str, Any], int]:
+    for name in case.spec.replicated:
+        differ = [r for r, h in enumerate(per_rank) if h.get(name) != per_rank[0].get(name)]
+        if differ:
+            ranks = ", ".join(map(str, differ))
+            return ("fail", f"{name}: rank{'s' if len(differ) > 1 else ''} {ranks} of "
+                    f"{len(per_rank)} hold other bits than rank 0 (each within tolerance, "
+                    f"maybe): every rank must receive the same result", verdict[2], verdict[3])
+    return verdict
 
 
 def gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None, str]:
