@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from quantizers import with_pow2_ceil
 
 import suites._fp8.quant as quant
 from harness.core.discovery import registry
@@ -62,17 +63,8 @@ def rmsnorm_eps_outside_sqrt(x: torch.Tensor, weight: torch.Tensor) -> torch.Ten
     return (x32 * r * weight.float()).to(x.dtype)
 
 
-def quantize_ue8m0_bumped(x, fmt, granularity, ue8m0, scale):
-    """UE8M0 as 2**(floor(log2 s) + 1): right except where s is a power of two already."""
-    def bumped(s: torch.Tensor) -> torch.Tensor:
-        return torch.exp2(torch.floor(torch.log2(s)) + 1)
-
-    saved = quant._pow2_ceil
-    quant._pow2_ceil = bumped
-    try:
-        return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
-    finally:
-        quant._pow2_ceil = saved
+#: UE8M0 as 2**(floor(log2 s) + 1): right except where s is a power of two already
+quantize_ue8m0_bumped = with_pow2_ceil(lambda s: torch.exp2(torch.floor(torch.log2(s)) + 1))
 
 
 def unpermute_per_token_loop(permuted, rowmap, routemap, permuted_probs, num_tokens,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from quantizers import with_pow2_ceil
 
 import suites._fp8.quant as quant
 import suites._hopper.attention as attention
@@ -147,18 +148,14 @@ def quantize_amax_of_whole_tiles(x, fmt, granularity, ue8m0, scale):
     return (x.float() / s).clamp(-fmax, fmax).to(fp8_ref.FORMATS[fmt]), s
 
 
-def quantize_ue8m0_of_nan_is_one(x, fmt, granularity, ue8m0, scale):
-    """UE8M0 rounding by frexp alone: frexp gives NaN and inf exponent 0, a scale of 1.0."""
-    def frexp_only(s):
-        mantissa, exponent = torch.frexp(s)
-        return torch.ldexp(torch.ones_like(s), exponent - (mantissa == 0.5).int())
+def _frexp_only(s: torch.Tensor) -> torch.Tensor:
+    mantissa, exponent = torch.frexp(s)
+    return torch.ldexp(torch.ones_like(s), exponent - (mantissa == 0.5).int())
 
-    saved = quant._pow2_ceil
-    quant._pow2_ceil = frexp_only
-    try:
-        return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
-    finally:
-        quant._pow2_ceil = saved
+
+#: UE8M0 rounding by frexp alone: frexp gives NaN and inf exponent 0, a scale of 1.0
+quantize_ue8m0_of_nan_is_one = with_pow2_ceil(_frexp_only)
+quantize_ue8m0_of_nan_is_one.__name__ = "quantize_ue8m0_of_nan_is_one"
 
 
 def per_tensor_half_epilogue(a, scale_a, b, scale_b, out_dtype):
