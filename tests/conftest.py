@@ -16,6 +16,14 @@ import pytest  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 
 
+@pytest.fixture(scope="module")
+def world():
+    """A CPU world of one rank, the test process's own (run_case in process)."""
+    from harness.device.runtime import World
+
+    return World.from_mpi("cpu", timeout_s=60)
+
+
 @pytest.fixture(scope="session")
 def postgres_server():
     """A real PostgreSQL server for the session (tests/helpers/postgres_server.py), started

@@ -8,32 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 from quantizers import with_pow2_ceil
+from smoke_cases import smoke_case, status
 
 import suites._fp8.quant as quant
 from harness.core.discovery import registry
 from harness.core.inputs import plant_specials, special_values
 from harness.core.spec import Case
-from harness.device.runtime import World
 from harness.engine.runner import run_case
 from reference_kernels import hopper_tasks as hopper_ref
 from suites._moe import torch_ops
 
 
-@pytest.fixture(scope="module")
-def world() -> World:
-    return World.from_mpi("cpu", timeout_s=60)
-
-
-def _status(world: World, op: str, params: dict, impl) -> str:
-    spec = registry().specs[op]
-    return run_case(world, Case(spec, params, 1), "candidate", impl, bench=False).status
-
-
 def _edge_and_plain(op: str, **match) -> tuple[dict, dict]:
     """The smoke case whose params include ``match``, and the op's first smoke case."""
-    cases = registry().specs[op].grid["smoke"]
-    edge = next(p for p in cases if all(p.get(k) == v for k, v in match.items()))
-    return edge, cases[0]
+    return smoke_case(op, **match), registry().specs[op].grid["smoke"][0]
 
 
 # ------------------------------------------------------------------ wrong kernels
@@ -85,8 +73,8 @@ def unpermute_per_token_loop(permuted, rowmap, routemap, permuted_probs, num_tok
                                    copy_through_float32])
 def test_identity_special_values_catch_a_copy_that_computes(world, wrong):
     edge, plain = _edge_and_plain("hopper_tasks.identity", values="special")
-    assert _status(world, "hopper_tasks.identity", edge, wrong) == "fail"
-    assert _status(world, "hopper_tasks.identity", plain, wrong) == "pass"
+    assert status(world, "hopper_tasks.identity", edge, wrong) == "fail"
+    assert status(world, "hopper_tasks.identity", plain, wrong) == "pass"
 
 
 def test_embedding_special_values_catch_a_gather_that_computes(world):
@@ -96,8 +84,8 @@ def test_embedding_special_values_catch_a_gather_that_computes(world):
         return torch.where(valid, rows, torch.zeros((), dtype=rows.dtype))
 
     edge, plain = _edge_and_plain("hopper_tasks.embedding", values="special")
-    assert _status(world, "hopper_tasks.embedding", edge, gather_plus_zero) == "fail"
-    assert _status(world, "hopper_tasks.embedding", plain, gather_plus_zero) == "pass"
+    assert status(world, "hopper_tasks.embedding", edge, gather_plus_zero) == "fail"
+    assert status(world, "hopper_tasks.embedding", plain, gather_plus_zero) == "pass"
 
 
 def test_strided_copy_storages_carry_special_values(world):
@@ -108,26 +96,26 @@ def test_strided_copy_storages_carry_special_values(world):
     spec = registry().specs["strided_copy"]
     f32 = next(p for p in spec.grid["smoke"] if p["dtype"] == "f32")
     i32 = next(p for p in spec.grid["smoke"] if p["dtype"] == "i32")
-    assert _status(world, "strided_copy", f32, copy_plus_zero) == "fail"
-    assert _status(world, "strided_copy", i32, copy_plus_zero) == "pass"
+    assert status(world, "strided_copy", f32, copy_plus_zero) == "fail"
+    assert status(world, "strided_copy", i32, copy_plus_zero) == "pass"
 
 
 def test_rmsnorm_zero_row_catches_the_eps_outside_the_square_root(world):
     edge, plain = _edge_and_plain("hopper_tasks.rmsnorm", rows="zero")
-    assert _status(world, "hopper_tasks.rmsnorm", edge, rmsnorm_eps_outside_sqrt) == "fail"
-    assert _status(world, "hopper_tasks.rmsnorm", plain, rmsnorm_eps_outside_sqrt) == "pass"
+    assert status(world, "hopper_tasks.rmsnorm", edge, rmsnorm_eps_outside_sqrt) == "fail"
+    assert status(world, "hopper_tasks.rmsnorm", plain, rmsnorm_eps_outside_sqrt) == "pass"
 
 
 def test_quantize_power_of_two_groups_catch_ue8m0_rounded_up_past_exact(world):
     op = "fp8_gemm.quantize"
     edge, _ = _edge_and_plain(op, dist="edge", fmt="e5m2", ue8m0=True)
-    assert _status(world, op, edge, quantize_ue8m0_bumped) == "fail"
+    assert status(world, op, edge, quantize_ue8m0_bumped) == "fail"
 
 
 def test_unrouted_tokens_catch_an_unpermute_that_assumes_every_token_is_routed(world):
     edge, plain = _edge_and_plain("moe.unpermute", unrouted=True)
-    assert _status(world, "moe.unpermute", edge, unpermute_per_token_loop) == "error"
-    assert _status(world, "moe.unpermute", plain, unpermute_per_token_loop) == "pass"
+    assert status(world, "moe.unpermute", edge, unpermute_per_token_loop) == "error"
+    assert status(world, "moe.unpermute", plain, unpermute_per_token_loop) == "pass"
 
 
 def test_special_values_hold_each_class_once_per_dtype():

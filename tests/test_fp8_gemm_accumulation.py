@@ -22,17 +22,11 @@ from harness.core import compare
 from harness.core.discovery import registry
 from harness.core.golden import GoldenShelf
 from harness.core.spec import Case
-from harness.device.runtime import World
 from harness.engine.case_setup import CaseSetup
 from harness.engine.runner import run_case
 
 SPEC = registry().specs["fp8_gemm.per_tensor"]
 CASES = SPEC.cases("smoke", 1)
-
-
-@pytest.fixture(scope="module")
-def world() -> World:
-    return World.from_mpi("cpu", timeout_s=60)
 
 
 def _round_to_bits(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -20,11 +20,6 @@ from harness.engine.runner import run_case
 TIMING = TimingConfig(warmup=1, min_repeats=3, max_repeats=6, budget_s=0.01)
 
 
-@pytest.fixture(scope="module")
-def world() -> World:
-    return World.from_mpi("cpu", timeout_s=60)
-
-
 def _inputs(params, rank, world_size):
     n = params["n"]
     x = generate((n,), torch.float32, seed=7, dist="uniform")

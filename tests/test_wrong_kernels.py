@@ -7,19 +7,16 @@ not any case, is what catches it. Each bug passed every smoke case before its ca
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 from quantizers import with_pow2_ceil
+from smoke_cases import smoke_case, status
 
 import suites._fp8.quant as quant
 import suites._hopper.attention as attention
 from harness.core.discovery import registry
-from harness.core.spec import Case
-from harness.device.runtime import World
-from harness.engine.runner import run_case
 from reference_kernels import fp8 as fp8_ref
 from suites._fp8.gemm import contiguous_torch, per_tensor_torch
 from suites._hopper.tasks import argmax_torch
@@ -27,21 +24,6 @@ from suites._moe import torch_ops
 from suites.strided_copy import copy_torch
 
 BF16 = torch.bfloat16
-
-
-@pytest.fixture(scope="module")
-def world() -> World:
-    return World.from_mpi("cpu", timeout_s=60)
-
-
-def _case(op: str, **match) -> dict:
-    return next(p for p in registry().specs[op].grid["smoke"]
-                if all(p.get(k) == v for k, v in match.items()))
-
-
-def _status(world: World, op: str, params: dict, impl: Callable) -> str:
-    spec = registry().specs[op]
-    return run_case(world, Case(spec, params, 1), "candidate", impl, bench=False).status
 
 
 # ------------------------------------------------------------------ hopper tasks
@@ -249,15 +231,15 @@ COPY = [
 
 
 def _plain(op: str, extra: dict) -> dict:
-    return _case(op, **extra) if extra else registry().specs[op].grid["smoke"][0]
+    return smoke_case(op, **extra) if extra else registry().specs[op].grid["smoke"][0]
 
 
 @pytest.mark.parametrize("op,wrong,edge,plain",
                          [(*row, {}) for row in HOPPER] + FP8 + MOE + COPY,
                          ids=lambda v: getattr(v, "__name__", None))
 def test_a_wrong_kernel_fails_the_case_made_for_it(world, op, wrong, edge, plain):
-    assert _status(world, op, _case(op, **edge), wrong) in ("fail", "error")
-    assert _status(world, op, _plain(op, plain), wrong) == "pass"
+    assert status(world, op, smoke_case(op, **edge), wrong) in ("fail", "error")
+    assert status(world, op, _plain(op, plain), wrong) == "pass"
 
 
 def test_a_grouped_gemm_that_computes_its_padding_rows_fails(world):
@@ -268,11 +250,11 @@ def test_a_grouped_gemm_that_computes_its_padding_rows_fails(world):
 
     op = "fp8_gemm.grouped_contiguous"
     for params in registry().specs[op].grid["smoke"]:
-        assert _status(world, op, params, padding_as_group_zero) == "fail"
+        assert status(world, op, params, padding_as_group_zero) == "fail"
 
 
 def test_a_float16_epilogue_overflows_where_outputs_pass_65504(world):
-    params = _case("fp8_gemm.per_tensor", dist="wide")
+    params = smoke_case("fp8_gemm.per_tensor", dist="wide")
     inputs = registry().specs["fp8_gemm.per_tensor"].make_inputs(params, 0, 1)
     ref = per_tensor_torch(**{k: v for k, v in inputs.items()}).abs().max()
     assert float(ref) > 65504.0
@@ -282,7 +264,7 @@ def test_a_float16_epilogue_overflows_where_outputs_pass_65504(world):
 def test_the_layer_case_routes_past_any_capacity():
     """Skewed logits send every token to experts 0 and 1: more than a capacity factor of 2
     (ceil(2 S k / E)) admits, so a layer that drops tokens over it loses some."""
-    params = _case("moe.layer", skew=True)
+    params = smoke_case("moe.layer", skew=True)
     inputs = registry().specs["moe.layer"].make_inputs(params, 0, 1)
     _, routemap = torch_ops.route(inputs["logits"], params["topk"], params["renormalize"])
     load = torch.bincount(routemap.reshape(-1).long(), minlength=params["experts"])
@@ -291,7 +273,7 @@ def test_the_layer_case_routes_past_any_capacity():
 
 
 def test_the_ffn_case_holds_an_outlier_token():
-    params = _case("moe.expert_ffn", outlier=True)
+    params = smoke_case("moe.expert_ffn", outlier=True)
     x = registry().specs["moe.expert_ffn"].make_inputs(params, 0, 1)
     assert params["precision"] == "fp8" and x["x_scale"] is not None
     scales = x["x_scale"].amax(dim=1)
@@ -306,6 +288,6 @@ def test_the_permute_case_spans_more_than_1024_tokens():
 def test_bf16_special_values_survive_the_interleaved_case():
     # the rows16 and transpose_slice views run in bf16 too, where a float32 round trip
     # changes a planted NaN
-    x = registry().specs["strided_copy"].make_inputs(_case("strided_copy", view="rows16",
+    x = registry().specs["strided_copy"].make_inputs(smoke_case("strided_copy", view="rows16",
                                                            dtype="bf16"), 0, 1)["storage"]
     assert not torch.equal(x.view(torch.int16), x.float().to(BF16).view(torch.int16))
