@@ -635,12 +635,14 @@ def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
     assert {c for c in flushed if "op=max" in c or "op=min" in c} == set(folded)
 
 
-# one launch for both faults and a wrong user callable: the hang's and the crash's
+# one launch for the faults and a wrong user callable: the hang's and the crash's
 # implementations each fail the same case, every other case of theirs must still run (in a
-# relaunched job) and pass; the wrong callable fails every case
+# relaunched job) and pass; the wrong callable fails every case; the deadlock in every case
+# costs two deadlines, not one per case
 _FAULT_SELECTORS = ("allreduce[*op=min*]", "allreduce[*op=max*]")
 _FAULT_IMPLS = ("harness_test_impls:hang_on_last_rank", "harness_test_impls:crash_on_rank_one",
-                "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one")
+                "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one",
+                "harness_test_impls:hang_every_case")
 _FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
 
 
@@ -691,6 +693,17 @@ def test_a_fault_that_leaves_the_process_unusable_costs_one_case(faults_run):
     assert "illegal memory access" in faulted["reason"]
     assert "rank(s) 1 unusable" in faulted["reason"] and "ran in a new one" in faulted["reason"]
     assert got and {r["status"] for r in got.values()} == {"pass"}, got
+
+
+def test_an_implementation_that_deadlocks_in_every_case_is_given_up_after_two(faults_run):
+    impl = "harness_test_impls:hang_every_case"
+    got = _fault_statuses(faults_run, impl)
+    statuses = [r["status"] for r in got.values()]  # in the order they were recorded
+    assert len(statuses) > 3 and statuses[:2] == ["timeout", "timeout"], statuses
+    assert set(statuses[2:]) == {"skip"}
+    assert {r["reason"] for r in got.values() if r["status"] == "skip"} == {
+        f"not run: {impl} timed out in 2 cases of allreduce in a row at world size 2, a likely "
+        "deadlock (--max-timeouts 0 runs every case)"}
 
 
 def test_a_wrong_user_callable_fails_every_case_with_exit_1(faults_run):

@@ -184,3 +184,62 @@ def test_a_dead_job_is_put_down_to_the_signal_its_launcher_names(tmp_path, log, 
     path = tmp_path / "w2.launch-1.log"
     path.write_text(log)
     assert _death(rc, path).startswith(said)
+
+
+def _items(op: str, impl: str, n: int, world_size: int = 4) -> list:
+    from types import SimpleNamespace
+
+    from harness.core.spec import Case, PlannedItem
+
+    spec = SimpleNamespace(name=op, family="f")
+    return [PlannedItem(Case(spec, {"n": i}, world_size), impl, lambda: None) for i in range(n)]
+
+
+def test_an_implementation_is_given_up_after_its_limit_of_timeouts_in_a_row():
+    from harness.engine.timeouts import TimeoutStreaks
+
+    hung, other_op, other_impl = (_items("allreduce", "mine", 5), _items("broadcast", "mine", 2),
+                                  _items("allreduce", "torch", 2))
+    streaks = TimeoutStreaks(2)
+    assert not streaks.timed_out(hung[0])
+    streaks.ran([hung[1]])  # a result of its own in between: no deadlock there
+    assert not streaks.timed_out(hung[2])
+    streaks.ran(other_op + other_impl)  # other ops' and implementations' results do not reset it
+    assert streaks.timed_out(hung[3])
+    given_up, why = streaks.abandoned(hung[3], hung[4:] + other_op + other_impl)
+    assert given_up == hung[4:]
+    assert why == ("not run: mine timed out in 2 cases of allreduce in a row at world size 4, a "
+                   "likely deadlock (--max-timeouts 0 runs every case)")
+
+
+def test_limit_zero_never_gives_up():
+    from harness.engine.timeouts import TimeoutStreaks
+
+    streaks, items = TimeoutStreaks(0), _items("allreduce", "mine", 20)
+    assert not any(streaks.timed_out(item) for item in items)
+
+
+def test_timeouts_rank_0_recorded_give_up_the_implementation_and_nothing_else(tmp_path):
+    """The watchdog's timeouts reach the launcher through the results file, as any result."""
+    from harness.engine.launch import _give_up_on_deadlocks
+    from harness.engine.timeouts import TimeoutStreaks
+
+    c = cfg(tmp_path)
+    mine, torch_ = _items("allreduce", "mine", 4), _items("allreduce", "torch", 4)
+    by_key = {item.key: item for item in mine + torch_}
+    recorded, streaks = RecordedKeys(c.results_path, 4), TimeoutStreaks(2)
+
+    def record(item, status):
+        append(c.results_path, CaseResult(
+            run_id="r", case_id=item.case.id, op="allreduce", family="f", impl=item.impl,
+            world_size=4, params={}, status=status))
+        recorded.update()
+        return _give_up_on_deadlocks(c, streaks, recorded, by_key, None)
+
+    assert not record(mine[0], "timeout") and not record(torch_[0], "pass")
+    assert record(mine[1], "timeout")
+    recorded.update()
+    skipped = {k for k, status in recorded.drain() if status == "skip"}
+    assert skipped == {mine[2].key, mine[3].key}
+    assert not record(torch_[1], "timeout") and not record(torch_[2], "fail")
+    assert not record(torch_[3], "timeout")  # a result between its timeouts: no streak

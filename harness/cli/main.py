@@ -41,6 +41,7 @@ from harness.cli.common import (  # noqa: F401 - re-exported for callers
 )
 from harness.cli.show import print_outcome
 from harness.core.discovery import BUILTIN_SUITE
+from harness.engine.timeouts import MAX_TIMEOUTS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -92,6 +93,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--hostfile", default=None, type=click.Path(exists=True, dir_okay=False))
 @click.option("--grace", type=float, default=30.0, show_default=True,
               help="Seconds past a case's deadline before the launcher kills a hung job.")
+@click.option("--max-timeouts", type=click.IntRange(min=0), default=MAX_TIMEOUTS,
+              show_default=True,
+              help="After this many timeouts in a row of one implementation at one world "
+                   "size (a likely deadlock), skip its remaining cases there, saying why; 0 "
+                   "runs every case.")
 @click.option("--golden-dir", default=None, type=click.Path(file_okay=False),
               help="Golden directory (default $HARNESS_GOLDEN_DIR or suites/golden).")
 @click.option("--golden/--no-golden", "use_golden", default=True, show_default=True,
@@ -114,7 +120,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "recorded stay, the missing ones run with the run's own selection and "
                    "options, then it is stored and analysed once. --db or --out-dir say where "
                    "its folder is; --timeout, --fail-on, --launcher, --launcher-args, "
-                   "--hostfile, --grace and --report are the run's own unless given anew.")
+                   "--hostfile, --grace, --max-timeouts and --report are the run's own unless "
+                   "given anew.")
 @click.pass_context
 def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     """Run, check and time the selected cases at each world size; record them in the DB.

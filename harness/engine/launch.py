@@ -30,6 +30,7 @@ from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
 from harness.engine.options import RunDir, RunOptions
+from harness.engine.timeouts import TimeoutStreaks
 
 #: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
 _PYTEST_NORMAL = (0, 1, 5)
@@ -199,6 +200,8 @@ class RecordedKeys:
         self.path, self.prefix = path, f"w{world_size}:"
         self.offset = 0
         self.keys: set[str] = set()
+        #: (key, status) of each result read, in file order, until ``drain`` takes them
+        self.fresh: list[tuple[str, str]] = []
 
     def update(self) -> set[str]:
         try:
@@ -217,7 +220,13 @@ class RecordedKeys:
                 continue  # a torn line: ingest reports it; the poll only counts results
             if key.startswith(self.prefix):
                 self.keys.add(key)
+                self.fresh.append((key, str(d.get("status"))))
         return set(self.keys)
+
+    def drain(self) -> list[tuple[str, str]]:
+        """The (key, status) pairs read since the last drain, in the order they were written."""
+        fresh, self.fresh = self.fresh, []
+        return fresh
 
 
 def _read_progress(path: Path) -> dict | None:
@@ -425,6 +434,26 @@ def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, k
     _record_dead_case(cfg, item, status, why, placement)
 
 
+def _give_up_on_deadlocks(cfg: LaunchConfig, streaks: TimeoutStreaks, recorded: RecordedKeys,
+                          by_key: Mapping[str, PlannedItem], placement: dict | None) -> bool:
+    """Feed the results read since the last call to ``streaks``; record as skipped the cases
+    left of an implementation that reached its limit of timeouts in a row. True if any."""
+    gave_up = False
+    for key, status in recorded.drain():
+        item = by_key.get(key)
+        if item is None or status == "skip":  # a skip says nothing about a deadlock
+            continue
+        if status != "timeout":
+            streaks.ran([item])
+        elif streaks.timed_out(item):
+            pending = [by_key[k] for k in by_key.keys() - recorded.keys]
+            given_up, why = streaks.abandoned(item, pending)
+            for other in given_up:
+                _record_dead_case(cfg, other, "skip", why, placement)
+            gave_up = gave_up or bool(given_up)
+    return gave_up
+
+
 def _launches_before(files: RunDir, world_size: int) -> int:
     """The launches a run already made at this world size: a resumed run numbers its
     launches on from them, whose logs stay (the srun line of a lost node among them)."""
@@ -473,6 +502,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
     progress_path = files.of(world_size, "progress.json")
     placement_path = files.of(world_size, "placement.json")
     fruitless = 0
+    streaks = TimeoutStreaks(cfg.options.max_timeouts)
     recorded = RecordedKeys(cfg.results_path, world_size)
     earlier = 0 if warm is not None else _launches_before(files, world_size)
 
@@ -482,6 +512,8 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
 
     while True:
         done = recorded.update()
+        if _give_up_on_deadlocks(cfg, streaks, recorded, by_key, outcome.placement):
+            done = recorded.update()
         report(done)
         if by_key.keys() <= done:
             return outcome

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.engine.timeouts import MAX_TIMEOUTS
+
 
 def _kept(default: Any) -> Any:
     """A field that decides which cases a run holds and what their results mean: a resumed
@@ -54,6 +56,9 @@ class RunOptions:
     hostfile: str | None = None
     #: extra seconds the launcher's backstop waits past a case's deadline
     grace: float = 30.0
+    #: timeouts in a row of one implementation at one world size before its remaining cases
+    #: there are skipped (harness.engine.timeouts); 0 never skips
+    max_timeouts: int = MAX_TIMEOUTS
     report_dir: str | None = None
 
     @classmethod

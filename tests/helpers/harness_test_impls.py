@@ -1,7 +1,8 @@
 """Ad hoc implementations used by the integration tests (loaded with --impl module:callable).
 
 They stand for a user's own kernels: one wrong, one that hangs on one rank for one case, one
-that kills a rank for one case. Everything else they compute correctly.
+that deadlocks in every case, one that kills a rank for one case. Everything else they compute
+correctly.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def off_by_one(world, x, out, op):
 def hang_on_last_rank(world, x, out, op):
     """Hangs forever on the last rank for one case; correct elsewhere."""
     if _is_target(x, op) and world.rank == world.size - 1:
+        while True:
+            time.sleep(1)
+    return allreduce_torch(world, x, out, op)
+
+
+def hang_every_case(world, x, out, op):
+    """Deadlocks in every case: the last rank never joins the collective."""
+    if world.rank == world.size - 1:
         while True:
             time.sleep(1)
     return allreduce_torch(world, x, out, op)
