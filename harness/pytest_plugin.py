@@ -27,7 +27,7 @@ from harness.core.golden import GoldenShelf
 from harness.core.results import CaseResult, RunInfo
 from harness.core.spec import PlannedItem, Registry, SpecError
 from harness.core.timing import TimingConfig
-from harness.device import triton_impl
+from harness.device import process_state, triton_impl
 from harness.device.envinfo import env_id
 from harness.engine.options import RunDir, RunOptions
 
@@ -178,9 +178,9 @@ class HarnessSession:
             result = dataclasses.replace(result, status="error", reason=sticky)
         if self.watchdog.disarm() and root and self.results_path is not None:
             results_mod.append(self.results_path, result)
-        if sticky:
-            # one faulting kernel costs one case: the launcher relaunches the rest in new
-            # processes, as after a timeout
+        if sticky or process_state.tainted():
+            # one faulting kernel (or a flush-to-zero that threads inherited) costs one case:
+            # the launcher relaunches the rest in new processes, as after a timeout
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()
             os._exit(STICKY_EXIT)

@@ -638,11 +638,11 @@ def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
 # one launch for the faults and a wrong user callable: the hang's and the crash's
 # implementations each fail the same case, every other case of theirs must still run (in a
 # relaunched job) and pass; the wrong callable fails every case; the deadlock in every case
-# costs two deadlines, not one per case
+# costs two deadlines, not one per case; flush-to-zero left on by one rank costs one case
 _FAULT_SELECTORS = ("allreduce[*op=min*]", "allreduce[*op=max*]")
 _FAULT_IMPLS = ("harness_test_impls:hang_on_last_rank", "harness_test_impls:crash_on_rank_one",
                 "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one",
-                "harness_test_impls:hang_every_case")
+                "harness_test_impls:hang_every_case", "harness_test_impls:flush_on_rank_one")
 _FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
 
 
@@ -704,6 +704,17 @@ def test_an_implementation_that_deadlocks_in_every_case_is_given_up_after_two(fa
     assert {r["reason"] for r in got.values() if r["status"] == "skip"} == {
         f"not run: {impl} timed out in 2 cases of allreduce in a row at world size 2, a likely "
         "deadlock (--max-timeouts 0 runs every case)"}
+
+
+def test_flush_to_zero_left_on_by_one_rank_fails_its_case_and_ends_the_job(faults_run):
+    """Threads started while it was on keep it: without a new job, the special cases after it
+    flushed their subnormals in every implementation, torch's too."""
+    got = _fault_statuses(faults_run, "harness_test_impls:flush_on_rank_one")
+    leaked = got.pop(_FAULT_CASE)
+    assert leaked["status"] == "fail", leaked
+    assert "(rank 1: flush denormals: False -> True); restored" in leaked["reason"]
+    assert "the job ended after this case" in leaked["reason"]
+    assert got and {r["status"] for r in got.values()} == {"pass"}, got
 
 
 def test_a_wrong_user_callable_fails_every_case_with_exit_1(faults_run):

@@ -49,8 +49,8 @@ def _run(world, fn, params=None, bench=True, **extra):
 def test_a_correct_implementation_passes_every_check(world):
     r = _run(world, doubled)
     assert r.status == "pass", r.reason
-    assert r.checks == ["poisoned_outputs", "shifted_buffers", "after_timing", "reused_buffers",
-                        "settled"]
+    assert r.checks == ["poisoned_outputs", "shifted_buffers", "process_settings",
+                        "after_timing", "reused_buffers", "settled"]
     assert r.timing["n"] >= 3 and r.output_hash
 
 
@@ -156,7 +156,7 @@ def test_writing_a_read_only_input_is_an_error_and_nan_inputs_are_not_mistaken_f
 def test_in_place_cases_skip_the_check_after_timing_and_must_alias(world):
     r = _run(world, doubled, params={"n": 1031, "inplace": True}, inplace_inputs=("x",))
     assert r.status == "pass", r.reason
-    assert r.checks == ["poisoned_outputs", "shifted_buffers"]
+    assert r.checks == ["poisoned_outputs", "shifted_buffers", "process_settings"]
 
 
 def test_peak_memory_counts_the_temporaries_of_the_call(world):
@@ -183,7 +183,7 @@ def test_without_the_proc_files_peak_memory_is_labelled_not_measured(tmp_path):
 
 def test_shift_buffers_off_skips_the_move(world):
     r = _run(world, doubled, bench=False, shift_buffers=False)
-    assert r.status == "pass" and r.checks == ["poisoned_outputs"]
+    assert r.status == "pass" and r.checks == ["poisoned_outputs", "process_settings"]
 
 
 def test_an_out_buffer_passed_as_none_is_an_output_the_case_lacks(world):
@@ -399,3 +399,73 @@ def test_the_phases_a_timeout_names_are_the_ones_the_case_is_in(world):
     assert set(seen["inputs"]) | set(seen["reference"]) == {"setup", "timing"}
     assert seen["impl"][:2] == ["call", "call"] and set(seen["impl"][2:]) == {"timing"}
     assert set(phases) <= set(runner.PHASES)
+
+
+def _leaves(change):
+    """An implementation that computes right and leaves a process-wide setting changed."""
+
+    def impl(x, out):
+        change()
+        return torch.mul(x, 2, out=out)
+
+    return impl
+
+
+# flush-to-zero is left to tests/test_cli_integration.py, in ranks of their own: threads this
+# process started meanwhile would keep it for the tests after this one
+_LEAKS = {
+    "default dtype": lambda: torch.set_default_dtype(torch.float64),
+    "intra-op threads": lambda: torch.set_num_threads(torch.get_num_threads() + 1),
+    "autocast on cpu": lambda: torch.set_autocast_enabled("cpu", True),
+    "torch.backends.mkldnn.matmul.fp32_precision":
+        lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
+    "grad mode": lambda: torch.set_grad_enabled(False),
+}
+
+
+@pytest.mark.parametrize("setting", list(_LEAKS))
+def test_a_process_wide_setting_left_changed_fails_the_case_and_is_put_back(world, setting):
+    """Every later case, the reference included, would run under it: a float64 default
+    changes the inputs make_inputs builds, reduced-precision float32 matmuls the CPU
+    reference's numbers, fewer threads the next implementation's time."""
+    from harness.device import process_state
+
+    before = process_state.snapshot()
+    try:
+        r = _run(world, _leaves(_LEAKS[setting]), bench=False)
+        assert r.status == "fail" and setting in r.reason and "restored" in r.reason, r.reason
+        assert process_state.snapshot() == before
+        assert _run(world, doubled, bench=False).status == "pass"  # the next case runs clean
+    finally:
+        process_state.changed(before)
+
+
+def test_a_setting_changed_and_put_back_inside_the_call_passes(world):
+    def tidy(x, out):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return torch.mul(x, 2, out=out)
+        finally:
+            torch.set_num_threads(threads)
+
+    assert _run(world, tidy).status == "pass"
+
+
+def test_a_setting_changed_only_while_timed_fails_too(world):
+    from harness.device import process_state
+
+    before, threads, calls = process_state.snapshot(), torch.get_num_threads(), []
+
+    def late(x, out):
+        calls.append(1)
+        if len(calls) > 2:  # after the first and the shifted call: in the timed repeats
+            torch.set_num_threads(threads + 1)
+        return torch.mul(x, 2, out=out)
+
+    try:
+        r = _run(world, late)
+        assert r.status == "fail" and "intra-op threads" in r.reason, r.reason
+        assert torch.get_num_threads() == threads
+    finally:
+        process_state.changed(before)

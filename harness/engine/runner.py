@@ -60,7 +60,7 @@ from harness.core.timing import (
     percent_of_peak,
     time_call,
 )
-from harness.device import triton_impl
+from harness.device import process_state, triton_impl
 from harness.device.memory import PeakMemory
 from harness.device.runtime import World
 from harness.engine.case_setup import (
@@ -71,7 +71,14 @@ from harness.engine.case_setup import (
     normalize_outputs,
     tolerances,
 )
-from harness.engine.verdict import agree, gather_peak, gather_verdict, golden_check, judge_golden
+from harness.engine.verdict import (
+    RankNotes,
+    Verdict,
+    agree,
+    gather_verdict,
+    golden_check,
+    judge_golden,
+)
 
 #: how long a host thread gets to change an output after the call returned
 SETTLE_S = 0.001
@@ -258,17 +265,24 @@ def run_case(
     result.interpreter = triton_impl.interpreter_of(impl, world.device.type)
     checks = ["poisoned_outputs"] if case.spec.out_buffers else []
     clock_tampering()  # an untimed implementation before this one may have left a patch
+    settings = process_state.snapshot()
     calls = _checked_calls(world, case, impl, result.interpreter, setups or SetupCache(),
                            golden, checks, phase)
     if case.spec.replicated and world.size > 1:
         checks.append("replicated")
-    result.status, result.reason, result.outputs, result.wrong = gather_verdict(
-        world, case, calls.error, calls.stages, calls.replicas)
+    checks.append("process_settings")
+    verdict = gather_verdict(world, case, calls.error, calls.stages, RankNotes(
+        calls.replicas, process_state.changed(settings), process_state.tainted(),
+        calls.mem.bytes, calls.mem.kind, calls.digest))
+    _take(result, verdict)
+    result.peak_memory_bytes, result.peak_memory_kind = verdict.peak, verdict.peak_kind
+    result.output_hash = verdict.output_hash if world.rank == 0 else None
     if golden is not None:
         result.golden, status, reason = agree(world, calls.golden, judge_golden)
         if result.status == "pass" and status != "pass":
             result.status, result.reason = status, reason
-    _hash_outputs(world, result, calls.digest)
+            if status not in ("pass", "fail"):
+                result.output_hash = None
 
     # ---- timing, only of implementations that are correct
     if bench and result.status == "pass" and calls.setup is not None:
@@ -279,10 +293,8 @@ def run_case(
         phase("timing")
         _time_and_recheck(world, case, impl, calls.inputs, calls.writable, setup.expected,
                           calls.tols, result, cfg, checks, calibration, setup.memos,
-                          setup.magnitudes, setup)
+                          setup.magnitudes, setup, settings)
     result.checks = checks
-    result.peak_memory_bytes, result.peak_memory_kind = gather_peak(world, calls.mem.bytes,
-                                                                    calls.mem.kind)
     result.duration_s = time.perf_counter() - t0
     return result
 
@@ -378,12 +390,12 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
     return calls
 
 
-def _hash_outputs(world: World, result: CaseResult, digest: str) -> None:
-    """The output hash of every rank's first-call outputs, in rank order, on rank 0."""
-    if result.status in ("pass", "fail") and digest:
-        digests = world.comm.gather(digest, root=0) if world.size > 1 else [digest]
-        if world.rank == 0:
-            result.output_hash = hashlib.sha256("".join(digests).encode()).hexdigest()
+def _take(result: CaseResult, verdict: Verdict) -> None:
+    """The agreed verdict into ``result``; a tainted process ends its job after the case."""
+    result.status, result.reason = verdict.status, verdict.reason
+    result.outputs, result.wrong = verdict.outputs, verdict.wrong
+    if verdict.tainted:
+        process_state.taint()  # on every rank, so that the job ends together (pytest_plugin)
 
 
 def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
@@ -394,7 +406,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                       calibration: Mapping[str, Any] | None = None,
                       memos: dict[str, dict[Any, Any]] | None = None,
                       magnitudes: Mapping[str, torch.Tensor] | None = None,
-                      setup: CaseSetup | None = None) -> None:
+                      setup: CaseSetup | None = None,
+                      settings: dict[str, Any] | None = None) -> None:
     """Time over rotating shifted copies of the inputs, then check the last output again;
     then, where the timing was real, check that the time could be honest: not below the
     calibrated limits, no clock replaced, right on new values in buffers seen before (a
@@ -435,10 +448,11 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                 tampered += clock_tampering()
         except Exception as exc:
             local_error = f"after timing: {type(exc).__name__}: {exc}"
-    status, reason, outputs_report, wrong = gather_verdict(world, case, local_error, stages)
-    if status != "pass":
-        result.status, result.reason = status, reason
-        result.outputs, result.wrong = outputs_report, wrong
+    changed = process_state.changed(settings) if settings is not None else []
+    verdict = gather_verdict(world, case, local_error, stages,
+                             RankNotes(changed=changed, tainted=process_state.tainted()))
+    if verdict.status != "pass":
+        _take(result, verdict)
         return
     _judge_honesty(world, result, tampered, impossible_why)
 

@@ -4,7 +4,9 @@ pass or fail a case together; the first check that fails decides, named in the r
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,43 +40,92 @@ def agree(world: World, local: Any, judge: Callable[[list[Any]], Any]) -> Any:
     return verdict
 
 
+@dataclass
+class RankNotes:
+    """What one rank adds to a verdict's exchange besides its error and metrics."""
+
+    #: each replicated output's hash (``OpSpec.replicated``)
+    replicas: dict[str, str] = field(default_factory=dict)
+    #: the process-wide settings the implementation changed, put back (``process_state``)
+    changed: list[str] = field(default_factory=list)
+    #: this rank's process changed a setting its threads keep (``process_state.tainted``)
+    tainted: bool = False
+    #: the calls' peak memory and how it was measured
+    peak: int | None = None
+    peak_kind: str = NOT_MEASURED
+    #: the hash of the first call's outputs ("" if it made none)
+    digest: str = ""
+
+
+@dataclass
+class Verdict:
+    """What every rank agrees on after the exchange."""
+
+    status: str
+    reason: str
+    outputs: dict[str, Any]
+    wrong: int
+    #: the largest peak over the ranks (None: some rank could not measure it)
+    peak: int | None = None
+    peak_kind: str = NOT_MEASURED
+    #: some rank's process is tainted: the job ends after this case
+    tainted: bool = False
+    #: the ranks' output hashes, in rank order, hashed (a verdict on the numbers only)
+    output_hash: str | None = None
+
+
 def gather_verdict(world: World, case: Case, local_error: str,
-                   stages: dict[str, dict[str, Any]], replicas: dict[str, str] | None = None
-                   ) -> tuple[str, str, dict[str, Any], int]:
-    """Every rank's error and metrics judged as one; with ``replicas`` (each replicated
-    output's hash on this rank, ``OpSpec.replicated``), a case that passes fails where a rank
-    holds other bits than rank 0 (in the same exchange: no collective of its own)."""
-    def judge(gathered: list[tuple[str, dict[str, Any], dict[str, str]]]
-              ) -> tuple[str, str, dict[str, Any], int]:
-        verdict = _judge([(e, s) for e, s, _ in gathered], case)
-        return verdict if verdict[0] != "pass" else _judge_replicas(
-            [r for _, _, r in gathered], case, verdict)
+                   stages: dict[str, dict[str, Any]], notes: RankNotes | None = None
+                   ) -> Verdict:
+    """Every rank's error and metrics judged as one, in one exchange with each rank's
+    ``notes``: a case that passes fails where a rank holds other bits of a replicated output
+    than rank 0, or where an implementation changed a process-wide setting on some rank."""
+    def judge(gathered: list[tuple[str, dict[str, Any], RankNotes]]) -> Verdict:
+        status, reason, outputs, wrong = _judge([(e, s) for e, s, _ in gathered], case)
+        every = [n for _, _, n in gathered]
+        differ = _judge_replicas([n.replicas for n in every], case) if status == "pass" else ""
+        if differ:
+            status, reason = "fail", differ
+        tainted = any(n.tainted for n in every)
+        leaked = _said_by_rank([n.changed for n in every])
+        if leaked:
+            why = (f"it changed process-wide torch settings that the reference and every "
+                   f"later case would run under ({leaked}); restored")
+            if tainted:
+                why += (", but threads started meanwhile keep their own copy: the job ended "
+                        "after this case and its remaining cases ran in a new one")
+            status, reason = ("fail", why) if status == "pass" else (status, f"{reason}; {why}")
+        peaks = [n.peak for n in every]
+        peak = None if any(p is None for p in peaks) else max(peaks)  # type: ignore[type-var]
+        digest = (hashlib.sha256("".join(n.digest for n in every).encode()).hexdigest()
+                  if status in ("pass", "fail") and every[0].digest else None)
+        return Verdict(status, reason, outputs, wrong, peak,
+                       every[0].peak_kind if peak is not None else NOT_MEASURED, tainted,
+                       digest)
 
-    return agree(world, (local_error, stages, replicas or {}), judge)
+    return agree(world, (local_error, stages, notes or RankNotes()), judge)
 
 
-def _judge_replicas(per_rank: list[dict[str, str]], case: Case,
-                    verdict: tuple[str, str, dict[str, Any], int]
-                    ) -> tuple[str, str, dict[str, Any], int]:
+def _said_by_rank(changes: list[list[str]]) -> str:
+    """The ranks' changes in one line, ranks with the same ones together ("" if none)."""
+    by_change: dict[str, list[int]] = {}
+    for rank, theirs in enumerate(changes):
+        if theirs:
+            by_change.setdefault("; ".join(theirs), []).append(rank)
+    return "; ".join(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: "
+                     f"{change}" for change, ranks in by_change.items())
+
+
+def _judge_replicas(per_rank: list[dict[str, str]], case: Case) -> str:
+    """Why a replicated output differs between ranks ("" if it does not)."""
     for name in case.spec.replicated:
         differ = [r for r, h in enumerate(per_rank) if h.get(name) != per_rank[0].get(name)]
         if differ:
             ranks = ", ".join(map(str, differ))
-            return ("fail", f"{name}: rank{'s' if len(differ) > 1 else ''} {ranks} of "
+            return (f"{name}: rank{'s' if len(differ) > 1 else ''} {ranks} of "
                     f"{len(per_rank)} hold other bits than rank 0 (each within tolerance, "
-                    f"maybe): every rank must receive the same result", verdict[2], verdict[3])
-    return verdict
-
-
-def gather_peak(world: World, peak: int | None, kind: str) -> tuple[int | None, str]:
-    if world.size == 1:
-        return peak, kind
-    everyone = world.comm.gather((peak, kind), root=0)
-    if world.rank != 0:
-        return peak, kind
-    if any(p is None for p, _ in everyone):
-        return None, NOT_MEASURED
-    return max(p for p, _ in everyone), kind
+                    f"maybe): every rank must receive the same result")
+    return ""
 
 
 def golden_check(store: GoldenStore | GoldenShelf, case: Case,

@@ -1,8 +1,8 @@
 """Ad hoc implementations used by the integration tests (loaded with --impl module:callable).
 
 They stand for a user's own kernels: one wrong, one that hangs on one rank for one case, one
-that deadlocks in every case, one that kills a rank for one case. Everything else they compute
-correctly.
+that deadlocks in every case, one that kills a rank for one case, one that leaves flush-to-zero
+on. Everything else they compute correctly.
 """
 
 from __future__ import annotations
@@ -39,6 +39,14 @@ def hang_every_case(world, x, out, op):
     if world.rank == world.size - 1:
         while True:
             time.sleep(1)
+    return allreduce_torch(world, x, out, op)
+
+
+def flush_on_rank_one(world, x, out, op):
+    """Right, but for one case leaves flush-to-zero on in rank 1's process, and in every
+    thread it starts, for every later case."""
+    if _is_target(x, op) and world.rank == min(1, world.size - 1):
+        torch.set_flush_denormal(True)
     return allreduce_torch(world, x, out, op)
 
 

@@ -1,0 +1,204 @@
+"""torch's process-wide settings, read before an implementation runs and restored after it.
+
+Every case of a job runs in the same processes: the reference, the other implementations and
+the later cases run under whatever settings an implementation leaves behind. One that turns on
+flush-to-zero makes the CPU reference flush subnormals too, so a flushing kernel then passes
+the cases made to catch it; a float64 default dtype changes the inputs ``make_inputs`` builds;
+TF32, a reduced-precision reduction, autocast or another BLAS library changes the next
+matmul's numbers; fewer intra-op threads, disabled flash attention or cuDNN benchmarking
+changes the next implementation's time. ``changed`` names each setting that differs from a
+``snapshot`` and puts it back.
+
+Each setting is read only where this torch has it (the names move between releases: the
+``fp32_precision`` properties came in 2.9), and CUDA's only once CUDA is initialised, so
+reading never initialises it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: settings that are plain attributes: (owner, attribute) under ``torch``
+_ATTRIBUTES = (
+    ("backends.cuda.matmul", "allow_tf32"),
+    ("backends.cuda.matmul", "allow_fp16_reduced_precision_reduction"),
+    ("backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
+    ("backends.cuda.matmul", "allow_fp16_accumulation"),
+    ("backends.cuda.matmul", "fp32_precision"),
+    ("backends.cudnn", "enabled"),
+    ("backends.cudnn", "allow_tf32"),
+    ("backends.cudnn", "deterministic"),
+    ("backends.cudnn", "benchmark"),
+    ("backends.cudnn", "fp32_precision"),
+    ("backends.mkldnn", "enabled"),
+    ("backends.mkldnn", "fp32_precision"),
+    ("backends.mkldnn.matmul", "fp32_precision"),
+    ("backends.mkldnn.conv", "fp32_precision"),
+    ("backends.mkldnn.rnn", "fp32_precision"),
+    ("backends.cudnn.conv", "fp32_precision"),
+    ("backends.cudnn.rnn", "fp32_precision"),
+    ("backends", "fp32_precision"),
+)
+
+#: settings behind a getter and a setter: (name, getter, setter) under ``torch``
+_ACCESSORS = (
+    ("grad mode", "is_grad_enabled", "set_grad_enabled"),
+    ("float32 matmul precision", "get_float32_matmul_precision",
+     "set_float32_matmul_precision"),
+    ("intra-op threads", "get_num_threads", "set_num_threads"),
+    ("flash attention", "backends.cuda.flash_sdp_enabled", "backends.cuda.enable_flash_sdp"),
+    ("memory-efficient attention", "backends.cuda.mem_efficient_sdp_enabled",
+     "backends.cuda.enable_mem_efficient_sdp"),
+    ("math attention", "backends.cuda.math_sdp_enabled", "backends.cuda.enable_math_sdp"),
+    ("cuDNN attention", "backends.cuda.cudnn_sdp_enabled", "backends.cuda.enable_cudnn_sdp"),
+)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One process-wide setting: its name, how to read it, how to put a value back."""
+
+    name: str
+    get: Callable[[], Any]
+    put: Callable[[Any], None]
+    #: each thread holds its own, and a thread inherits its creator's: a thread started
+    #: while it was changed (an OpenMP or gloo worker) keeps it after it is put back here
+    per_thread: bool = False
+
+
+#: whether a per-thread setting was found changed in this process (``tainted``)
+_TAINTED = False
+
+
+def _resolve(path: str) -> Any:
+    obj: Any = torch
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _readable(get: Callable[[], Any]) -> bool:
+    try:
+        get()
+    except Exception:  # a build without it (no cuDNN, no MKLDNN): nothing to guard
+        return False
+    return True
+
+
+def _flushes_denormals() -> bool:
+    # torch has no getter for set_flush_denormal (FTZ/DAZ of this thread's CPU): probe it
+    probe = torch.tensor([2.0 ** -140], dtype=torch.float32, device="cpu")
+    return probe.mul(1.0).item() == 0.0
+
+
+def _default_device() -> torch.device:
+    return torch.get_default_device()
+
+
+def _put_default_device(device: torch.device) -> None:
+    # None removes the mode set_default_device installs; "cpu" is what an unset one reads
+    torch.set_default_device(None if device == torch.device("cpu") else device)
+
+
+def _deterministic() -> tuple[bool, bool]:
+    return (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled())
+
+
+def _put_deterministic(value: tuple[bool, bool]) -> None:
+    torch.use_deterministic_algorithms(value[0], warn_only=value[1])
+
+
+def _autocast(device_type: str) -> Setting:
+    return Setting(f"autocast on {device_type}",
+                   lambda: torch.is_autocast_enabled(device_type),
+                   lambda on: torch.set_autocast_enabled(device_type, on))
+
+
+def _attribute(owner: str, attr: str) -> Setting:
+    return Setting(f"torch.{owner}.{attr}", lambda: getattr(_resolve(owner), attr),
+                   lambda value: setattr(_resolve(owner), attr, value))
+
+
+def _accessor(name: str, getter: str, setter: str) -> Setting:
+    return Setting(name, lambda: _resolve(getter)(), lambda value: _resolve(setter)(value))
+
+
+@functools.cache
+def host_settings() -> tuple[Setting, ...]:
+    """The settings this torch has that need no CUDA to read."""
+    # the default device and dtype first: the rest is read (and the probe made) under them
+    every = [Setting("default device", _default_device, _put_default_device),
+             _accessor("default dtype", "get_default_dtype", "set_default_dtype")]
+    every += [_attribute(o, a) for o, a in _ATTRIBUTES]
+    every += [_accessor(*names) for names in _ACCESSORS]
+    every += [Setting("flush denormals", _flushes_denormals, torch.set_flush_denormal,
+                      per_thread=True),
+              Setting("deterministic algorithms", _deterministic, _put_deterministic),
+              _autocast("cpu"), _autocast("cuda")]
+    return tuple(s for s in every if _readable(s.get))
+
+
+_CUDA = (Setting("current CUDA device", lambda: torch.cuda.current_device(),
+                 lambda index: torch.cuda.set_device(index)),
+         Setting("current CUDA stream", lambda: torch.cuda.current_stream(),
+                 lambda stream: torch.cuda.set_stream(stream)))
+
+
+def _settings() -> tuple[Setting, ...]:
+    # reading the current device or stream before CUDA is up would initialise it
+    return host_settings() + (_CUDA if torch.cuda.is_initialized() else ())
+
+
+def snapshot() -> dict[str, Any]:
+    """Every readable setting's value now."""
+    values = {}
+    for s in _settings():
+        try:
+            values[s.name] = s.get()
+        except Exception:  # torch refuses to say (see ``changed``): nothing to compare with
+            continue
+    return values
+
+
+def changed(before: dict[str, Any]) -> list[str]:
+    """Each setting whose value differs from ``before``, as "name: before -> now", each put
+    back to its ``before`` value. A setting ``before`` lacks (CUDA came up since, or torch
+    would not say) is not judged; one torch now refuses to read counts as changed (torch
+    2.9+ refuses the legacy float32 matmul precision once the per-backend one was set). A
+    per-thread setting found changed taints the process (``tainted``)."""
+    global _TAINTED
+    said = []
+    for s in _settings():
+        if s.name not in before:
+            continue
+        try:
+            now = s.get()
+        except Exception as exc:
+            now = f"unreadable ({type(exc).__name__})"
+        if now == before[s.name]:
+            continue
+        said.append(f"{s.name}: {before[s.name]} -> {now}")
+        _TAINTED = _TAINTED or s.per_thread
+        try:
+            s.put(before[s.name])
+        except Exception as exc:
+            said[-1] += f" (not restored: {type(exc).__name__}: {exc})"
+    return said
+
+
+def tainted() -> bool:
+    """Whether a setting that cannot be put back in every thread was changed in this process
+    (or ``taint`` was called): its later results cannot be trusted, and a job ends with it."""
+    return _TAINTED
+
+
+def taint() -> None:
+    """Mark this process tainted (another rank of its job was: the job ends together)."""
+    global _TAINTED
+    _TAINTED = True
