@@ -40,7 +40,9 @@ STEPS = [
          "blocker stops the plan"),
     # calibrate, smoke1 and controls1: rerun since the harness moved into layer subpackages
     # (the device layer split, the ranks reading their options from run.json), which no GPU
-    # has run. The peaks smoke1's impossible-time check divides by, so they run before it
+    # has run; smoke1 and rerun4 also hold every implementation to the process-settings
+    # check on CUDA (the current device and stream among them: no built-in may change one).
+    # The peaks smoke1's impossible-time check divides by, so they run before it
     Step("calibrate", "rerun", 15, "5-8 s (H200)", "copy and matmul peaks for % of peak"),
     # strided_copy.cu rewritten since (torch's elementwise scheme, 16-byte units, 32-bit
     # magic division, no stack frame): its GB/s against torch's is issue 44's open goal

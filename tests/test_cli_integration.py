@@ -651,9 +651,10 @@ def faults_run(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("faults")
     impls = [a for impl in _FAULT_IMPLS for a in ("--impl", impl)]
     # two ranks: the hung (or dead) one and one left waiting on it, each relaunch half the
-    # cost of four ranks on two cores
+    # cost of four ranks on two cores. A case here takes well under 0.1 s: 3 s is a deadline
+    # a slow machine still meets, and each of the three timeouts costs it
     out = harness(tmp_path, "run", *_FAULT_SELECTORS, "--world-sizes", "2", "--no-bench",
-                  "--timeout", "5", "--grace", "20", *impls, timeout=400)
+                  "--timeout", "3", "--grace", "20", *impls, timeout=400)
     results = rows(tmp_path / "h.db", "SELECT case_id, impl, status, reason FROM results "
                                       "ORDER BY started_at")
     planned = planned_items(tmp_path, *_FAULT_SELECTORS, "--world-sizes", "2", *impls)
