@@ -638,11 +638,13 @@ def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
 # one launch for the faults and a wrong user callable: the hang's and the crash's
 # implementations each fail the same case, every other case of theirs must still run (in a
 # relaunched job) and pass; the wrong callable fails every case; the deadlock in every case
-# costs two deadlines, not one per case; flush-to-zero left on by one rank costs one case
+# costs two deadlines, not one per case; flush-to-zero left on by one rank, a process that exits
+# cleanly and a sys.exit each cost one case
 _FAULT_SELECTORS = ("allreduce[*op=min*]", "allreduce[*op=max*]")
 _FAULT_IMPLS = ("harness_test_impls:hang_on_last_rank", "harness_test_impls:crash_on_rank_one",
                 "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one",
-                "harness_test_impls:hang_every_case", "harness_test_impls:flush_on_rank_one")
+                "harness_test_impls:hang_every_case", "harness_test_impls:flush_on_rank_one",
+                "harness_test_impls:exits_zero", "harness_test_impls:calls_sys_exit")
 _FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
 
 
@@ -715,6 +717,21 @@ def test_flush_to_zero_left_on_by_one_rank_fails_its_case_and_ends_the_job(fault
     assert leaked["status"] == "fail", leaked
     assert "(rank 1: flush denormals: False -> True); restored" in leaked["reason"]
     assert "the job ended after this case" in leaked["reason"]
+    assert got and {r["status"] for r in got.values()} == {"pass"}, got
+
+
+def test_a_process_that_ends_cleanly_mid_case_is_a_crash_of_that_case_alone(faults_run):
+    """Exit code 0 from a job with a case in progress is no normal end of the job."""
+    got = _fault_statuses(faults_run, "harness_test_impls:exits_zero")
+    ended = got.pop(_FAULT_CASE)
+    assert ended["status"] == "crash" and "exit code 0" in ended["reason"], ended
+    assert got and {r["status"] for r in got.values()} == {"pass"}, got
+
+
+def test_sys_exit_in_an_implementation_is_an_error_of_its_case(faults_run):
+    got = _fault_statuses(faults_run, "harness_test_impls:calls_sys_exit")
+    raised = got.pop(_FAULT_CASE)
+    assert raised["status"] == "error" and "raised SystemExit" in raised["reason"], raised
     assert got and {r["status"] for r in got.values()} == {"pass"}, got
 
 

@@ -469,3 +469,11 @@ def test_a_setting_changed_only_while_timed_fails_too(world):
         assert torch.get_num_threads() == threads
     finally:
         process_state.changed(before)
+
+
+def test_sys_exit_in_an_implementation_is_an_error_not_the_end_of_the_rank(world):
+    def exits(x, out):
+        raise SystemExit(3)
+
+    r = _run(world, exits)
+    assert r.status == "error" and "implementation raised SystemExit: 3" in r.reason, r.reason

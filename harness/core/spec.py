@@ -28,6 +28,10 @@ from harness.device.pyfile import import_file
 TIERS = ("smoke", "nightly", "stress")
 DEFAULT_WORLD_SIZES = (1, 4, 8)
 ENTRY_POINT_GROUP = "harness.implementations"
+#: what an implementation may raise that its case records against it: any Exception, and
+#: SystemExit (a ``sys.exit`` in a kernel's wrapper must not end a rank mid-case). Not
+#: KeyboardInterrupt: that is someone stopping the run
+IMPL_RAISES: tuple[type[BaseException], ...] = (Exception, SystemExit)
 
 
 class SpecError(ValueError):

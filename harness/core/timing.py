@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.core.spec import Work
+from harness.core.spec import IMPL_RAISES, Work
 from harness.device import gpu_telemetry
 from harness.device.cuda import first_line
 
@@ -342,7 +342,7 @@ def capture_graph(fn: Callable[[], Any], device: torch.device,
             return None, f"capture could not begin ({first_line(exc)})"
         try:
             fn()
-        except Exception as exc:
+        except IMPL_RAISES as exc:
             error = exc
         try:
             graph.capture_end()

@@ -406,6 +406,9 @@ def _death(rc: int | None, log_path: Path) -> str:
         number, who = int(found[-1]), "a rank"
     elif rc is not None and rc < 0:
         number, who = -rc, "the launcher"
+    elif rc in _PYTEST_NORMAL:
+        return (f"exit code {rc} (a rank's process ended in the middle of the case: "
+                "os._exit, or a library's exit())")
     else:
         return f"exit code {rc}"
     try:
@@ -546,7 +549,9 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             # a rank that cannot write its result dies; recording a crash would blame the case
             raise OSError(errno.ENOSPC, f"the job died with under {DISK_LOW >> 10} KiB free "
                           "beside its run folder", str(cfg.run_dir))
-        if rc in _PYTEST_NORMAL and not killed:
+        # a case in progress unrecorded: the job died in it, perhaps with exit code 0
+        dead_in_case = bool(prog and prog["key"] in by_key and prog["key"] not in after)
+        if rc in _PYTEST_NORMAL and not killed and not dead_in_case:
             # finished, or the job stopped recording (pytest's -x): do not loop. A job that
             # ends "normally" having recorded nothing while cases remain (a launcher that
             # exits 1 at once, a collection that finds nothing) ran nothing: never a pass
@@ -556,7 +561,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
                                            f"code {rc} and no case ran; see {log_path}")
                 return outcome
             continue
-        if prog and prog["key"] in by_key and prog["key"] not in after:
+        if dead_in_case:
             _record_case_in_progress(cfg, by_key[prog["key"]], prog, killed is not None, rc,
                                      log_path, outcome.placement)
             fruitless = 0

@@ -50,7 +50,7 @@ from harness.core.buffers import (
 )
 from harness.core.golden import GoldenShelf, GoldenStore
 from harness.core.results import CaseResult
-from harness.core.spec import Case, OpSpec
+from harness.core.spec import IMPL_RAISES, Case, OpSpec
 from harness.core.timing import (
     TimingConfig,
     clock_tampering,
@@ -134,7 +134,7 @@ def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[st
               else contextlib.nullcontext()):
             raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
             world.synchronize()
-    except Exception as exc:
+    except IMPL_RAISES as exc:
         raise CaseError(f"implementation raised {type(exc).__name__}: {exc}") from exc
     return normalize_outputs(raw, case.spec.outputs)
 
@@ -221,7 +221,7 @@ def _skip_or_error(world: World, case: Case, impl: Callable[..., Any]) -> tuple[
     case."""
     try:
         local = ("skip", _local_skip_reason(world, case, impl))
-    except Exception as exc:
+    except IMPL_RAISES as exc:
         local = ("error", f"asking whether the case can run raised {type(exc).__name__}: "
                           f"{exc}")
     everyone = world.comm.allgather(local) if world.size > 1 else [local]
@@ -429,7 +429,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
     try:
         result.timing = time_call(call, world, spec.distributed, cfg)
-    except Exception as exc:
+    except IMPL_RAISES as exc:
         local_error = f"failed while timing: {type(exc).__name__}: {exc}"
     tampered += clock_tampering()
     real = bool(result.timing) and not cfg.minimal and not cfg.interpreter
@@ -446,7 +446,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                 _recheck_in_seen_buffers(world, case, impl, slots[0], setup.twin(), stages)
                 checks += ["reused_buffers", "settled"]
                 tampered += clock_tampering()
-        except Exception as exc:
+        except IMPL_RAISES as exc:
             local_error = f"after timing: {type(exc).__name__}: {exc}"
     changed = process_state.changed(settings) if settings is not None else []
     verdict = gather_verdict(world, case, local_error, stages,

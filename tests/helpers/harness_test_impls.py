@@ -1,13 +1,14 @@
 """Ad hoc implementations used by the integration tests (loaded with --impl module:callable).
 
 They stand for a user's own kernels: one wrong, one that hangs on one rank for one case, one
-that deadlocks in every case, one that kills a rank for one case, one that leaves flush-to-zero
-on. Everything else they compute correctly.
+that deadlocks in every case, one that kills a rank for one case, two that end their processes
+cleanly for one case, one that leaves flush-to-zero on. Everything else they compute correctly.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch
@@ -39,6 +40,20 @@ def hang_every_case(world, x, out, op):
     if world.rank == world.size - 1:
         while True:
             time.sleep(1)
+    return allreduce_torch(world, x, out, op)
+
+
+def exits_zero(world, x, out, op):
+    """Every rank's process ends with exit code 0 in one case (os._exit, as a library might)."""
+    if _is_target(x, op):
+        os._exit(0)
+    return allreduce_torch(world, x, out, op)
+
+
+def calls_sys_exit(world, x, out, op):
+    """Every rank raises SystemExit in one case (sys.exit in a kernel's wrapper)."""
+    if _is_target(x, op):
+        sys.exit(0)
     return allreduce_torch(world, x, out, op)
 
 
