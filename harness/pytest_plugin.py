@@ -91,7 +91,7 @@ class HarnessSession:
         if opt.harness_wait_for:
             _wait_for(Path(opt.harness_wait_for))
         size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
-        files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
+        files = self.files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
         options, info = rank_settings(config, files)
         self.options = options
         self.tier, self.selectors, self.impls = options.tier, options.selectors, options.impls
@@ -172,7 +172,8 @@ class HarnessSession:
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
                           bench=self.bench, timing=self.timing, env_id=self.env_id,
                           golden=self.golden, calibration=self.calibration,
-                          setups=self.setups, phase=self._enter)
+                          setups=self.setups, phase=self._enter,
+                          on_failure=lambda why: self._note_failure(item, why))
         sticky = self._sticky_error(result)
         if sticky:
             result = dataclasses.replace(result, status="error", reason=sticky)
@@ -216,6 +217,10 @@ class HarnessSession:
     def _enter(self, phase: str) -> None:
         self.phase = phase  # read by the watchdog's thread when a deadline passes
 
+    def _note_failure(self, item: PlannedItem, why: str) -> None:
+        if self.files is not None:
+            self.files.note_failure(self.world.size, self.world.rank, item.key, why)
+
     def _record_timeout(self, item: PlannedItem, deadline: float) -> None:
         from harness.engine.runner import PHASES
 
@@ -225,6 +230,8 @@ class HarnessSession:
         # rank 0's phase: another rank may be stuck before it (a hung rank is not asked)
         who = "" if self.world.size == 1 else "rank 0 "
         where = f" ({who}{PHASES[self.phase]})" if self.phase in PHASES else ""
+        if self.files is not None:
+            where += self.files.failed_first(self.world.size, item.key)
         results_mod.append(self.results_path, CaseResult(
             run_id=self.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
             impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),

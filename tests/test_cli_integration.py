@@ -641,7 +641,7 @@ def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
 # costs two deadlines, not one per case; flush-to-zero left on by one rank, a process that exits
 # cleanly and a sys.exit each cost one case
 _FAULT_SELECTORS = ("allreduce[*op=min*]", "allreduce[*op=max*]")
-_FAULT_IMPLS = ("harness_test_impls:hang_on_last_rank", "harness_test_impls:crash_on_rank_one",
+_FAULT_IMPLS = ("harness_test_impls:raise_on_last_rank", "harness_test_impls:crash_on_rank_one",
                 "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one",
                 "harness_test_impls:hang_every_case", "harness_test_impls:flush_on_rank_one",
                 "harness_test_impls:exits_zero", "harness_test_impls:calls_sys_exit")
@@ -671,12 +671,13 @@ def _fault_statuses(faults_run, impl):
     return {r["case_id"]: r for r in mine}
 
 
-def test_a_rank_that_hangs_is_recorded_as_timeout_and_the_run_goes_on(faults_run):
-    got = _fault_statuses(faults_run, "harness_test_impls:hang_on_last_rank")
+def test_a_rank_that_raises_leaves_a_timeout_naming_its_error_and_the_run_goes_on(faults_run):
+    got = _fault_statuses(faults_run, "harness_test_impls:raise_on_last_rank")
     hung = got.pop(_FAULT_CASE)
     assert hung["status"] == "timeout" and "deadline" in hung["reason"]
-    # rank 0 waits in the collective of the call its last rank never makes
-    assert "(rank 0 in the implementation's call)" in hung["reason"], hung["reason"]
+    # rank 0 waits in the collective of the call its last rank never makes, and says why
+    assert ("(rank 0 in the implementation's call); rank 1 had failed it: implementation "
+            "raised ValueError: uneven splits are not supported;") in hung["reason"], hung
     assert {r["status"] for r in got.values()} == {"pass"}
 
 
@@ -703,6 +704,9 @@ def test_an_implementation_that_deadlocks_in_every_case_is_given_up_after_two(fa
     got = _fault_statuses(faults_run, impl)
     statuses = [r["status"] for r in got.values()]  # in the order they were recorded
     assert len(statuses) > 3 and statuses[:2] == ["timeout", "timeout"], statuses
+    first = next(iter(got.values()))["reason"]  # no rank failed: it names none
+    assert first.endswith("deadline (rank 0 in the implementation's call); the job was aborted "
+                          "and the remaining cases relaunched"), first
     assert set(statuses[2:]) == {"skip"}
     assert {r["reason"] for r in got.values() if r["status"] == "skip"} == {
         f"not run: {impl} timed out in 2 cases of allreduce in a row at world size 2, a likely "

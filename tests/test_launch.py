@@ -243,3 +243,17 @@ def test_timeouts_rank_0_recorded_give_up_the_implementation_and_nothing_else(tm
     assert skipped == {mine[2].key, mine[3].key}
     assert not record(torch_[1], "timeout") and not record(torch_[2], "fail")
     assert not record(torch_[3], "timeout")  # a result between its timeouts: no streak
+
+
+def test_a_timeout_names_the_ranks_that_failed_its_case_and_no_others(tmp_path):
+    from harness.engine.options import RunDir
+
+    files = RunDir(tmp_path)
+    files.note_failure(4, 3, "w4:a@mine", "implementation raised ValueError: odd\nTraceback")
+    files.note_failure(4, 1, "w4:a@mine", "implementation raised KeyError: 'x'")
+    files.note_failure(4, 2, "w4:b@mine", "an earlier case's failure")
+    files.note_failure(8, 0, "w4:a@mine", "another world size")
+    assert files.failed_first(4, "w4:a@mine") == (
+        "; rank 1 had failed it: implementation raised KeyError: 'x'"
+        "; rank 3 had failed it: implementation raised ValueError: odd")
+    assert files.failed_first(4, "w4:c@mine") == ""

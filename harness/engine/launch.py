@@ -434,6 +434,7 @@ def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, k
     else:
         status, why = "crash", (f"the job died with {_death(rc, log_path)} during this case; "
                                 f"log: {log_path}")
+    why += cfg.files.failed_first(item.case.world_size, item.key)
     _record_dead_case(cfg, item, status, why, placement)
 
 

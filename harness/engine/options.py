@@ -10,6 +10,7 @@ A new setting is one field here and one click option.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,8 +151,37 @@ class RunDir:
     def of(self, world_size: int, what: str) -> Path:
         """A world size's file: ``progress.json`` (the case in progress), ``skip`` (result
         keys already recorded), ``placement.json`` (rank 0's report of the ranks' devices),
-        ``sanitizer`` (the compute-sanitizer logs' prefix)."""
+        ``sanitizer`` (the compute-sanitizer logs' prefix), ``rankN.failure.json`` (the last
+        case rank N failed, and why: ``note_failure``)."""
         return self.path / f"w{world_size}.{what}"
+
+    def note_failure(self, world_size: int, rank: int, key: str, why: str) -> None:
+        """Leave word that ``rank``'s part of case ``key`` failed: a rank that raises goes on
+        to the verdict while the others may wait in the implementation's collective for it,
+        and the timeout that follows should name the cause (``failures``)."""
+        path = self.of(world_size, f"rank{rank}.failure.json")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "why": why}))
+        tmp.replace(path)
+
+    def failures(self, world_size: int, key: str) -> list[tuple[int, str]]:
+        """(rank, why) of each rank that left word it failed case ``key``, by rank."""
+        found = []
+        for path in self.path.glob(f"w{world_size}.rank*.failure.json"):
+            try:
+                note = json.loads(path.read_text())
+                rank = int(path.name.split(".")[1].removeprefix("rank"))
+            except (OSError, ValueError):
+                continue
+            if note.get("key") == key:
+                found.append((rank, str(note.get("why", ""))))
+        return sorted(found)
+
+    def failed_first(self, world_size: int, key: str) -> str:
+        """The ranks that failed case ``key`` before it timed out, for its reason ("" if
+        none): "; rank 1 had failed it: implementation raised ..." """
+        return "".join(f"; rank {rank} had failed it: {why.splitlines()[0] if why else why}"
+                       for rank, why in self.failures(world_size, key))
 
     def launch_log(self, world_size: int, attempt: int) -> Path:
         return self.of(world_size, f"launch-{attempt}.log")

@@ -245,13 +245,17 @@ def run_case(
     calibration: Mapping[str, Any] | None = None,
     setups: SetupCache | None = None,
     phase: Callable[[str], None] = lambda name: None,
+    on_failure: Callable[[str], None] = lambda why: None,
 ) -> CaseResult:
     """Run, check and time one implementation on one case, on every rank.
 
     With a ``golden`` store the first call's outputs are also compared with the stored golden
     (when the case has one); a mismatch fails the case with the golden's file named. With
     ``setups`` the inputs and reference of a case are made once for all its implementations.
-    ``phase`` is told each of ``PHASES`` as the case enters it (a timeout names the last).
+    ``phase`` is told each of ``PHASES`` as the case enters it (a timeout names the last);
+    ``on_failure`` why this rank's part failed, before the ranks exchange their verdicts (a
+    rank that raised goes on while the others may wait for it in a collective: the timeout
+    that follows names the cause).
     """
     started = time.time()
     t0 = time.perf_counter()
@@ -271,6 +275,8 @@ def run_case(
     if case.spec.replicated and world.size > 1:
         checks.append("replicated")
     checks.append("process_settings")
+    if calls.error:
+        on_failure(calls.error)
     verdict = gather_verdict(world, case, calls.error, calls.stages, RankNotes(
         calls.replicas, process_state.changed(settings), process_state.tainted(),
         calls.mem.bytes, calls.mem.kind, calls.digest))
@@ -293,7 +299,7 @@ def run_case(
         phase("timing")
         _time_and_recheck(world, case, impl, calls.inputs, calls.writable, setup.expected,
                           calls.tols, result, cfg, checks, calibration, setup.memos,
-                          setup.magnitudes, setup, settings)
+                          setup.magnitudes, setup, settings, on_failure)
     result.checks = checks
     result.duration_s = time.perf_counter() - t0
     return result
@@ -407,7 +413,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
                       memos: dict[str, dict[Any, Any]] | None = None,
                       magnitudes: Mapping[str, torch.Tensor] | None = None,
                       setup: CaseSetup | None = None,
-                      settings: dict[str, Any] | None = None) -> None:
+                      settings: dict[str, Any] | None = None,
+                      on_failure: Callable[[str], None] = lambda why: None) -> None:
     """Time over rotating shifted copies of the inputs, then check the last output again;
     then, where the timing was real, check that the time could be honest: not below the
     calibrated limits, no clock replaced, right on new values in buffers seen before (a
@@ -449,6 +456,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
         except IMPL_RAISES as exc:
             local_error = f"after timing: {type(exc).__name__}: {exc}"
     changed = process_state.changed(settings) if settings is not None else []
+    if local_error:
+        on_failure(local_error)
     verdict = gather_verdict(world, case, local_error, stages,
                              RankNotes(changed=changed, tainted=process_state.tainted()))
     if verdict.status != "pass":

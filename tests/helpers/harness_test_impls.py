@@ -1,6 +1,6 @@
 """Ad hoc implementations used by the integration tests (loaded with --impl module:callable).
 
-They stand for a user's own kernels: one wrong, one that hangs on one rank for one case, one
+They stand for a user's own kernels: one wrong, one that raises on one rank for one case, one
 that deadlocks in every case, one that kills a rank for one case, two that end their processes
 cleanly for one case, one that leaves flush-to-zero on. Everything else they compute correctly.
 """
@@ -27,11 +27,11 @@ def off_by_one(world, x, out, op):
     return out.add_(1)
 
 
-def hang_on_last_rank(world, x, out, op):
-    """Hangs forever on the last rank for one case; correct elsewhere."""
+def raise_on_last_rank(world, x, out, op):
+    """Raises on the last rank for one case, leaving the others waiting in the collective;
+    correct elsewhere."""
     if _is_target(x, op) and world.rank == world.size - 1:
-        while True:
-            time.sleep(1)
+        raise ValueError("uneven splits are not supported")
     return allreduce_torch(world, x, out, op)
 
 
