@@ -144,7 +144,7 @@ def host_settings() -> tuple[Setting, ...]:
     return tuple(s for s in every if _readable(s.get))
 
 
-# torch/cuda/__init__.py (2.13, as in 2.11): current_device and current_stream call
+# torch/cuda/__init__.py (read in 2.13): current_device and current_stream call
 # _lazy_init, so they are read only where is_initialized(); set_stream sets the stream by id
 # on the stream's own device (the device is put back first); a Stream equals another with the
 # same stream id, device index and type (torch/cuda/streams.py Stream.__eq__)
