@@ -29,7 +29,7 @@ from harness.core.results import CaseResult
 from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
-from harness.engine.options import RunDir, RunOptions
+from harness.engine.options import FAST_EXIT_ENV, RunDir, RunOptions
 from harness.engine.timeouts import TimeoutStreaks
 
 #: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
@@ -111,13 +111,15 @@ def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
     implementations stage through the host), so it turns that off. An implementation that
     passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set by its user.
 
-    And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the ranks' pytest loads the harness's plugin
+    And ``HARNESS_FAST_EXIT=1`` (``FAST_EXIT_ENV``): the ranks skip the interpreter's
+    teardown once the job's files are written. And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the
+    ranks' pytest loads the harness's plugin
     (``-p``) and no other installed one. A plugin that reorders items (pytest-randomly
     shuffles with a seed of its own in every process) would have the ranks run their cases in
     different orders and meet in the wrong collectives: wrong results, or a hang."""
     env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
            "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd()),
-           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", FAST_EXIT_ENV: "1"}
     env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
     return env
 

@@ -18,6 +18,10 @@ from typing import Any
 
 from harness.engine.timeouts import MAX_TIMEOUTS
 
+#: set in the environment of the ranks of a job the launcher starts: they end without tearing
+#: down the interpreter (harness.pytest_plugin.pytest_unconfigure)
+FAST_EXIT_ENV = "HARNESS_FAST_EXIT"
+
 
 def _kept(default: Any) -> Any:
     """A field that decides which cases a run holds and what their results mean: a resumed
