@@ -111,15 +111,13 @@ def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
     implementations stage through the host), so it turns that off. An implementation that
     passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set by its user.
 
-    And ``HARNESS_FAST_EXIT=1`` (``FAST_EXIT_ENV``): the ranks skip the interpreter's
-    teardown once the job's files are written. And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the
-    ranks' pytest loads the harness's plugin
+    And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the ranks' pytest loads the harness's plugin
     (``-p``) and no other installed one. A plugin that reorders items (pytest-randomly
     shuffles with a seed of its own in every process) would have the ranks run their cases in
     different orders and meet in the wrong collectives: wrong results, or a hang."""
     env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
            "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd()),
-           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", FAST_EXIT_ENV: "1"}
+           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
     return env
 
@@ -350,8 +348,13 @@ def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason:
 
 def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
     """The environment of one job's ranks (``rank_environment`` plus Triton's and the wait
-    settings; a setting the user made wins)."""
+    settings, a setting the user made winning; and ``FAST_EXIT_ENV``)."""
     env = rank_environment(os.environ, cfg.run_id)
+    if not Path(cfg.launcher).name.startswith("srun"):
+        # the ranks skip the interpreter's teardown (harness.pytest_plugin.pytest_unconfigure).
+        # Not under srun: there an explicit MPI_Finalize waited on slurmstepd's PMI2 for good
+        # (two-node SLURM tests), where mpi4py's own finalize at exit returns
+        env[FAST_EXIT_ENV] = "1"
     # before anything in a rank imports triton (harness.device.triton_impl)
     device = cfg.options.device
     gpus = cuda.device_count() if device == "auto" else 0
