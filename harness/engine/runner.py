@@ -28,7 +28,7 @@ import inspect
 import itertools
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,16 +92,23 @@ PHASES = {
 }
 
 
-def _hash(outputs: Mapping[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
+def _hashes(outputs: Mapping[str, torch.Tensor], apart: Collection[str] = ()
+            ) -> tuple[str, dict[str, str]]:
+    """The hash of all the outputs, and of each output named in ``apart`` on its own (what
+    ``_hashes({name: t})`` would give), each tensor's bytes brought to the host once."""
+    h, each = hashlib.sha256(), {}
     for name in sorted(outputs):
         t = outputs[name]
         if isinstance(t, torch.Tensor):
-            h.update(name.encode())
-            h.update(str(t.dtype).encode())
-            h.update(str(tuple(t.shape)).encode())
-            h.update(flat_bytes(t).cpu().numpy().data)  # hashed in place, not copied
-    return h.hexdigest()
+            own = hashlib.sha256() if name in apart else None
+            for part in (name.encode(), str(t.dtype).encode(), str(tuple(t.shape)).encode(),
+                         flat_bytes(t).cpu().numpy().data):  # hashed in place, not copied
+                h.update(part)
+                if own is not None:
+                    own.update(part)
+            if own is not None:
+                each[name] = own.hexdigest()
+    return h.hexdigest(), each
 
 
 #: the second check moves inputs this far into fresh memory
@@ -367,8 +374,7 @@ def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpret
         _check_contract(case, inputs, outputs, guards, zones)
         calls.stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos,
                                         setup.magnitudes)
-        calls.digest = _hash(outputs)
-        calls.replicas = {n: _hash({n: outputs[n]}) for n in spec.replicated if n in outputs}
+        calls.digest, calls.replicas = _hashes(outputs, spec.replicated)
         if golden is not None:
             calls.golden = golden_check(golden, case, outputs, tols, world.rank,
                                         setup.magnitudes)
