@@ -29,7 +29,7 @@ from harness.core.spec import PlannedItem, Registry, SpecError
 from harness.core.timing import TimingConfig
 from harness.device import process_state, triton_impl
 from harness.device.envinfo import env_id
-from harness.engine.options import FAST_EXIT_ENV, RunDir, RunOptions
+from harness.engine.options import FAST_EXIT_ENV, RunDir, RunOptions, write_json
 
 _SESSION = pytest.StashKey["HarnessSession"]()
 
@@ -120,14 +120,14 @@ class HarnessSession:
         except (SpecError, RuntimeSetupError) as exc:
             # every rank decided the same; rank 0 tells the launcher, which stops with exit 2
             if placement_path is not None and MPI.COMM_WORLD.Get_rank() == 0:
-                _write_json(placement_path, {"error": str(exc)})
+                write_json(placement_path, {"error": str(exc)})
             raise pytest.UsageError(str(exc)) from exc
         if opt.harness_wait_for and self.world.rank == 0:
             # every rank is past its wait: the world above was made by all of them
             Path(opt.harness_wait_for).unlink(missing_ok=True)
         if placement_path is not None and self.world.rank == 0:
             facts = self.world.facts
-            _write_json(placement_path, {
+            write_json(placement_path, {
                 "backend": self.world.backend, "warning": self.world.placements[0].warning,
                 "devices": [p.device for p in self.world.placements],
                 "gpus": [p.gpu_uuid for p in self.world.placements],
@@ -147,6 +147,7 @@ class HarnessSession:
 
         self.setups = SetupCache()  # a case's inputs and reference, shared by its impls
         self.phase = ""  # the case in progress's (runner.PHASES), for a timeout's reason
+        self.exitstatus: int | None = None  # pytest's, once the session finished
 
     def _group_timeout(self) -> float:
         # collectives must outlive the watchdog: the watchdog, not gloo, decides a timeout
@@ -163,7 +164,7 @@ class HarnessSession:
         deadline = self.timeout or item.case.spec.deadline_s
         root = self.world.rank == 0
         if root and self.progress_path is not None:
-            _write_json(self.progress_path, {"key": item.key, "started": time.time(),
+            write_json(self.progress_path, {"key": item.key, "started": time.time(),
                                              "deadline_s": deadline, "pid": os.getpid()})
         # other ranks wait a little longer, so that rank 0 records the timeout before an abort
         on_expire = (lambda: self._record_timeout(item, deadline)) if root else None
@@ -182,9 +183,7 @@ class HarnessSession:
         if sticky or process_state.tainted():
             # one faulting kernel (or a flush-to-zero that threads inherited) costs one case:
             # the launcher relaunches the rest in new processes, as after a timeout
-            for stream in (sys.stdout, sys.stderr):
-                stream.flush()
-            os._exit(STICKY_EXIT)
+            _exit_now(STICKY_EXIT)
         return result
 
     def _sticky_error(self, result: CaseResult) -> str | None:
@@ -258,12 +257,6 @@ def _wait_for(path: Path) -> None:
 STICKY_EXIT = 86
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     session = HarnessSession(config)
@@ -297,16 +290,21 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     job's end. pytest run by hand inside the ranks (no ``FAST_EXIT_ENV``) exits as usual."""
     hs = config.stash.get(_SESSION, None)
     # under compute-sanitizer the process ends as usual: its report comes at the exit
-    if hs is None or getattr(hs, "exitstatus", None) is None \
+    if hs is None or hs.exitstatus is None \
             or os.environ.get(FAST_EXIT_ENV) != "1" or hs.options.sanitize:
         return
     from mpi4py import MPI
 
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
     if MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()
-    os._exit(hs.exitstatus)
+    _exit_now(hs.exitstatus)
+
+
+def _exit_now(code: int) -> None:
+    """End this process with ``code`` after flushing its output, skipping the teardown."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

@@ -23,6 +23,13 @@ from harness.engine.timeouts import MAX_TIMEOUTS
 FAST_EXIT_ENV = "HARNESS_FAST_EXIT"
 
 
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """``data`` into ``path`` whole or not at all (a reader polling it never sees half)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
 def _kept(default: Any) -> Any:
     """A field that decides which cases a run holds and what their results mean: a resumed
     run takes it from the run, never from the command that resumes it."""
@@ -163,10 +170,7 @@ class RunDir:
         """Leave word that ``rank``'s part of case ``key`` failed: a rank that raises goes on
         to the verdict while the others may wait in the implementation's collective for it,
         and the timeout that follows should name the cause (``failures``)."""
-        path = self.of(world_size, f"rank{rank}.failure.json")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "why": why}))
-        tmp.replace(path)
+        write_json(self.of(world_size, f"rank{rank}.failure.json"), {"key": key, "why": why})
 
     def failures(self, world_size: int, key: str) -> list[tuple[int, str]]:
         """(rank, why) of each rank that left word it failed case ``key``, by rank."""
