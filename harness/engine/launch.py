@@ -352,8 +352,9 @@ def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
     env = rank_environment(os.environ, cfg.run_id)
     if not Path(cfg.launcher).name.startswith("srun"):
         # the ranks skip the interpreter's teardown (harness.pytest_plugin.pytest_unconfigure).
-        # Not under srun: there an explicit MPI_Finalize waited on slurmstepd's PMI2 for good
-        # (two-node SLURM tests), where mpi4py's own finalize at exit returns
+        # Not under srun: in one two-node SLURM test its ranks sat in the explicit
+        # MPI_Finalize on slurmstepd's PMI2 socket; the test has also hung without it, so the
+        # cause is open, and srun jobs keep the usual exit until it is known
         env[FAST_EXIT_ENV] = "1"
     # before anything in a rank imports triton (harness.device.triton_impl)
     device = cfg.options.device
