@@ -124,6 +124,8 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
                              "gpus": [None] * w, "nodes": [socket.gethostname()] * w,
                              "local_ranks": list(range(w)), "local_sizes": [w] * w,
                              "cpus": [sorted(os.sched_getaffinity(0))] * w}
+        # the ranks said they were up, before MPI's wire-up (harness.engine.stall's clock)
+        assert (run_dir / f"w{w}.alive").is_file()
     # nccl-tests' bus factors: 2(W-1)/W, (W-1)/W, and 1 for broadcast (busbw = algbw)
     for r in results:
         if r["op"] not in COLLECTIVES:

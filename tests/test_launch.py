@@ -179,11 +179,11 @@ def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_pa
     ("some output\n", 3, "exit code 3"),
 ])
 def test_a_dead_job_is_put_down_to_the_signal_its_launcher_names(tmp_path, log, rc, said):
-    from harness.engine.launch import _death
+    from harness.engine.joblog import death
 
     path = tmp_path / "w2.launch-1.log"
     path.write_text(log)
-    assert _death(rc, path).startswith(said)
+    assert death(rc, path).startswith(said)
 
 
 def _items(op: str, impl: str, n: int, world_size: int = 4) -> list:

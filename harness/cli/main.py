@@ -41,6 +41,7 @@ from harness.cli.common import (  # noqa: F401 - re-exported for callers
 )
 from harness.cli.show import print_outcome
 from harness.core.discovery import BUILTIN_SUITE
+from harness.engine.stall import STALL_TIMEOUT_S
 from harness.engine.timeouts import MAX_TIMEOUTS
 
 
@@ -98,6 +99,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="After this many timeouts in a row of one implementation at one world "
                    "size (a likely deadlock), skip its remaining cases there, saying why; 0 "
                    "runs every case.")
+@click.option("--stall-timeout", type=click.FloatRange(min=0), default=STALL_TIMEOUT_S,
+              show_default=True,
+              help="Seconds a job's ranks may be up with no case in progress (starting, "
+                   "between cases, ending) before it is stopped as stuck: one stuck before "
+                   "its first case is tried once more, then the world size is an "
+                   "infrastructure error; 0 never stops one.")
 @click.option("--golden-dir", default=None, type=click.Path(file_okay=False),
               help="Golden directory (default $HARNESS_GOLDEN_DIR or suites/golden).")
 @click.option("--golden/--no-golden", "use_golden", default=True, show_default=True,
@@ -120,8 +127,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "recorded stay, the missing ones run with the run's own selection and "
                    "options, then it is stored and analysed once. --db or --out-dir say where "
                    "its folder is; --timeout, --fail-on, --launcher, --launcher-args, "
-                   "--hostfile, --grace, --max-timeouts and --report are the run's own unless "
-                   "given anew.")
+                   "--hostfile, --grace, --max-timeouts, --stall-timeout and --report are the "
+                   "run's own unless given anew.")
 @click.pass_context
 def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     """Run, check and time the selected cases at each world size; record them in the DB.

@@ -13,7 +13,6 @@ import ctypes
 import errno
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,12 +28,11 @@ from harness.core.results import CaseResult
 from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
+from harness.engine.alive import ALIVE_ENV
+from harness.engine.joblog import PYTEST_NORMAL, LostNodes, death, lost_node_message, tail
 from harness.engine.options import FAST_EXIT_ENV, RunDir, RunOptions
+from harness.engine.stall import Stall, StallClock
 from harness.engine.timeouts import TimeoutStreaks
-
-#: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
-_PYTEST_NORMAL = (0, 1, 5)
-
 
 #: free bytes under which a job's death is put down to a full disk
 DISK_LOW = 1 << 20
@@ -100,6 +98,8 @@ class WorldOutcome:
     #: the ranks' devices, backend and any warning about them (rank 0's placement report)
     placement: dict | None = None
     logs: list[Path] = field(default_factory=list)
+    #: what the user should hear of though the cases ran (a job stopped stuck at its end)
+    notes: list[str] = field(default_factory=list)
 
 
 def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
@@ -183,7 +183,8 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int, go: Path | N
     if cfg.sanitizer:
         cmd += sanitizer.command_prefix(cfg.sanitizer, str(files.of(world_size, "sanitizer")))
     return cmd + [
-        sys.executable, "-m", "pytest", "--pyargs", SUITES_PACKAGE, "-p", "harness.pytest_plugin",
+        sys.executable, "-m", "pytest", "--pyargs", SUITES_PACKAGE, "-p", "harness.engine.alive",
+        "-p", "harness.pytest_plugin",
         "-p", "no:cacheprovider", "-p", "no:unraisableexception",
         "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
         "--junitxml", str(files.junit(world_size, attempt)),
@@ -264,45 +265,6 @@ def _stop_with_harness() -> Callable[[], None] | None:
     return in_child
 
 
-#: srun's line when slurmctld sets a node of the job's allocation DOWN (Slurm 22.05: "srun:
-#: error: Node failure on n2"). SLURM cancels the step, but srun then waits for the lost
-#: node's tasks, whose end never comes, until it is killed
-_NODE_FAILURE = re.compile(rb"^srun: error: Node failure on (\S+)", re.M)
-
-
-class LostNodes:
-    """The nodes srun reported lost in a job's log, read incrementally as it grows."""
-
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-        self.nodes: list[str] = []
-
-    def update(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return self.nodes
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        for match in _NODE_FAILURE.finditer(data[:end]):
-            node = match.group(1).decode(errors="replace")
-            if node not in self.nodes:
-                self.nodes.append(node)
-        return self.nodes
-
-
-def lost_node_message(world_size: int, nodes: Sequence[str], in_progress: str | None,
-                      recorded: int, planned: int, run_id: str) -> str:
-    """The one line a run ends with when SLURM lost a node of its job."""
-    during = f" during {in_progress}" if in_progress else ""
-    return (f"world size {world_size}: SLURM lost node {', '.join(nodes)}{during} (srun: Node "
-            f"failure); {recorded} of {planned} case(s) at this size were recorded and are "
-            f"kept, the other {planned - recorded} and any later world size did not run: once "
-            f"the node is back, `harness run --resume {run_id}` runs them")
-
-
 def kill_group(proc: subprocess.Popen, at_once: bool = False) -> None:
     """Stop a job's launcher and its ranks: SIGTERM, then SIGKILL if they outlive 5 s."""
     steps = ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0))
@@ -316,13 +278,6 @@ def kill_group(proc: subprocess.Popen, at_once: bool = False) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def dead_case_device(placement: Mapping[str, Any] | None, requested: str) -> str:
@@ -348,14 +303,15 @@ def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason:
 
 def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
     """The environment of one job's ranks (``rank_environment`` plus Triton's and the wait
-    settings, a setting the user made winning; and ``FAST_EXIT_ENV``)."""
+    settings, a setting the user made winning; ``FAST_EXIT_ENV``, and where the ranks say
+    they are up: ``ALIVE_ENV``)."""
     env = rank_environment(os.environ, cfg.run_id)
     if not Path(cfg.launcher).name.startswith("srun"):
         # the ranks skip the interpreter's teardown (harness.pytest_plugin.pytest_unconfigure).
         # Not under srun: in one two-node SLURM test its ranks sat in the explicit
-        # MPI_Finalize on slurmstepd's PMI2 socket; the test has also hung without it, so the
-        # cause is open, and srun jobs keep the usual exit until it is known
+        # MPI_Finalize on slurmstepd's PMI2 socket, cause unknown; srun jobs keep the usual exit
         env[FAST_EXIT_ENV] = "1"
+    env[ALIVE_ENV] = str(cfg.files.of(world_size, "alive"))
     # before anything in a rank imports triton (harness.device.triton_impl)
     device = cfg.options.device
     gpus = cuda.device_count() if device == "auto" else 0
@@ -369,11 +325,13 @@ def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
 
 def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
            progress_path: Path, report: Callable[[set[str]], None],
-           lost: LostNodes | None = None) -> dict | None:
+           lost: LostNodes | None = None, clock: StallClock | None = None
+           ) -> tuple[dict | None, Stall | None]:
     """Wait for a job to end, reporting progress; kill it when its case in progress outlives
-    its deadline plus the grace period (the in-rank watchdog did not fire), or at once when
-    srun reports a node lost (SLURM has cancelled the step already). Returns the progress
-    record of the case it was killed on past its deadline, or None."""
+    its deadline plus the grace period (the in-rank watchdog did not fire), at once when
+    srun reports a node lost (SLURM has cancelled the step already), or when ``clock`` finds
+    it stuck outside any case. Returns the progress record of the case it was killed on past
+    its deadline, or None, and the Stall it was stopped for, or None."""
     killed: dict | None = None
     try:
         while proc.poll() is None:
@@ -391,39 +349,14 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
                     and prog["key"] not in now_done):
                 killed = prog
                 kill_group(proc)
+            stall = clock.poll(now_done, prog and prog["key"]) if clock and not killed else None
+            if stall is not None and proc.poll() is None:
+                kill_group(proc)
+                return None, stall
     except BaseException:
         kill_group(proc)  # Ctrl-C: take the ranks down with us
         raise
-    return killed
-
-
-_SIGNALLED = re.compile(r"signal (\d+)\)")
-
-
-def _death(rc: int | None, log_path: Path) -> str:
-    """How a job died: the signal that killed a rank where the launcher's log names one
-    (MPICH: "EXIT STRING: Killed (signal 9)"), the one that killed the launcher itself (a
-    negative return code), else the launcher's exit code."""
-    try:
-        found = _SIGNALLED.findall(log_path.read_text(errors="replace")[-20000:])
-    except OSError:
-        found = []
-    if found:
-        number, who = int(found[-1]), "a rank"
-    elif rc is not None and rc < 0:
-        number, who = -rc, "the launcher"
-    elif rc in _PYTEST_NORMAL:
-        return (f"exit code {rc} (a rank's process ended in the middle of the case: "
-                "os._exit, or a library's exit())")
-    else:
-        return f"exit code {rc}"
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        return f"{who} killed by signal {number}"
-    why = " (the kernel's OOM killer sends it when memory runs out: see dmesg)" \
-        if number == signal.SIGKILL else ""
-    return f"{who} killed by {name}{why}"
+    return killed, None
 
 
 def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, killed: bool,
@@ -438,7 +371,7 @@ def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, k
         status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline; "
                                   f"the job was aborted (log: {log_path})")
     else:
-        status, why = "crash", (f"the job died with {_death(rc, log_path)} during this case; "
+        status, why = "crash", (f"the job died with {death(rc, log_path)} during this case; "
                                 f"log: {log_path}")
     why += cfg.files.failed_first(item.case.world_size, item.key)
     _record_dead_case(cfg, item, status, why, placement)
@@ -500,6 +433,42 @@ def _node_lost(cfg: LaunchConfig, world_size: int, lost: LostNodes, recorded: Re
         len(after & by_key.keys()), len(by_key), cfg.run_id))
 
 
+@dataclass
+class _JobEnd:
+    """How one job ended: the launcher's exit code, the case it was killed on past its
+    deadline (None if none), the Stall it was stopped for (None if none), its log."""
+
+    rc: int | None
+    killed: dict | None
+    stall: Stall | None
+    log_path: Path
+
+
+def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
+             recorded: RecordedKeys, by_key: Mapping[str, PlannedItem],
+             report: Callable[[set[str]], None]) -> _JobEnd:
+    """Start one job (or let ``warm``'s go) and watch it to its end; raise NodeLost where
+    srun reported a node of it lost."""
+    files = cfg.files
+    alive, progress_path = files.of(world_size, "alive"), files.of(world_size, "progress.json")
+    if warm is not None:  # its ranks are up already: their mark stays
+        proc, log_path = warm.go()
+    else:
+        alive.unlink(missing_ok=True)
+        log_path = files.launch_log(world_size, attempt)
+        with open(log_path, "w") as log:
+            proc = start_job(cfg, world_size, attempt, log)
+    lost = LostNodes(log_path)
+    clock = StallClock(cfg.options.stall_timeout, alive, by_key.keys(), recorded.update())
+    killed, stall = _watch(cfg, proc, recorded, progress_path, report, lost, clock)
+    if stall is not None:
+        with open(log_path, "a") as log:
+            log.write(f"harness: {stall.describe(cfg.options.stall_timeout)}\n")
+    if lost.update():
+        _node_lost(cfg, world_size, lost, recorded, progress_path, dict(by_key))
+    return _JobEnd(proc.returncode, killed, stall, log_path)
+
+
 def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
                    on_progress: Callable[[int], None] | None = None, warm: Any = None
                    ) -> WorldOutcome:
@@ -531,20 +500,13 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         progress_path.unlink(missing_ok=True)
         placement_path.unlink(missing_ok=True)
         outcome.launches += 1
-        attempt = earlier + outcome.launches
-        if warm is not None:
-            proc, log_path = warm.go()
-            warm = None
-        else:
-            log_path = files.launch_log(world_size, attempt)
-            with open(log_path, "w") as log:
-                proc = start_job(cfg, world_size, attempt, log)
+        end = _run_job(cfg, world_size, earlier + outcome.launches, warm, recorded, by_key,
+                       report)
+        warm, rc, killed, log_path = None, end.rc, end.killed, end.log_path
         outcome.logs.append(log_path)
-        lost = LostNodes(log_path)
-        killed = _watch(cfg, proc, recorded, progress_path, report, lost)
-        rc = proc.returncode
-        if lost.update():
-            _node_lost(cfg, world_size, lost, recorded, progress_path, by_key)
+        if end.stall is not None and end.stall.where != "start":
+            outcome.notes.append(f"{end.stall.describe(cfg.options.stall_timeout)}; log: "
+                                 f"{log_path}")
         placement = _read_progress(placement_path)
         if placement and placement.get("error"):
             raise PlacementFailed(f"world size {world_size}: {placement['error']}")
@@ -552,13 +514,13 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         after = recorded.update()
         new = len(after - done)
         prog = _read_progress(progress_path)
-        if rc not in _PYTEST_NORMAL and disk_short(cfg.run_dir):
+        if rc not in PYTEST_NORMAL and disk_short(cfg.run_dir):
             # a rank that cannot write its result dies; recording a crash would blame the case
             raise OSError(errno.ENOSPC, f"the job died with under {DISK_LOW >> 10} KiB free "
                           "beside its run folder", str(cfg.run_dir))
         # a case in progress unrecorded: the job died in it, perhaps with exit code 0
         dead_in_case = bool(prog and prog["key"] in by_key and prog["key"] not in after)
-        if rc in _PYTEST_NORMAL and not killed and not dead_in_case:
+        if rc in PYTEST_NORMAL and not killed and not end.stall and not dead_in_case:
             # finished, or the job stopped recording (pytest's -x): do not loop. A job that
             # ends "normally" having recorded nothing while cases remain (a launcher that
             # exits 1 at once, a collection that finds nothing) ran nothing: never a pass
@@ -575,8 +537,9 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             continue
         fruitless = 0 if new else fruitless + 1
         if fruitless >= cfg.max_fruitless:
-            outcome.infra_error = (
-                f"world size {world_size}: the MPI job exited with code {rc} "
-                f"{fruitless} times in a row without running a case; last lines of "
-                f"{log_path}:\n{_tail(log_path)}")
+            why = (end.stall.describe(cfg.options.stall_timeout, fruitless) if end.stall
+                   else f"the MPI job exited with code {rc} {fruitless} times in a row "
+                   "without running a case")
+            outcome.infra_error = (f"world size {world_size}: {why}; last lines of {log_path}:"
+                                   f"\n{tail(log_path)}")
             return outcome

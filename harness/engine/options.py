@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.engine.stall import STALL_TIMEOUT_S
 from harness.engine.timeouts import MAX_TIMEOUTS
 
 #: set in the environment of the ranks of a job the launcher starts: they end without tearing
@@ -71,6 +72,9 @@ class RunOptions:
     #: timeouts in a row of one implementation at one world size before its remaining cases
     #: there are skipped (harness.engine.timeouts); 0 never skips
     max_timeouts: int = MAX_TIMEOUTS
+    #: seconds a job's ranks may be up with no case in progress (starting, between cases,
+    #: ending) before the launcher stops it as stuck (harness.engine.stall); 0 never
+    stall_timeout: float = STALL_TIMEOUT_S
     report_dir: str | None = None
 
     @classmethod

@@ -46,7 +46,8 @@ class Reporter(Protocol):
         """A world size starts; the callable is told how many of its cases are recorded."""
 
     def warning(self, world_size: int, text: str) -> None:
-        """The ranks of a world size warn about their placement."""
+        """A world size's warning: its ranks' placement, a job stopped stuck outside any
+        case."""
 
 
 @dataclass
@@ -374,8 +375,8 @@ def _launch_all(cfg: Any, the_plan: Plan, reporter: Reporter, outcome: Outcome,
             outcome.placement_error = str(exc)
             return
         warning = (world.placement or {}).get("warning")
-        if warning:
-            reporter.warning(w, warning)
+        for said in ([warning] if warning else []) + world.notes:
+            reporter.warning(w, said)
         if world.infra_error:
             outcome.infra_errors.append(world.infra_error)
 

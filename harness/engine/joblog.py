@@ -1,0 +1,87 @@
+"""What a job's launcher log says: the nodes srun reported lost, the signal that killed a
+rank, its last lines. The launcher reads its jobs' logs as they grow and after they end."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+from pathlib import Path
+
+#: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
+PYTEST_NORMAL = (0, 1, 5)
+
+
+#: srun's line when slurmctld sets a node of the job's allocation DOWN (Slurm 22.05: "srun:
+#: error: Node failure on n2"). SLURM cancels the step, but srun then waits for the lost
+#: node's tasks, whose end never comes, until it is killed
+_NODE_FAILURE = re.compile(rb"^srun: error: Node failure on (\S+)", re.M)
+
+
+class LostNodes:
+    """The nodes srun reported lost in a job's log, read incrementally as it grows."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+        self.nodes: list[str] = []
+
+    def update(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return self.nodes
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        for match in _NODE_FAILURE.finditer(data[:end]):
+            node = match.group(1).decode(errors="replace")
+            if node not in self.nodes:
+                self.nodes.append(node)
+        return self.nodes
+
+
+def lost_node_message(world_size: int, nodes: Sequence[str], in_progress: str | None,
+                      recorded: int, planned: int, run_id: str) -> str:
+    """The one line a run ends with when SLURM lost a node of its job."""
+    during = f" during {in_progress}" if in_progress else ""
+    return (f"world size {world_size}: SLURM lost node {', '.join(nodes)}{during} (srun: Node "
+            f"failure); {recorded} of {planned} case(s) at this size were recorded and are "
+            f"kept, the other {planned - recorded} and any later world size did not run: once "
+            f"the node is back, `harness run --resume {run_id}` runs them")
+
+
+_SIGNALLED = re.compile(r"signal (\d+)\)")
+
+
+def death(rc: int | None, log_path: Path) -> str:
+    """How a job died: the signal that killed a rank where the launcher's log names one
+    (MPICH: "EXIT STRING: Killed (signal 9)"), the one that killed the launcher itself (a
+    negative return code), else the launcher's exit code."""
+    try:
+        found = _SIGNALLED.findall(log_path.read_text(errors="replace")[-20000:])
+    except OSError:
+        found = []
+    if found:
+        number, who = int(found[-1]), "a rank"
+    elif rc is not None and rc < 0:
+        number, who = -rc, "the launcher"
+    elif rc in PYTEST_NORMAL:
+        return (f"exit code {rc} (a rank's process ended in the middle of the case: "
+                "os._exit, or a library's exit())")
+    else:
+        return f"exit code {rc}"
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"{who} killed by signal {number}"
+    why = " (the kernel's OOM killer sends it when memory runs out: see dmesg)" \
+        if number == signal.SIGKILL else ""
+    return f"{who} killed by {name}{why}"
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,150 @@
+"""A job stuck outside any case is stopped (harness.engine.stall): its clock, then the launcher
+driving stand-in launchers (shell scripts in place of mpiexec) through each place a job can
+be stuck, and one that is slow but never stuck."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.core.results import CaseResult
+from harness.engine.launch import LaunchConfig, RecordedKeys, run_world_size
+from harness.engine.options import RunOptions
+from harness.engine.stall import StallClock
+
+PLANNED = {"w4:a@torch", "w4:b@torch"}
+
+
+@pytest.fixture
+def alive(tmp_path):
+    return tmp_path / "w4.alive"
+
+
+def test_the_clock_waits_for_the_ranks_to_be_up(alive):
+    clock = StallClock(10, alive, PLANNED, started=1000.0)
+    # srun still queued: no rank up, however long it takes
+    assert clock.poll(set(), None, now=5000.0) is None
+    alive.touch()
+    up = alive.stat().st_mtime
+    assert clock.poll(set(), None, now=up + 5) is None
+    stall = clock.poll(set(), None, now=up + 11)
+    assert stall is not None and stall.where == "start" and stall.quiet_s == pytest.approx(11)
+
+
+def test_a_case_in_progress_is_its_deadlines_business_and_each_step_restarts_the_clock(alive):
+    alive.touch()
+    clock = StallClock(10, alive, PLANNED, started=0.0)
+    t = alive.stat().st_mtime
+    assert clock.poll(set(), "w4:a@torch", now=t + 1) is None  # a case began
+    assert clock.poll(set(), "w4:a@torch", now=t + 500) is None  # in it, however long
+    assert clock.poll({"w4:a@torch"}, "w4:a@torch", now=t + 501) is None  # recorded: quiet
+    assert clock.poll({"w4:a@torch"}, "w4:a@torch", now=t + 511) is None
+    stall = clock.poll({"w4:a@torch"}, "w4:a@torch", now=t + 512)
+    assert stall.where == "between" and stall.quiet_s == pytest.approx(11)
+    assert clock.poll(PLANNED, "w4:b@torch", now=t + 513) is None  # the next one, recorded
+    assert clock.poll(PLANNED, "w4:b@torch", now=t + 524).where == "end"
+    assert StallClock(0, alive, PLANNED, started=0.0).poll(set(), None, now=t + 1e6) is None
+
+
+def test_a_warm_jobs_clock_starts_when_it_is_let_go(alive):
+    alive.touch()  # its ranks came up while the run was planned
+    go = alive.stat().st_mtime + 100
+    clock = StallClock(10, alive, PLANNED, started=go)
+    assert clock.poll(set(), None, now=go + 9) is None
+    assert clock.poll(set(), None, now=go + 11).where == "start"
+
+
+# stand-ins for mpiexec, run in the run folder with the ranks' environment
+_UP = 'touch "$HARNESS_ALIVE_FILE"\n'
+_CASE = """printf '{"key": "%s", "started": %s, "deadline_s": 600, "pid": 1}' "$1" \
+  "$(date +%s)" > w4.progress.json
+"""
+_STUCK_AT_START = "#!/bin/sh\n" + _UP + "exec sleep 60\n"
+# (each writes what it records before it says it is up, where a slow machine's pause
+# between the two would otherwise be quiet time)
+_QUEUED_THEN_RUNS = "#!/bin/sh\nsleep 1.5\n" + """
+printf '%s\\n' "$FAKE_A" "$FAKE_B" >> results.jsonl
+""" + _UP
+_STUCK_AT_END = "#!/bin/sh\n" + _UP + """
+printf '%s\\n' "$FAKE_A" "$FAKE_B" >> results.jsonl
+exec sleep 60
+"""
+# the first job records one case and hangs before the next; the second runs the other
+_STUCK_BETWEEN = "#!/bin/sh\n" + """
+if [ -s results.jsonl ]; then printf '%s\\n' "$FAKE_B" >> results.jsonl; exit 0; fi
+""" + _UP + """printf '%s\\n' "$FAKE_A" >> results.jsonl
+exec sleep 60
+"""
+# a case longer than the stall limit: its own deadline (600 s) rules
+_SLOW_CASE = "#!/bin/sh\nset -- \"$FAKE_A_KEY\"\n" + _CASE + _UP + """
+sleep 1.5
+printf '%s\\n' "$FAKE_A" "$FAKE_B" >> results.jsonl
+"""
+
+
+def _world(tmp_path: Path, monkeypatch, script: str, limit: float = 0.6):
+    from harness.core.discovery import registry
+
+    items = registry().plan("smoke", 4, [
+        "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"], ["torch", "mpi"], "cpu")
+    launcher = tmp_path / "mpiexec"
+    launcher.write_text(script)
+    launcher.chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name, item in zip("AB", items, strict=True):
+        monkeypatch.setenv(f"FAKE_{name}", json.dumps(CaseResult(
+            run_id="r", case_id=item.case.id, op="allreduce", family="collectives",
+            impl=item.impl, world_size=4, params={}, status="pass").to_dict()))
+        monkeypatch.setenv(f"FAKE_{name}_KEY", item.key)
+    config = LaunchConfig(launcher=str(launcher), run_dir=run_dir, run_id="r",
+                          options=RunOptions(device="cpu", stall_timeout=limit))
+    t0 = time.monotonic()
+    outcome = run_world_size(config, 4, items)
+    return outcome, time.monotonic() - t0, RecordedKeys(config.results_path, 4).update(), items
+
+
+def test_a_job_stuck_before_its_first_case_is_tried_again_then_is_an_infra_error(
+        tmp_path, monkeypatch):
+    outcome, took, recorded, _ = _world(tmp_path, monkeypatch, _STUCK_AT_START)
+    assert took < 30  # not sleep's 60 s, twice
+    assert outcome.launches == 2 and recorded == set()
+    said = outcome.infra_error
+    assert said.startswith("world size 4: the MPI job was stopped: its ranks started but "
+                           "began no case within 0.6 s, 2 jobs in a row (stuck in MPI's "
+                           "wire-up, the ranks' imports or their placement; --stall-timeout "
+                           "changes the limit); last lines of "), said
+    for log in outcome.logs:
+        assert log.read_text().splitlines()[-1].startswith("harness: the MPI job was stopped")
+
+
+def test_a_job_stuck_after_its_last_case_keeps_its_results_and_warns(tmp_path, monkeypatch):
+    outcome, took, recorded, items = _world(tmp_path, monkeypatch, _STUCK_AT_END)
+    assert took < 30
+    assert outcome.infra_error is None and outcome.launches == 1
+    assert recorded == {item.key for item in items}
+    (note,) = outcome.notes
+    assert note.startswith("the MPI job was stopped: it recorded every case but did not end "
+                           "within 0.6 s (stuck ending: MPI_Finalize")
+    assert note.endswith(f"log: {outcome.logs[0]}")
+
+
+def test_a_job_stuck_between_cases_has_the_rest_relaunched(tmp_path, monkeypatch):
+    outcome, took, recorded, items = _world(tmp_path, monkeypatch, _STUCK_BETWEEN)
+    assert took < 30
+    assert outcome.infra_error is None and outcome.launches == 2
+    assert recorded == {item.key for item in items}
+    (note,) = outcome.notes
+    assert "it recorded a case but began no next one within 0.6 s" in note
+
+
+@pytest.mark.parametrize("script", [_QUEUED_THEN_RUNS, _SLOW_CASE],
+                         ids=["queued-before-its-ranks-start", "a-case-longer-than-the-limit"])
+def test_a_job_that_is_slow_but_never_stuck_is_left_alone(tmp_path, monkeypatch, script):
+    outcome, took, recorded, items = _world(tmp_path, monkeypatch, script)
+    assert took >= 1.5  # past the limit, and let be
+    assert outcome.infra_error is None and outcome.launches == 1 and not outcome.notes
+    assert recorded == {item.key for item in items}
