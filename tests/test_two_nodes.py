@@ -49,6 +49,14 @@ def _env(cluster, **extra: str) -> dict[str, str]:
     return {**cluster.env, "PATH": path, "PYTHONPATH": pythonpath, **extra}
 
 
+def _launch_logs(where: Path, lines: int = 30) -> str:
+    """The last lines of every launch log of the runs under ``where``, for a failure's
+    message."""
+    return "\n".join(f"{log}:\n" + "\n".join(log.read_text(errors="replace").splitlines()
+                                              [-lines:])
+                     for log in sorted(where.glob("**/w*.launch-*.log")))
+
+
 def _results(run_dir: Path) -> set[tuple[str, str, str, str]]:
     lines = (run_dir / "results.jsonl").read_text().splitlines()
     return {(d["case_id"], d["impl"], d["status"], d["output_hash"])
@@ -149,7 +157,14 @@ def test_a_node_lost_mid_run_ends_it_in_one_line_and_resume_finishes_it(two_node
             if progress is not None and STALL in progress.read_text():
                 break
             time.sleep(0.1)
-        assert progress is not None and proc.poll() is None, proc.communicate()
+        else:
+            # said with what the run, its ranks and the nodes wrote, once the run is stopped
+            # (communicate() on a run still going would wait for it)
+            proc.kill()
+            out, err = proc.communicate(timeout=60)
+            pytest.fail(f"the stalling case did not begin within 120 s; harness run: "
+                        f"{out[-1500:]}{err[-1500:]}\n{_launch_logs(tmp_path)}\n"
+                        + "\n".join(cluster._logs(name) for name in ("ctl", "n1", "n2")))
         cluster.kill_node("n2")
         one_node_run.start()  # the next test's, while slurmctld notices (CPUs idle)
         out, err = proc.communicate(timeout=120)
