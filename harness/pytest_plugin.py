@@ -29,7 +29,7 @@ from harness.core.spec import PlannedItem, Registry, SpecError
 from harness.core.timing import TimingConfig
 from harness.device import process_state, triton_impl
 from harness.device.envinfo import env_id
-from harness.engine.options import FAST_EXIT_ENV, RunDir, RunOptions, write_json
+from harness.engine.options import FAST_EXIT_ENV, JOB_ENDED_EXIT, RunDir, RunOptions, write_json
 
 _SESSION = pytest.StashKey["HarnessSession"]()
 
@@ -183,7 +183,7 @@ class HarnessSession:
         if sticky or process_state.tainted():
             # one faulting kernel (or a flush-to-zero that threads inherited) costs one case:
             # the launcher relaunches the rest in new processes, as after a timeout
-            _exit_now(STICKY_EXIT)
+            _exit_now(JOB_ENDED_EXIT)
         return result
 
     def _sticky_error(self, result: CaseResult) -> str | None:
@@ -253,8 +253,6 @@ def _wait_for(path: Path) -> None:
         time.sleep(0.005)
 
 
-#: a job's exit code after a case left a sticky CUDA error (the launcher relaunches the rest)
-STICKY_EXIT = 86
 
 
 @pytest.hookimpl(tryfirst=True)

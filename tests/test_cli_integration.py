@@ -712,7 +712,7 @@ def test_an_implementation_that_deadlocks_in_every_case_is_given_up_after_two(fa
     assert set(statuses[2:]) == {"skip"}
     assert {r["reason"] for r in got.values() if r["status"] == "skip"} == {
         f"not run: {impl} timed out in 2 cases of allreduce in a row at world size 2, a likely "
-        "deadlock (--max-timeouts 0 runs every case)"}
+        "deadlock (--give-up-after 0 runs every case)"}
 
 
 def test_flush_to_zero_left_on_by_one_rank_fails_its_case_and_ends_the_job(faults_run):

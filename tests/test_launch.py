@@ -196,53 +196,80 @@ def _items(op: str, impl: str, n: int, world_size: int = 4) -> list:
 
 
 def test_an_implementation_is_given_up_after_its_limit_of_timeouts_in_a_row():
-    from harness.engine.timeouts import TimeoutStreaks
+    from harness.engine.giveup import JobEndingStreaks
 
     hung, other_op, other_impl = (_items("allreduce", "mine", 5), _items("broadcast", "mine", 2),
                                   _items("allreduce", "torch", 2))
-    streaks = TimeoutStreaks(2)
-    assert not streaks.timed_out(hung[0])
+    streaks = JobEndingStreaks(2)
+    assert not streaks.ended_job(hung[0], "timeout")
     streaks.ran([hung[1]])  # a result of its own in between: no deadlock there
-    assert not streaks.timed_out(hung[2])
+    assert not streaks.ended_job(hung[2], "timeout")
     streaks.ran(other_op + other_impl)  # other ops' and implementations' results do not reset it
-    assert streaks.timed_out(hung[3])
+    assert streaks.ended_job(hung[3], "timeout")
     given_up, why = streaks.abandoned(hung[3], hung[4:] + other_op + other_impl)
     assert given_up == hung[4:]
     assert why == ("not run: mine timed out in 2 cases of allreduce in a row at world size 4, a "
-                   "likely deadlock (--max-timeouts 0 runs every case)")
+                   "likely deadlock (--give-up-after 0 runs every case)")
+
+
+@pytest.mark.parametrize("statuses, said", [
+    (["crash", "crash", "crash"], "mine crashed its job in 3 cases of allreduce in a row at "
+                                  "world size 4 (--give-up-after"),
+    (["fault", "fault", "fault"], "mine left its process unusable in 3 cases of allreduce in a "
+                                  "row at world size 4 (--give-up-after"),
+    (["timeout", "crash", "fault"], "mine ended its job (crash, fault, timeout) in 3 cases of "
+                                    "allreduce in a row at world size 4 (--give-up-after"),
+])
+def test_crashes_and_faults_that_end_their_job_count_as_timeouts_do(statuses, said):
+    from harness.engine.giveup import JobEndingStreaks
+
+    items = _items("allreduce", "mine", 4)
+    streaks = JobEndingStreaks(3)
+    assert [streaks.ended_job(i, s) for i, s in zip(items[:3], statuses, strict=True)] == [
+        False, False, True]
+    _, why = streaks.abandoned(items[2], items[3:])
+    assert why.startswith(f"not run: {said}"), why
 
 
 def test_limit_zero_never_gives_up():
-    from harness.engine.timeouts import TimeoutStreaks
+    from harness.engine.giveup import JobEndingStreaks
 
-    streaks, items = TimeoutStreaks(0), _items("allreduce", "mine", 20)
-    assert not any(streaks.timed_out(item) for item in items)
+    streaks, items = JobEndingStreaks(0), _items("allreduce", "mine", 20)
+    assert not any(streaks.ended_job(item, "crash") for item in items)
 
 
-def test_timeouts_rank_0_recorded_give_up_the_implementation_and_nothing_else(tmp_path):
-    """The watchdog's timeouts reach the launcher through the results file, as any result."""
-    from harness.engine.launch import _give_up_on_deadlocks
-    from harness.engine.timeouts import TimeoutStreaks
+def test_job_ending_results_give_up_the_implementation_and_nothing_else(tmp_path):
+    """The watchdog's timeouts reach the launcher through the results file, as any result; a
+    plain error does not end a job, one its job ended after (``ended_by``) does."""
+    from harness.engine.giveup import JobEndingStreaks
+    from harness.engine.launch import _give_up
 
     c = cfg(tmp_path)
-    mine, torch_ = _items("allreduce", "mine", 4), _items("allreduce", "torch", 4)
-    by_key = {item.key: item for item in mine + torch_}
-    recorded, streaks = RecordedKeys(c.results_path, 4), TimeoutStreaks(2)
+    mine, torch_, faulty = (_items("allreduce", "mine", 4), _items("allreduce", "torch", 5),
+                            _items("allreduce", "faulty", 4))
+    by_key = {item.key: item for item in mine + torch_ + faulty}
+    recorded, streaks = RecordedKeys(c.results_path, 4), JobEndingStreaks(2)
 
-    def record(item, status):
+    def record(item, status, ended_by=None):
         append(c.results_path, CaseResult(
             run_id="r", case_id=item.case.id, op="allreduce", family="f", impl=item.impl,
             world_size=4, params={}, status=status))
         recorded.update()
-        return _give_up_on_deadlocks(c, streaks, recorded, by_key, None)
+        return _give_up(c, streaks, recorded, by_key, None, ended_by)
+
+    def skipped():
+        recorded.update()
+        return {k for k, status in recorded.drain() if status == "skip"}
 
     assert not record(mine[0], "timeout") and not record(torch_[0], "pass")
-    assert record(mine[1], "timeout")
-    recorded.update()
-    skipped = {k for k, status in recorded.drain() if status == "skip"}
-    assert skipped == {mine[2].key, mine[3].key}
+    assert record(mine[1], "crash")
+    assert skipped() == {mine[2].key, mine[3].key}
     assert not record(torch_[1], "timeout") and not record(torch_[2], "fail")
-    assert not record(torch_[3], "timeout")  # a result between its timeouts: no streak
+    assert not record(torch_[3], "crash")  # a result between them: no streak
+    assert not record(torch_[4], "error")  # an error its job went on after ends nothing
+    assert not record(faulty[0], "error", ended_by=faulty[0].key)
+    assert record(faulty[1], "error", ended_by=faulty[1].key)
+    assert skipped() == {faulty[2].key, faulty[3].key}
 
 
 def test_a_timeout_names_the_ranks_that_failed_its_case_and_no_others(tmp_path):
@@ -257,3 +284,50 @@ def test_a_timeout_names_the_ranks_that_failed_its_case_and_no_others(tmp_path):
         "; rank 1 had failed it: implementation raised KeyError: 'x'"
         "; rank 3 had failed it: implementation raised ValueError: odd")
     assert files.failed_first(4, "w4:c@mine") == ""
+
+
+# a stand-in for mpiexec whose implementation ends its job in every case: it runs the first
+# case not yet recorded (the launcher's skip file) and crashes in it, or records its error
+# and exits as a rank whose process a fault left unusable does
+_ENDS_EVERY_JOB = """#!{python}
+import json, os, sys, time
+skip = set(open("w4.skip").read().split()) if os.path.exists("w4.skip") else set()
+key, result = next((k, r) for k, r in json.loads(os.environ["FAKE_ITEMS"]) if k not in skip)
+if os.environ["FAKE_MODE"] == "crash":
+    with open("w4.progress.json", "w") as fh:
+        json.dump({{"key": key, "started": time.time(), "deadline_s": 600, "pid": 1}}, fh)
+    sys.exit(13)
+with open("results.jsonl", "a") as fh:
+    fh.write(json.dumps(result) + "\\n")
+sys.exit(86)
+"""
+
+
+@pytest.mark.parametrize("mode, status, said", [
+    ("crash", "crash", "crashed its job in 2 cases"),
+    ("fault", "error", "left its process unusable in 2 cases"),
+    ("fault-fail", "fail", "left its process unusable in 2 cases"),  # a setting leaked (FTZ)
+])
+def test_an_implementation_that_ends_every_job_costs_two_jobs(tmp_path, monkeypatch, mode,
+                                                               status, said):
+    import sys
+
+    from harness.engine.launch import run_world_size
+
+    items = _items("allreduce", "faulty", 5)
+    monkeypatch.setenv("FAKE_MODE", mode)
+    monkeypatch.setenv("FAKE_ITEMS", json.dumps([[i.key, CaseResult(
+        run_id="r", case_id=i.case.id, op="allreduce", family="f", impl=i.impl, world_size=4,
+        params={}, status=status, reason="the job ended after this case").to_dict()]
+        for i in items]))
+    launcher = tmp_path / "mpiexec"
+    launcher.write_text(_ENDS_EVERY_JOB.format(python=sys.executable))
+    launcher.chmod(0o755)
+    config = cfg(tmp_path, device="cpu", launcher=str(launcher))
+    outcome = run_world_size(config, 4, items)
+    assert outcome.launches == 2 and outcome.infra_error is None
+    lines = [json.loads(line) for line in config.results_path.read_text().splitlines()]
+    assert [d["status"] for d in lines] == [status, status, "skip", "skip", "skip"]
+    assert {d["reason"] for d in lines[2:]} == {
+        f"not run: faulty {said} of allreduce in a row at world size 4 (--give-up-after 0 runs "
+        "every case)"}

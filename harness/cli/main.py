@@ -41,8 +41,8 @@ from harness.cli.common import (  # noqa: F401 - re-exported for callers
 )
 from harness.cli.show import print_outcome
 from harness.core.discovery import BUILTIN_SUITE
+from harness.engine.giveup import GIVE_UP_AFTER
 from harness.engine.stall import STALL_TIMEOUT_S
-from harness.engine.timeouts import MAX_TIMEOUTS
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -94,11 +94,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--hostfile", default=None, type=click.Path(exists=True, dir_okay=False))
 @click.option("--grace", type=float, default=30.0, show_default=True,
               help="Seconds past a case's deadline before the launcher kills a hung job.")
-@click.option("--max-timeouts", type=click.IntRange(min=0), default=MAX_TIMEOUTS,
+@click.option("--give-up-after", type=click.IntRange(min=0), default=GIVE_UP_AFTER,
               show_default=True,
-              help="After this many timeouts in a row of one implementation at one world "
-                   "size (a likely deadlock), skip its remaining cases there, saying why; 0 "
-                   "runs every case.")
+              help="After this many cases in a row of one implementation at one world size "
+                   "that ended their job (timed out: a likely deadlock; crashed; left its "
+                   "process unusable), skip its remaining cases there, saying why; 0 runs "
+                   "every case.")
 @click.option("--stall-timeout", type=click.FloatRange(min=0), default=STALL_TIMEOUT_S,
               show_default=True,
               help="Seconds a job's ranks may be up with no case in progress (starting, "
@@ -127,7 +128,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "recorded stay, the missing ones run with the run's own selection and "
                    "options, then it is stored and analysed once. --db or --out-dir say where "
                    "its folder is; --timeout, --fail-on, --launcher, --launcher-args, "
-                   "--hostfile, --grace, --max-timeouts, --stall-timeout and --report are the "
+                   "--hostfile, --grace, --give-up-after, --stall-timeout and --report are the "
                    "run's own unless given anew.")
 @click.pass_context
 def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:

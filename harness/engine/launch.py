@@ -29,10 +29,10 @@ from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
 from harness.engine.alive import ALIVE_ENV
+from harness.engine.giveup import JobEndingStreaks
 from harness.engine.joblog import PYTEST_NORMAL, LostNodes, death, lost_node_message, tail
-from harness.engine.options import FAST_EXIT_ENV, RunDir, RunOptions
+from harness.engine.options import FAST_EXIT_ENV, JOB_ENDED_EXIT, RunDir, RunOptions
 from harness.engine.stall import Stall, StallClock
-from harness.engine.timeouts import TimeoutStreaks
 
 #: free bytes under which a job's death is put down to a full disk
 DISK_LOW = 1 << 20
@@ -377,18 +377,21 @@ def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, k
     _record_dead_case(cfg, item, status, why, placement)
 
 
-def _give_up_on_deadlocks(cfg: LaunchConfig, streaks: TimeoutStreaks, recorded: RecordedKeys,
-                          by_key: Mapping[str, PlannedItem], placement: dict | None) -> bool:
-    """Feed the results read since the last call to ``streaks``; record as skipped the cases
-    left of an implementation that reached its limit of timeouts in a row. True if any."""
+def _give_up(cfg: LaunchConfig, streaks: JobEndingStreaks, recorded: RecordedKeys,
+             by_key: Mapping[str, PlannedItem], placement: dict | None,
+             ended_by: str | None = None) -> bool:
+    """Feed the results read since the last call to ``streaks`` (``ended_by``: the key of
+    an error after which its job ended, a sticky fault); record as skipped the cases left of
+    an implementation that reached its limit of job-ending cases in a row. True if any."""
     gave_up = False
     for key, status in recorded.drain():
         item = by_key.get(key)
-        if item is None or status == "skip":  # a skip says nothing about a deadlock
+        if item is None or status == "skip":  # a skip says nothing about the implementation
             continue
-        if status != "timeout":
+        how = status if status in ("timeout", "crash") else "fault" if key == ended_by else ""
+        if not how:
             streaks.ran([item])
-        elif streaks.timed_out(item):
+        elif streaks.ended_job(item, how):
             pending = [by_key[k] for k in by_key.keys() - recorded.keys]
             given_up, why = streaks.abandoned(item, pending)
             for other in given_up:
@@ -481,7 +484,8 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
     progress_path = files.of(world_size, "progress.json")
     placement_path = files.of(world_size, "placement.json")
     fruitless = 0
-    streaks = TimeoutStreaks(cfg.options.max_timeouts)
+    streaks = JobEndingStreaks(cfg.options.give_up_after)
+    ended_by: str | None = None  # the case whose fault ended the last job
     recorded = RecordedKeys(cfg.results_path, world_size)
     earlier = 0 if warm is not None else _launches_before(files, world_size)
 
@@ -491,7 +495,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
 
     while True:
         done = recorded.update()
-        if _give_up_on_deadlocks(cfg, streaks, recorded, by_key, outcome.placement):
+        if _give_up(cfg, streaks, recorded, by_key, outcome.placement, ended_by):
             done = recorded.update()
         report(done)
         if by_key.keys() <= done:
@@ -503,6 +507,8 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         end = _run_job(cfg, world_size, earlier + outcome.launches, warm, recorded, by_key,
                        report)
         warm, rc, killed, log_path = None, end.rc, end.killed, end.log_path
+        # a fault that left a rank's process unusable ends the job after its case is recorded
+        ended_by = recorded.fresh[-1][0] if rc == JOB_ENDED_EXIT and recorded.fresh else None
         outcome.logs.append(log_path)
         if end.stall is not None and end.stall.where != "start":
             outcome.notes.append(f"{end.stall.describe(cfg.options.stall_timeout)}; log: "

@@ -16,12 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.engine.giveup import GIVE_UP_AFTER
 from harness.engine.stall import STALL_TIMEOUT_S
-from harness.engine.timeouts import MAX_TIMEOUTS
 
 #: set in the environment of the ranks of a job the launcher starts: they end without tearing
 #: down the interpreter (harness.pytest_plugin.pytest_unconfigure)
 FAST_EXIT_ENV = "HARNESS_FAST_EXIT"
+#: a job's exit code after a case left a rank's process unusable (a sticky CUDA error, a
+#: per-thread setting its threads inherited): the launcher relaunches the rest
+JOB_ENDED_EXIT = 86
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -69,9 +72,10 @@ class RunOptions:
     hostfile: str | None = None
     #: extra seconds the launcher's backstop waits past a case's deadline
     grace: float = 30.0
-    #: timeouts in a row of one implementation at one world size before its remaining cases
-    #: there are skipped (harness.engine.timeouts); 0 never skips
-    max_timeouts: int = MAX_TIMEOUTS
+    #: cases in a row of one implementation at one world size that ended their job (timeout,
+    #: crash, sticky fault) before its remaining cases there are skipped
+    #: (harness.engine.giveup); 0 never skips
+    give_up_after: int = GIVE_UP_AFTER
     #: seconds a job's ranks may be up with no case in progress (starting, between cases,
     #: ending) before the launcher stops it as stuck (harness.engine.stall); 0 never
     stall_timeout: float = STALL_TIMEOUT_S
