@@ -477,3 +477,34 @@ def test_sys_exit_in_an_implementation_is_an_error_not_the_end_of_the_rank(world
 
     r = _run(world, exits)
     assert r.status == "error" and "implementation raised SystemExit: 3" in r.reason, r.reason
+
+
+def test_in_process_cases_after_one_that_tainted_the_process_are_not_run(monkeypatch):
+    """``run_cases`` (a suite's own tests, ``harness tolerance``) cannot end its process as a
+    job does after a flush-to-zero its threads keep: the cases after it are skips that say
+    why, not results computed under it."""
+    from harness.device import process_state
+    from harness.engine.local import TAINTED, run_cases
+
+    monkeypatch.setattr(process_state, "_TAINTED", False)  # put back after the test
+    spec = OpSpec(name="toy_double", family="toy", reference=_reference, make_inputs=_inputs,
+                  grid={"smoke": [{"n": 1031}, {"n": 7}, {"n": 64}]},
+                  implementations={"ok": doubled}, out_buffers={"out": "out"},
+                  negative_controls={"tripled": lambda x, out: torch.mul(x, 3, out=out)})
+    calls = []
+
+    def taints_on_second(x, out):
+        calls.append(1)
+        if x.numel() == 7:
+            process_state.taint()  # as a leaked flush-to-zero found by the check does
+        return torch.mul(x, 2, out=out)
+
+    results = run_cases(spec, taints_on_second)
+    assert [r.status for r in results] == ["pass", "pass", "skip"]
+    assert results[2].reason == TAINTED and results[2].case_id.endswith("n=64]")
+    assert len(calls) == 2 * 2  # each run case's call and shifted call; none for the skip
+    assert {r.status for r in run_cases(spec, "ok")} == {"skip"}  # nor in a later call
+    # and a control's skipped cases are no catch (harness tolerance)
+    from harness.engine.tolerance_use import controls_caught, uses
+
+    assert controls_caught(uses(spec, run_cases(spec, "tripled"))) == {"tripled": False}

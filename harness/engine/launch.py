@@ -524,8 +524,10 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             # a rank that cannot write its result dies; recording a crash would blame the case
             raise OSError(errno.ENOSPC, f"the job died with under {DISK_LOW >> 10} KiB free "
                           "beside its run folder", str(cfg.run_dir))
-        # a case in progress unrecorded: the job died in it, perhaps with exit code 0
-        dead_in_case = bool(prog and prog["key"] in by_key and prog["key"] not in after)
+        # a case in progress unrecorded: the job died in it, perhaps with exit code 0 (not
+        # one begun as a stuck job was stopped: it had no fair run, and runs again)
+        dead_in_case = bool(prog and prog["key"] in by_key and prog["key"] not in after
+                            and end.stall is None)
         if rc in PYTEST_NORMAL and not killed and not end.stall and not dead_in_case:
             # finished, or the job stopped recording (pytest's -x): do not loop. A job that
             # ends "normally" having recorded nothing while cases remain (a launcher that

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.core.results import CaseResult
 from harness.core.spec import OpSpec, SpecError, load_callable
-from harness.device import triton_impl
+from harness.device import process_state, triton_impl
 
 _WORLD: Any = None
 
@@ -42,9 +42,26 @@ def run_cases(spec: OpSpec, impl: str | Callable[..., Any], tier: str = "smoke",
               keep: Callable[[Any], bool] = lambda case: True) -> list[CaseResult]:
     """Every case of ``tier`` at world size 1 (those ``keep`` accepts) through the runner with
     ``impl``: the results say pass or fail and why, as a ``harness run`` would, without timing
-    and without comparing with the stored goldens."""
+    and without comparing with the stored goldens. Once a case taints this process (a
+    flush-to-zero its threads keep), the cases after it, here and in later calls, are skips
+    saying so: a job would end there, this process cannot."""
     from harness.engine.runner import run_case
 
     name, fn = resolve(spec, impl)
-    cases = [c for c in spec.cases(tier, 1) if keep(c)]
-    return [run_case(world(), case, name, fn, bench=False) for case in cases]
+    results = []
+    for case in (c for c in spec.cases(tier, 1) if keep(c)):
+        if process_state.tainted():
+            # a job would end here and run the rest in new processes; this process cannot
+            results.append(CaseResult(
+                run_id="", case_id=case.id, op=spec.name, family=spec.family, impl=name,
+                world_size=1, params=dict(case.params), status="skip", reason=TAINTED,
+                device="cpu"))
+            continue
+        results.append(run_case(world(), case, name, fn, bench=False))
+    return results
+
+
+#: why a case is not run in a process an earlier case tainted
+TAINTED = ("not run: an earlier case in this process changed a setting its threads keep "
+           "(flush-to-zero), so no later result here can be trusted; `harness run` runs each "
+           "job's remaining cases in new processes")

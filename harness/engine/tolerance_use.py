@@ -109,9 +109,10 @@ def worst_uses(rows: Sequence[Use]) -> list[Worst]:
 
 
 def controls_caught(rows: Sequence[Use]) -> dict[str, bool]:
-    """Whether each control failed at least one case (by the run's own verdict)."""
+    """Whether each control failed at least one case (by the run's own verdict; a case not
+    run catches nothing)."""
     caught: dict[str, bool] = {}
     for r in rows:
         if r.control:
-            caught[r.impl] = caught.get(r.impl, False) or r.status != "pass"
+            caught[r.impl] = caught.get(r.impl, False) or r.status not in ("pass", "skip")
     return caught
