@@ -63,21 +63,19 @@ _CASE = """printf '{"key": "%s", "started": %s, "deadline_s": 600, "pid": 1}' "$
   "$(date +%s)" > w4.progress.json
 """
 _STUCK_AT_START = "#!/bin/sh\n" + _UP + "exec sleep 60\n"
-# (each writes what it records before it says it is up, where a slow machine's pause
-# between the two would otherwise be quiet time)
+# (each writes what it records before it says it is up: a slow machine's pause between the
+# two would otherwise be quiet time, and the job stopped before it recorded)
 _QUEUED_THEN_RUNS = "#!/bin/sh\nsleep 1.5\n" + """
 printf '%s\\n' "$FAKE_A" "$FAKE_B" >> results.jsonl
 """ + _UP
-_STUCK_AT_END = "#!/bin/sh\n" + _UP + """
+_STUCK_AT_END = "#!/bin/sh\n" + """
 printf '%s\\n' "$FAKE_A" "$FAKE_B" >> results.jsonl
-exec sleep 60
-"""
+""" + _UP + "exec sleep 60\n"
 # the first job records one case and hangs before the next; the second runs the other
 _STUCK_BETWEEN = "#!/bin/sh\n" + """
 if [ -s results.jsonl ]; then printf '%s\\n' "$FAKE_B" >> results.jsonl; exit 0; fi
-""" + _UP + """printf '%s\\n' "$FAKE_A" >> results.jsonl
-exec sleep 60
-"""
+printf '%s\\n' "$FAKE_A" >> results.jsonl
+""" + _UP + "exec sleep 60\n"
 # a case longer than the stall limit: its own deadline (600 s) rules
 _SLOW_CASE = "#!/bin/sh\nset -- \"$FAKE_A_KEY\"\n" + _CASE + _UP + """
 sleep 1.5

@@ -454,6 +454,7 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
     srun reported a node of it lost."""
     files = cfg.files
     alive, progress_path = files.of(world_size, "alive"), files.of(world_size, "progress.json")
+    already = set(recorded.keys)  # before the job can record anything
     if warm is not None:  # its ranks are up already: their mark stays
         proc, log_path = warm.go()
     else:
@@ -462,7 +463,7 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
         with open(log_path, "w") as log:
             proc = start_job(cfg, world_size, attempt, log)
     lost = LostNodes(log_path)
-    clock = StallClock(cfg.options.stall_timeout, alive, by_key.keys(), recorded.update())
+    clock = StallClock(cfg.options.stall_timeout, alive, by_key.keys(), already)
     killed, stall = _watch(cfg, proc, recorded, progress_path, report, lost, clock)
     if stall is not None:
         with open(log_path, "a") as log:
