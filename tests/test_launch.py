@@ -231,6 +231,23 @@ def test_crashes_and_faults_that_end_their_job_count_as_timeouts_do(statuses, sa
     assert why.startswith(f"not run: {said}"), why
 
 
+def test_an_implementation_that_ends_every_other_job_is_given_up_after_twice_its_limit():
+    """A kernel that deadlocks on every large case and passes every small one."""
+    from harness.engine.giveup import JobEndingStreaks
+
+    items, other = _items("allreduce", "mine", 9), _items("allreduce", "torch", 4)
+    streaks = JobEndingStreaks(2)
+    for i in range(3):
+        assert not streaks.ended_job(items[2 * i], "timeout")
+        streaks.ran([items[2 * i + 1]])
+    streaks.ran(other)  # another implementation's cases are not its own
+    assert streaks.ended_job(items[6], "timeout")
+    given_up, why = streaks.abandoned(items[6], items[7:])
+    assert given_up == items[7:]
+    assert why == ("not run: mine timed out in 4 of its 7 cases of allreduce so far at world "
+                   "size 4, a likely deadlock (--give-up-after 0 runs every case)")
+
+
 def test_limit_zero_never_gives_up():
     from harness.engine.giveup import JobEndingStreaks
 

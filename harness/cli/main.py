@@ -98,8 +98,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
               show_default=True,
               help="After this many cases in a row of one implementation at one world size "
                    "that ended their job (timed out: a likely deadlock; crashed; left its "
-                   "process unusable), skip its remaining cases there, saying why; 0 runs "
-                   "every case.")
+                   "process unusable), or twice as many in all, skip its remaining cases "
+                   "there, saying why; 0 runs every case.")
 @click.option("--stall-timeout", type=click.FloatRange(min=0), default=STALL_TIMEOUT_S,
               show_default=True,
               help="Seconds a job's ranks may be up with no case in progress (starting, "

@@ -72,9 +72,9 @@ class RunOptions:
     hostfile: str | None = None
     #: extra seconds the launcher's backstop waits past a case's deadline
     grace: float = 30.0
-    #: cases in a row of one implementation at one world size that ended their job (timeout,
-    #: crash, sticky fault) before its remaining cases there are skipped
-    #: (harness.engine.giveup); 0 never skips
+    #: cases in a row (twice as many in all) of one implementation at one world size that
+    #: ended their job (timeout, crash, sticky fault) before its remaining cases there are
+    #: skipped (harness.engine.giveup); 0 never skips
     give_up_after: int = GIVE_UP_AFTER
     #: seconds a job's ranks may be up with no case in progress (starting, between cases,
     #: ending) before the launcher stops it as stuck (harness.engine.stall); 0 never
