@@ -420,6 +420,8 @@ _LEAKS = {
     "torch.backends.mkldnn.matmul.fp32_precision":
         lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),
     "grad mode": lambda: torch.set_grad_enabled(False),
+    "transformer fast path": lambda: torch.backends.mha.set_fastpath_enabled(False),
+    "anomaly detection": lambda: torch.set_anomaly_enabled(True),
 }
 
 
@@ -438,6 +440,26 @@ def test_a_process_wide_setting_left_changed_fails_the_case_and_is_put_back(worl
         assert _run(world, doubled, bench=False).status == "pass"  # the next case runs clean
     finally:
         process_state.changed(before)
+
+
+def test_inference_mode_left_on_fails_the_case_and_ends_the_job(world, monkeypatch):
+    """Only the InferenceMode guard the implementation holds can end it: the case fails
+    naming it, and the process is tainted, so its job ends after the case."""
+    from torch.autograd import grad_mode
+
+    from harness.device import process_state
+
+    monkeypatch.setattr(process_state, "_TAINTED", False)  # put back after the test
+    guards = []
+    try:
+        r = _run(world, _leaves(lambda: guards.append(grad_mode._enter_inference_mode(True))),
+                 bench=False)
+        assert r.status == "fail" and "inference mode: False -> True (not restored" in r.reason
+        assert process_state.tainted()
+    finally:
+        for guard in reversed(guards):  # RAII guards: last in, first out
+            grad_mode._exit_inference_mode(guard)
+    assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
 
 
 def test_a_setting_changed_and_put_back_inside_the_call_passes(world):

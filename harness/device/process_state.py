@@ -43,6 +43,8 @@ _ATTRIBUTES = (
     ("backends.cudnn.conv", "fp32_precision"),
     ("backends.cudnn.rnn", "fp32_precision"),
     ("backends", "fp32_precision"),
+    ("backends.opt_einsum", "enabled"),
+    ("backends.opt_einsum", "strategy"),
 )
 
 #: settings behind a getter and a setter: (name, getter, setter) under ``torch``
@@ -56,6 +58,8 @@ _ACCESSORS = (
      "backends.cuda.enable_mem_efficient_sdp"),
     ("math attention", "backends.cuda.math_sdp_enabled", "backends.cuda.enable_math_sdp"),
     ("cuDNN attention", "backends.cuda.cudnn_sdp_enabled", "backends.cuda.enable_cudnn_sdp"),
+    ("transformer fast path", "backends.mha.get_fastpath_enabled",
+     "backends.mha.set_fastpath_enabled"),
 )
 
 
@@ -114,6 +118,20 @@ def _put_deterministic(value: tuple[bool, bool]) -> None:
     torch.use_deterministic_algorithms(value[0], warn_only=value[1])
 
 
+def _anomaly() -> tuple[bool, bool]:
+    return torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()
+
+
+def _put_anomaly(value: tuple[bool, bool]) -> None:
+    torch.set_anomaly_enabled(value[0], value[1])
+
+
+def _no_setter(value: Any) -> None:
+    # inference mode is left on by an InferenceMode guard the implementation holds; only that
+    # guard can end it, so the process is tainted (per_thread) and its job ends
+    raise RuntimeError("torch has no setter for it")
+
+
 def _autocast(device_type: str) -> Setting:
     return Setting(f"autocast on {device_type}",
                    lambda: torch.is_autocast_enabled(device_type),
@@ -139,7 +157,10 @@ def host_settings() -> tuple[Setting, ...]:
     every += [_accessor(*names) for names in _ACCESSORS]
     every += [Setting("flush denormals", _flushes_denormals, torch.set_flush_denormal,
                       per_thread=True),
+              Setting("inference mode", torch.is_inference_mode_enabled, _no_setter,
+                      per_thread=True),
               Setting("deterministic algorithms", _deterministic, _put_deterministic),
+              Setting("anomaly detection", _anomaly, _put_anomaly),
               _autocast("cpu"), _autocast("cuda")]
     return tuple(s for s in every if _readable(s.get))
 
@@ -148,10 +169,19 @@ def host_settings() -> tuple[Setting, ...]:
 # _lazy_init, so they are read only where is_initialized(); set_stream sets the stream by id
 # on the stream's own device (the device is put back first); a Stream equals another with the
 # same stream id, device index and type (torch/cuda/streams.py Stream.__eq__)
+# torch/backends/cuda/__init__.py and aten/src/ATen/Context.cpp (read in 2.13): the preferred
+# BLAS and linalg libraries' getters read a member of the global context (the BLAS one turns
+# "default" into cuBLAS, what default means there), their setters take the enum the getters
+# return; they pick cuBLAS or cuBLASLt, cuSOLVER or MAGMA for every later matmul and solve
 _CUDA = (Setting("current CUDA device", lambda: torch.cuda.current_device(),
                  lambda index: torch.cuda.set_device(index)),
          Setting("current CUDA stream", lambda: torch.cuda.current_stream(),
-                 lambda stream: torch.cuda.set_stream(stream)))
+                 lambda stream: torch.cuda.set_stream(stream)),
+         Setting("preferred BLAS library", lambda: torch.backends.cuda.preferred_blas_library(),
+                 lambda lib: torch.backends.cuda.preferred_blas_library(lib)),
+         Setting("preferred linalg library",
+                 lambda: torch.backends.cuda.preferred_linalg_library(),
+                 lambda lib: torch.backends.cuda.preferred_linalg_library(lib)))
 
 
 def _settings() -> tuple[Setting, ...]:
