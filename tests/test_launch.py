@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import stand_ins
 
 from harness.core.results import CaseResult, append
 from harness.engine.launch import (
@@ -133,14 +134,10 @@ def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_pa
                                                                           monkeypatch):
     import time
 
-    from harness.core.discovery import registry
     from harness.engine.launch import NodeLost, run_world_size
 
-    first, second = registry().plan("smoke", 4, [
-        "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"], ["torch", "mpi"], "cpu")
-    srun = tmp_path / "srun"
-    srun.write_text(_LOSING_SRUN)
-    srun.chmod(0o755)
+    first, second = stand_ins.two_items()
+    srun = stand_ins.launcher(tmp_path, _LOSING_SRUN, "srun")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     config = LaunchConfig(launcher=str(srun), run_dir=run_dir, run_id="r",
@@ -337,9 +334,7 @@ def test_an_implementation_that_ends_every_job_costs_two_jobs(tmp_path, monkeypa
         run_id="r", case_id=i.case.id, op="allreduce", family="f", impl=i.impl, world_size=4,
         params={}, status=status, reason="the job ended after this case").to_dict()]
         for i in items]))
-    launcher = tmp_path / "mpiexec"
-    launcher.write_text(_ENDS_EVERY_JOB.format(python=sys.executable))
-    launcher.chmod(0o755)
+    launcher = stand_ins.launcher(tmp_path, _ENDS_EVERY_JOB.format(python=sys.executable))
     config = cfg(tmp_path, device="cpu", launcher=str(launcher))
     outcome = run_world_size(config, 4, items)
     assert outcome.launches == 2 and outcome.infra_error is None

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import stand_ins
 
 from harness.core.results import CaseResult
 from harness.engine.launch import LaunchConfig, RecordedKeys, run_world_size
@@ -84,13 +85,7 @@ printf '%s\\n' "$FAKE_A" "$FAKE_B" >> results.jsonl
 
 
 def _world(tmp_path: Path, monkeypatch, script: str, limit: float = 0.6):
-    from harness.core.discovery import registry
-
-    items = registry().plan("smoke", 4, [
-        "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"], ["torch", "mpi"], "cpu")
-    launcher = tmp_path / "mpiexec"
-    launcher.write_text(script)
-    launcher.chmod(0o755)
+    items, launcher = stand_ins.two_items(), stand_ins.launcher(tmp_path, script)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for name, item in zip("AB", items, strict=True):
@@ -119,24 +114,21 @@ def test_a_job_stuck_before_its_first_case_is_tried_again_then_is_an_infra_error
         assert log.read_text().splitlines()[-1].startswith("harness: the MPI job was stopped")
 
 
-def test_a_job_stuck_after_its_last_case_keeps_its_results_and_warns(tmp_path, monkeypatch):
-    outcome, took, recorded, items = _world(tmp_path, monkeypatch, _STUCK_AT_END)
+@pytest.mark.parametrize("script, launches, said", [
+    (_STUCK_AT_END, 1, "it recorded every case but did not end within 0.6 s (stuck ending: "
+                       "MPI_Finalize"),
+    (_STUCK_BETWEEN, 2, "it recorded a case but began no next one within 0.6 s (stuck "
+                        "between two cases"),
+], ids=["after-its-last-case", "between-cases"])
+def test_a_job_stuck_after_a_case_keeps_its_results_runs_the_rest_and_warns(
+        tmp_path, monkeypatch, script, launches, said):
+    outcome, took, recorded, items = _world(tmp_path, monkeypatch, script)
     assert took < 30
-    assert outcome.infra_error is None and outcome.launches == 1
+    assert outcome.infra_error is None and outcome.launches == launches
     assert recorded == {item.key for item in items}
     (note,) = outcome.notes
-    assert note.startswith("the MPI job was stopped: it recorded every case but did not end "
-                           "within 0.6 s (stuck ending: MPI_Finalize")
+    assert note.startswith(f"the MPI job was stopped: {said}"), note
     assert note.endswith(f"log: {outcome.logs[0]}")
-
-
-def test_a_job_stuck_between_cases_has_the_rest_relaunched(tmp_path, monkeypatch):
-    outcome, took, recorded, items = _world(tmp_path, monkeypatch, _STUCK_BETWEEN)
-    assert took < 30
-    assert outcome.infra_error is None and outcome.launches == 2
-    assert recorded == {item.key for item in items}
-    (note,) = outcome.notes
-    assert "it recorded a case but began no next one within 0.6 s" in note
 
 
 @pytest.mark.parametrize("script", [_QUEUED_THEN_RUNS, _SLOW_CASE],
