@@ -29,7 +29,16 @@ from harness.core.spec import PlannedItem, Registry, SpecError
 from harness.core.timing import TimingConfig
 from harness.device import process_state, triton_impl
 from harness.device.envinfo import env_id
-from harness.engine.options import FAST_EXIT_ENV, JOB_ENDED_EXIT, RunDir, RunOptions, write_json
+from harness.engine import alive
+from harness.engine.options import (
+    FAST_EXIT_ENV,
+    JOB_ENDED_EXIT,
+    LAUNCH_LOG_ENV,
+    RunDir,
+    RunOptions,
+    stacks_in_log,
+    write_json,
+)
 
 _SESSION = pytest.StashKey["HarnessSession"]()
 
@@ -89,7 +98,9 @@ class HarnessSession:
 
         opt = config.option
         if opt.harness_wait_for:
+            alive.stop_watching()  # the wait for the go file is the run's planning, not a stall
             _wait_for(Path(opt.harness_wait_for))
+            alive.watch_quiet()
         size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
         files = self.files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
         options, info = rank_settings(config, files)
@@ -170,11 +181,13 @@ class HarnessSession:
         on_expire = (lambda: self._record_timeout(item, deadline)) if root else None
         self.phase = ""
         self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire)
+        alive.watch_case(deadline)
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
                           bench=self.bench, timing=self.timing, env_id=self.env_id,
                           golden=self.golden, calibration=self.calibration,
                           setups=self.setups, phase=self._enter,
                           on_failure=lambda why: self._note_failure(item, why))
+        alive.watch_quiet()
         sticky = self._sticky_error(result)
         if sticky:
             result = dataclasses.replace(result, status="error", reason=sticky)
@@ -235,7 +248,8 @@ class HarnessSession:
             run_id=self.run_id, case_id=item.case.id, op=spec.name, family=spec.family,
             impl=item.impl, world_size=item.case.world_size, params=dict(item.case.params),
             status="timeout", reason=f"no result within its {deadline:g} s deadline{where}; "
-                                     "the job was aborted and the remaining cases relaunched",
+                                     "the job was aborted and the remaining cases relaunched"
+                                     f"{stacks_in_log(os.environ.get(LAUNCH_LOG_ENV))}",
             device=str(self.world.device), started_at=time.time(), env_id=self.env_id,
             duration_s=deadline))
 

@@ -707,8 +707,15 @@ def test_an_implementation_that_deadlocks_in_every_case_is_given_up_after_two(fa
     statuses = [r["status"] for r in got.values()]  # in the order they were recorded
     assert len(statuses) > 3 and statuses[:2] == ["timeout", "timeout"], statuses
     first = next(iter(got.values()))["reason"]  # no rank failed: it names none
-    assert first.endswith("deadline (rank 0 in the implementation's call); the job was aborted "
-                          "and the remaining cases relaunched"), first
+    said, log = first.split("; every rank's Python stacks at the deadline: ")
+    assert said.endswith("deadline (rank 0 in the implementation's call); the job was aborted "
+                         "and the remaining cases relaunched"), first
+    # each of the two ranks wrote its stacks a moment before the deadline, the last one's in
+    # the implementation's loop it never leaves; then the watchdog said why it aborted the job
+    text = Path(log).read_text()
+    assert text.count("Timeout (0:00:02.700000)!") == 2, text[-3000:]
+    assert "in hang_every_case" in text
+    assert "harness watchdog: " in text and "passed its deadline; aborting the job" in text
     assert set(statuses[2:]) == {"skip"}
     assert {r["reason"] for r in got.values() if r["status"] == "skip"} == {
         f"not run: {impl} timed out in 2 cases of allreduce in a row at world size 2, a likely "

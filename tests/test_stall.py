@@ -109,7 +109,8 @@ def test_a_job_stuck_before_its_first_case_is_tried_again_then_is_an_infra_error
     assert said.startswith("world size 4: the MPI job was stopped: its ranks started but "
                            "began no case within 0.6 s, 2 jobs in a row (stuck in MPI's "
                            "wire-up, the ranks' imports or their placement; --stall-timeout "
-                           "changes the limit); last lines of "), said
+                           "changes the limit); every rank's Python stacks then: "), said
+    assert said.endswith(str(outcome.logs[-1]))
     for log in outcome.logs:
         assert log.read_text().splitlines()[-1].startswith("harness: the MPI job was stopped")
 
@@ -128,7 +129,7 @@ def test_a_job_stuck_after_a_case_keeps_its_results_runs_the_rest_and_warns(
     assert recorded == {item.key for item in items}
     (note,) = outcome.notes
     assert note.startswith(f"the MPI job was stopped: {said}"), note
-    assert note.endswith(f"log: {outcome.logs[0]}")
+    assert note.endswith(f"; every rank's Python stacks then: {outcome.logs[0]}")
 
 
 @pytest.mark.parametrize("script", [_QUEUED_THEN_RUNS, _SLOW_CASE],

@@ -28,10 +28,17 @@ from harness.core.results import CaseResult
 from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
-from harness.engine.alive import ALIVE_ENV
+from harness.engine.alive import ALIVE_ENV, STALL_ENV
 from harness.engine.giveup import JobEndingStreaks
 from harness.engine.joblog import PYTEST_NORMAL, LostNodes, death, lost_node_message, tail
-from harness.engine.options import FAST_EXIT_ENV, JOB_ENDED_EXIT, RunDir, RunOptions
+from harness.engine.options import (
+    FAST_EXIT_ENV,
+    JOB_ENDED_EXIT,
+    LAUNCH_LOG_ENV,
+    RunDir,
+    RunOptions,
+    stacks_in_log,
+)
 from harness.engine.stall import Stall, StallClock
 
 #: free bytes under which a job's death is put down to a full disk
@@ -186,7 +193,10 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int, go: Path | N
         sys.executable, "-m", "pytest", "--pyargs", SUITES_PACKAGE, "-p", "harness.engine.alive",
         "-p", "harness.pytest_plugin",
         "-p", "no:cacheprovider", "-p", "no:unraisableexception",
-        "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-rfE",
+        # -s: what the ranks write (a kernel's printf, MPI's abort, the watchdog's and
+        # faulthandler's stacks) goes to the launch log as it comes, not into pytest's
+        # capture, which a dead or aborted rank takes with it
+        "-c", os.devnull, "--rootdir", str(cfg.run_dir), "-q", "-s", "-rfE",
         "--junitxml", str(files.junit(world_size, attempt)),
         "--harness-run-dir", str(cfg.run_dir), "--harness-world-size", str(world_size),
         *(["--harness-wait-for", str(go)] if go is not None else [])]
@@ -312,6 +322,7 @@ def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
         # MPI_Finalize on slurmstepd's PMI2 socket, cause unknown; srun jobs keep the usual exit
         env[FAST_EXIT_ENV] = "1"
     env[ALIVE_ENV] = str(cfg.files.of(world_size, "alive"))
+    env[STALL_ENV] = f"{cfg.options.stall_timeout:g}"
     # before anything in a rank imports triton (harness.device.triton_impl)
     device = cfg.options.device
     gpus = cuda.device_count() if device == "auto" else 0
@@ -366,10 +377,11 @@ def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, k
     overdue = time.time() - prog["started"] >= prog["deadline_s"]
     if killed:
         status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline "
-                                  f"(+{cfg.options.grace:g} s grace); the job was killed")
+                                  f"(+{cfg.options.grace:g} s grace); the job was killed"
+                                  f"{stacks_in_log(log_path)}")
     elif overdue:
         status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline; "
-                                  f"the job was aborted (log: {log_path})")
+                                  f"the job was aborted{stacks_in_log(log_path)}")
     else:
         status, why = "crash", (f"the job died with {death(rc, log_path)} during this case; "
                                 f"log: {log_path}")
@@ -414,7 +426,7 @@ def start_job(cfg: LaunchConfig, world_size: int, attempt: int, log: Any,
     """One job of the ranks, its output to ``log`` after its command line. The ranks run in
     the run directory; relative --impl paths (kernel.cu:launch) are the user's, so they
     resolve against the directory harness was started in."""
-    env = job_environment(cfg, world_size)
+    env = {**job_environment(cfg, world_size), LAUNCH_LOG_ENV: str(log.name)}
     cmd = build_command(cfg, world_size, attempt, go)
     log.write("$ " + " ".join(cmd) + "\n")
     log.flush()
@@ -512,8 +524,8 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         ended_by = recorded.fresh[-1][0] if rc == JOB_ENDED_EXIT and recorded.fresh else None
         outcome.logs.append(log_path)
         if end.stall is not None and end.stall.where != "start":
-            outcome.notes.append(f"{end.stall.describe(cfg.options.stall_timeout)}; log: "
-                                 f"{log_path}")
+            outcome.notes.append(f"{end.stall.describe(cfg.options.stall_timeout)}; every "
+                                 f"rank's Python stacks then: {log_path}")
         placement = _read_progress(placement_path)
         if placement and placement.get("error"):
             raise PlacementFailed(f"world size {world_size}: {placement['error']}")
@@ -546,9 +558,11 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             continue
         fruitless = 0 if new else fruitless + 1
         if fruitless >= cfg.max_fruitless:
-            why = (end.stall.describe(cfg.options.stall_timeout, fruitless) if end.stall
-                   else f"the MPI job exited with code {rc} {fruitless} times in a row "
-                   "without running a case")
-            outcome.infra_error = (f"world size {world_size}: {why}; last lines of {log_path}:"
-                                   f"\n{tail(log_path)}")
+            if end.stall:  # its ranks wrote their stacks a moment before it was stopped
+                why = (f"{end.stall.describe(cfg.options.stall_timeout, fruitless)}; every "
+                       f"rank's Python stacks then: {log_path}")
+            else:
+                why = (f"the MPI job exited with code {rc} {fruitless} times in a row without "
+                       f"running a case; last lines of {log_path}:\n{tail(log_path)}")
+            outcome.infra_error = f"world size {world_size}: {why}"
             return outcome

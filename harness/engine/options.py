@@ -22,6 +22,16 @@ from harness.engine.stall import STALL_TIMEOUT_S
 #: set in the environment of the ranks of a job the launcher starts: they end without tearing
 #: down the interpreter (harness.pytest_plugin.pytest_unconfigure)
 FAST_EXIT_ENV = "HARNESS_FAST_EXIT"
+#: set in a job's ranks' environment: the job's launch log (their stdout and stderr)
+LAUNCH_LOG_ENV = "HARNESS_LAUNCH_LOG"
+
+
+def stacks_in_log(log: str | Path | None) -> str:
+    """What a timeout's reason adds: where each rank's stacks at the deadline went
+    (harness.engine.alive dumps them a moment before it)."""
+    return f"; every rank's Python stacks at the deadline: {log}" if log else ""
+
+
 #: a job's exit code after a case left a rank's process unusable (a sticky CUDA error, a
 #: per-thread setting its threads inherited): the launcher relaunches the rest
 JOB_ENDED_EXIT = 86
