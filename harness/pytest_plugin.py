@@ -39,6 +39,7 @@ from harness.engine.options import (
     stacks_in_log,
     write_json,
 )
+from harness.engine.watchdog import ahead
 
 _SESSION = pytest.StashKey["HarnessSession"]()
 
@@ -146,7 +147,8 @@ class HarnessSession:
                 "nodes": [f.node for f in facts], "local_ranks": [f.local_rank for f in facts],
                 "local_sizes": [f.local_size for f in facts],
                 "cpus": [list(f.cpus) for f in facts]})
-        self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code))
+        self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code),
+                                 who=f"rank {self.world.rank}")
         self.timing = dataclasses.replace(
             TimingConfig.for_tier(self.tier), mode=options.timing_mode,
             l2_flush=options.l2_flush,
@@ -180,19 +182,21 @@ class HarnessSession:
         # other ranks wait a little longer, so that rank 0 records the timeout before an abort
         on_expire = (lambda: self._record_timeout(item, deadline)) if root else None
         self.phase = ""
-        self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire)
-        alive.watch_case(deadline)
+        alive.stop_watching()  # the start-up's alarm (the first case's: a no-op after it)
+        # every rank writes its stacks a moment before rank 0's abort would take them
+        self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire,
+                          stacks_after=ahead(deadline))
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
                           bench=self.bench, timing=self.timing, env_id=self.env_id,
                           golden=self.golden, calibration=self.calibration,
                           setups=self.setups, phase=self._enter,
                           on_failure=lambda why: self._note_failure(item, why))
-        alive.watch_quiet()
         sticky = self._sticky_error(result)
         if sticky:
             result = dataclasses.replace(result, status="error", reason=sticky)
         if self.watchdog.disarm() and root and self.results_path is not None:
             results_mod.append(self.results_path, result)
+        self.watchdog.quiet(f"no case begun since {item.key}", alive.stall_s())
         if sticky or process_state.tainted():
             # one faulting kernel (or a flush-to-zero that threads inherited) costs one case:
             # the launcher relaunches the rest in new processes, as after a timeout
@@ -291,6 +295,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hs = session.config.stash.get(_SESSION, None)
     if hs is not None:
         hs.exitstatus = int(exitstatus)
+        # the end can hang in C holding the GIL (MPI_Finalize), where no Python thread runs
+        alive.watch_quiet()
         hs.world.close()
 
 

@@ -485,6 +485,17 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
     return _JobEnd(proc.returncode, killed, stall, log_path)
 
 
+def _fruitless(world_size: int, end: _JobEnd, jobs: int, stall_limit: float) -> str:
+    """Why a world size gave up after ``jobs`` launches in a row that ran no case."""
+    if end.stall:  # its ranks wrote their stacks a moment before it was stopped
+        why = (f"{end.stall.describe(stall_limit, jobs)}; every rank's Python stacks then: "
+               f"{end.log_path}")
+    else:
+        why = (f"the MPI job exited with code {end.rc} {jobs} times in a row without running "
+               f"a case; last lines of {end.log_path}:\n{tail(end.log_path)}")
+    return f"world size {world_size}: {why}"
+
+
 def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
                    on_progress: Callable[[int], None] | None = None, warm: Any = None
                    ) -> WorldOutcome:
@@ -558,11 +569,6 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             continue
         fruitless = 0 if new else fruitless + 1
         if fruitless >= cfg.max_fruitless:
-            if end.stall:  # its ranks wrote their stacks a moment before it was stopped
-                why = (f"{end.stall.describe(cfg.options.stall_timeout, fruitless)}; every "
-                       f"rank's Python stacks then: {log_path}")
-            else:
-                why = (f"the MPI job exited with code {rc} {fruitless} times in a row without "
-                       f"running a case; last lines of {log_path}:\n{tail(log_path)}")
-            outcome.infra_error = f"world size {world_size}: {why}"
+            outcome.infra_error = _fruitless(world_size, end, fruitless,
+                                             cfg.options.stall_timeout)
             return outcome
