@@ -39,12 +39,14 @@ def test_a_deadline_writes_the_ranks_stacks_then_aborts():
     """)
     assert out.returncode == 124, out.stderr
     err = out.stderr
-    header = "harness: rank 3's stacks, w4:allreduce[n=1]@mine near its deadline:\n"
+    header = ("harness: rank 3's stacks, w4:allreduce[n=1]@mine near its deadline (most "
+              "recent call last):\n")
     said = "harness watchdog: w4:allreduce[n=1]@mine passed its deadline; aborting the job"
     assert header in err and said in err and "abort(124)" in err, err
     stacks = err[err.index(header):err.index(said)]
     # every thread: the main one where it was stuck, and the watchdog's own
-    assert 'in stuck_in_the_kernel' in stacks and "Current thread" in stacks, stacks
+    assert "in stuck_in_the_kernel\n" in stacks, stacks
+    assert "Thread MainThread:" in stacks and "Thread harness-watchdog (the watchdog):" in stacks
     assert "went on" not in err
 
 
@@ -54,7 +56,8 @@ def test_between_cases_it_writes_the_stacks_and_aborts_nothing():
         time.sleep(1.0)
     """)
     assert out.returncode == 0, out.stderr
-    assert "harness: rank 3's stacks, no case begun since w4:a@mine:\n" in out.stderr
+    assert "harness: rank 3's stacks, no case begun since w4:a@mine (most recent call last)" \
+        in out.stderr
     assert "aborting" not in out.stderr and "went on" in out.stderr
 
 

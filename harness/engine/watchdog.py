@@ -11,11 +11,11 @@ a moment before the launcher would stop the job as stuck (``quiet``).
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 
@@ -72,10 +72,19 @@ class Watchdog:
         self._wake.set()
 
     def _write_stacks(self, label: str) -> None:
-        sys.stderr.write(f"harness: {self._who or 'this rank'}'s stacks, {label}:\n")
+        """Every thread's stack, in one write: the ranks of a job write theirs at the same
+        moment into one log, and faulthandler's many small writes came out interleaved."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        parts = [f"harness: {self._who or 'this rank'}'s stacks, {label} (most recent call "
+                 "last):\n"]
+        for ident, frame in sys._current_frames().items():
+            mine = " (the watchdog)" if ident == threading.get_ident() else ""
+            parts.append(f"Thread {names.get(ident, hex(ident))}{mine}:\n")
+            parts.append("".join(traceback.format_stack(frame)))
+        data = "".join(parts).encode(errors="replace")
         sys.stderr.flush()
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-        sys.stderr.flush()
+        while data:
+            data = data[os.write(sys.stderr.fileno(), data):]
 
     def _run(self) -> None:
         while True:
