@@ -313,8 +313,9 @@ def _record_dead_case(cfg: LaunchConfig, item: PlannedItem, status: str, reason:
 
 def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
     """The environment of one job's ranks (``rank_environment`` plus Triton's and the wait
-    settings, a setting the user made winning; ``FAST_EXIT_ENV``, and where the ranks say
-    they are up: ``ALIVE_ENV``)."""
+    settings, a setting the user made winning; ``FAST_EXIT_ENV``, where the ranks say they
+    are up, ``ALIVE_ENV``, and the stall limit their stacks are written ahead of,
+    ``STALL_ENV``)."""
     env = rank_environment(os.environ, cfg.run_id)
     if not Path(cfg.launcher).name.startswith("srun"):
         # the ranks skip the interpreter's teardown (harness.pytest_plugin.pytest_unconfigure).
@@ -394,7 +395,8 @@ def _give_up(cfg: LaunchConfig, streaks: JobEndingStreaks, recorded: RecordedKey
              ended_by: str | None = None) -> bool:
     """Feed the results read since the last call to ``streaks`` (``ended_by``: the key of
     an error after which its job ended, a sticky fault); record as skipped the cases left of
-    an implementation that reached its limit of job-ending cases in a row. True if any."""
+    an implementation that reached a limit of job-ending cases (``JobEndingStreaks``). True
+    if any."""
     gave_up = False
     for key, status in recorded.drain():
         item = by_key.get(key)

@@ -43,8 +43,8 @@ def run_cases(spec: OpSpec, impl: str | Callable[..., Any], tier: str = "smoke",
     """Every case of ``tier`` at world size 1 (those ``keep`` accepts) through the runner with
     ``impl``: the results say pass or fail and why, as a ``harness run`` would, without timing
     and without comparing with the stored goldens. Once a case taints this process (a
-    flush-to-zero its threads keep), the cases after it, here and in later calls, are skips
-    saying so: a job would end there, this process cannot."""
+    flush-to-zero its threads keep, inference mode left on), the cases after it, here and in
+    later calls, are skips saying so: a job would end there, this process cannot."""
     from harness.engine.runner import run_case
 
     name, fn = resolve(spec, impl)
@@ -62,6 +62,6 @@ def run_cases(spec: OpSpec, impl: str | Callable[..., Any], tier: str = "smoke",
 
 
 #: why a case is not run in a process an earlier case tainted
-TAINTED = ("not run: an earlier case in this process changed a setting its threads keep "
-           "(flush-to-zero), so no later result here can be trusted; `harness run` runs each "
-           "job's remaining cases in new processes")
+TAINTED = ("not run: an earlier case in this process left a setting that cannot be put back "
+           "(flush-to-zero its threads keep, inference mode), so no later result here can be "
+           "trusted; `harness run` runs each job's remaining cases in new processes")

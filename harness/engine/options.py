@@ -27,8 +27,8 @@ LAUNCH_LOG_ENV = "HARNESS_LAUNCH_LOG"
 
 
 def stacks_in_log(log: str | Path | None) -> str:
-    """What a timeout's reason adds: where each rank's stacks at the deadline went
-    (harness.engine.alive dumps them a moment before it)."""
+    """What a timeout's reason adds: where each rank's stacks at the deadline went (each
+    rank's watchdog writes them a moment before it, harness.engine.watchdog)."""
     return f"; every rank's Python stacks at the deadline: {log}" if log else ""
 
 
