@@ -53,7 +53,12 @@ def test_a_deadline_writes_the_ranks_stacks_then_aborts():
 def test_between_cases_it_writes_the_stacks_and_aborts_nothing():
     out = _run("""
         dog.quiet("no case begun since w4:a@mine", 0.5)
-        time.sleep(1.0)
+        # until the watchdog has taken its alarm (a slow machine's thread may come late);
+        # it writes at once after
+        give_up = time.monotonic() + 30
+        while dog._stacks_at is not None and time.monotonic() < give_up:
+            time.sleep(0.05)
+        time.sleep(0.5)
     """)
     assert out.returncode == 0, out.stderr
     assert "harness: rank 3's stacks, no case begun since w4:a@mine (most recent call last)" \
@@ -63,11 +68,10 @@ def test_between_cases_it_writes_the_stacks_and_aborts_nothing():
 
 def test_a_case_done_in_time_writes_nothing():
     out = _run("""
-        dog.arm("w4:a@mine", 0.6)
-        time.sleep(0.1)
+        dog.quiet("never", 0)
+        dog.arm("w4:a@mine", 2.0)  # its stacks 1.8 s on: long after the disarm below
         assert dog.disarm()
-        dog.quiet("nothing", 0)
-        time.sleep(0.8)
+        time.sleep(2.5)  # past them: a disarm that left them armed shows here
     """)
     assert out.returncode == 0, out.stderr
     assert out.stderr == "went on\n"
