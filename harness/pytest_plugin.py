@@ -39,7 +39,7 @@ from harness.engine.options import (
     stacks_in_log,
     write_json,
 )
-from harness.engine.watchdog import ahead
+from harness.engine.watchdog import STACKS_WAIT_S, ahead
 
 _SESSION = pytest.StashKey["HarnessSession"]()
 
@@ -95,7 +95,7 @@ class HarnessSession:
         from mpi4py import MPI
 
         from harness.device.runtime import RuntimeSetupError, World, world_mismatch
-        from harness.engine.watchdog import Watchdog
+        from harness.engine.watchdog import StacksBoard, Watchdog
 
         opt = config.option
         if opt.harness_wait_for:
@@ -147,8 +147,12 @@ class HarnessSession:
                 "nodes": [f.node for f in facts], "local_ranks": [f.local_rank for f in facts],
                 "local_sizes": [f.local_size for f in facts],
                 "cpus": [list(f.cpus) for f in facts]})
+        board = None if files is None else StacksBoard(
+            files.of(size, "stacks-request"),
+            [files.of(size, f"rank{r}.stacks") for r in range(size)], self.world.rank,
+            job=os.environ.get(LAUNCH_LOG_ENV) or f"{self.run_id}:{os.getppid()}")
         self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code),
-                                 who=f"rank {self.world.rank}")
+                                 who=f"rank {self.world.rank}", board=board)
         self.timing = dataclasses.replace(
             TimingConfig.for_tier(self.tier), mode=options.timing_mode,
             l2_flush=options.l2_flush,
@@ -179,13 +183,13 @@ class HarnessSession:
         if root and self.progress_path is not None:
             write_json(self.progress_path, {"key": item.key, "started": time.time(),
                                              "deadline_s": deadline, "pid": os.getpid()})
-        # other ranks wait a little longer, so that rank 0 records the timeout before an abort
+        # other ranks wait a little longer, so that rank 0 records the timeout (and waits for
+        # their stacks, which it asks for when it writes its own) before an abort
         on_expire = (lambda: self._record_timeout(item, deadline)) if root else None
         self.phase = ""
         alive.stop_watching()  # the start-up's alarm (the first case's: a no-op after it)
-        # every rank writes its stacks a moment before rank 0's abort would take them
-        self.watchdog.arm(item.key, deadline if root else deadline + 3.0, on_expire=on_expire,
-                          stacks_after=ahead(deadline))
+        self.watchdog.arm(item.key, deadline if root else deadline + STACKS_WAIT_S,
+                          on_expire=on_expire, stacks_after=ahead(deadline), ask_others=root)
         result = run_case(self.world, item.case, item.impl, item.fn, run_id=self.run_id,
                           bench=self.bench, timing=self.timing, env_id=self.env_id,
                           golden=self.golden, calibration=self.calibration,

@@ -681,6 +681,12 @@ def test_a_rank_that_raises_leaves_a_timeout_naming_its_error_and_the_run_goes_o
     assert ("(rank 0 in the implementation's call); rank 1 had failed it: implementation "
             "raised ValueError: uneven splits are not supported;") in hung["reason"], hung
     assert {r["status"] for r in got.values()} == {"pass"}
+    # rank 1 has gone on to its next case, whose clock is no help: rank 0 asked it for its
+    # stacks, and it wrote them before the abort
+    text = Path(hung["reason"].split("stacks at the deadline: ")[1]).read_text()
+    asked = (f"harness: rank 1's stacks, rank 0's w2:{_FAULT_CASE}@harness_test_impls:"
+             "raise_on_last_rank near its deadline, asked for (this rank: ")
+    assert asked in text and text.index(asked) < text.index("aborting the job"), text[-3000:]
 
 
 def test_a_rank_that_dies_is_recorded_as_crash_and_the_run_goes_on(faults_run):
@@ -710,11 +716,13 @@ def test_an_implementation_that_deadlocks_in_every_case_is_given_up_after_two(fa
     said, log = first.split("; every rank's Python stacks at the deadline: ")
     assert said.endswith("deadline (rank 0 in the implementation's call); the job was aborted "
                          "and the remaining cases relaunched"), first
-    # each of the two ranks wrote its stacks a moment before the deadline, the last one's in
-    # the implementation's loop it never leaves; then the watchdog said why it aborted the job
+    # each of the two ranks wrote its stacks once a moment before the deadline (on its own
+    # clock, or when rank 0 asked), the last one's in the implementation's loop it never
+    # leaves; then the watchdog said why it aborted the job
     text = Path(log).read_text()
     for rank in (0, 1):
-        assert text.count(f"harness: rank {rank}'s stacks, w2:") == 1, text[-3000:]
+        assert len(re.findall(rf"^harness: rank {rank}'s stacks, (rank 0's )?w2:", text,
+                              re.MULTILINE)) == 1, text[-3000:]
     assert "in hang_every_case" in text
     assert "harness watchdog: " in text and "passed its deadline; aborting the job" in text
     assert set(statuses[2:]) == {"skip"}

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from harness.engine.watchdog import ahead
+from harness.engine.watchdog import StacksBoard, ahead
 
 _SCRIPT = """
 import sys, time
@@ -80,3 +80,112 @@ def test_a_case_done_in_time_writes_nothing():
 @pytest.mark.parametrize("seconds, early", [(60.0, 1.0), (3.0, 0.3), (0.5, 0.05)])
 def test_the_stacks_come_a_second_early_or_a_tenth_of_a_short_alarm(seconds, early):
     assert ahead(seconds) == pytest.approx(seconds - early)
+
+
+
+_TWO_RANKS = """
+import sys, threading, time
+from pathlib import Path
+from harness.engine import watchdog
+from harness.engine.watchdog import StacksBoard, Watchdog
+
+watchdog.STACKS_WAIT_S = {wait}
+folder = Path(sys.argv[1])
+answers = [folder / "w2.rank0.stacks", folder / "w2.rank1.stacks"]
+
+def board(rank, job="launch-1"):
+    return StacksBoard(folder / "w2.stacks-request", answers, rank, job) if {boards} else None
+
+def abort(code):
+    print(f"abort({{code}})", file=sys.stderr, flush=True)
+
+rank0_expired = threading.Event()
+rank0 = Watchdog(abort=abort, who="rank 0", board=board(0))
+{rank1}
+rank0.arm("w2:a@mine", 0.5, on_expire=rank0_expired.set, stacks_after=0.1, ask_others=True)
+{then}
+time.sleep(60)
+"""
+
+
+def _two_ranks(tmp_path, rank1: str, then: str = "", wait: float = 60.0,
+               boards: bool = True) -> str:
+    script = _TWO_RANKS.format(wait=wait, boards=boards, rank1=rank1, then=then)
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 124, out.stderr
+    return out.stderr
+
+
+_ABORTING = "harness watchdog: w2:a@mine passed its deadline; aborting the job"
+_RANK1 = 'rank1 = Watchdog(abort=abort, who="rank 1", board=board(1))'
+# rank 1 begins the case after rank 0's deadline passed, whatever this machine's speed: its
+# own clock would write its stacks 5 s later
+_LATE = 'rank0_expired.wait(30); rank1.arm("w2:a@mine", 10.0, stacks_after=5.0)'
+
+
+def test_a_rank_that_began_late_writes_its_stacks_before_the_abort_when_asked(tmp_path):
+    err = _two_ranks(tmp_path, _RANK1, then=_LATE)
+    aborting = err.index(_ABORTING + "\n")
+    assert err.index("harness: rank 0's stacks, w2:a@mine near its deadline (most recent") \
+        < aborting, err
+    # asked before its case began or after (its watchdog thread looks twice a second)
+    asked = ("harness: rank 1's stacks, rank 0's w2:a@mine near its deadline, asked for "
+             "(this rank: ")
+    assert err.index(asked) < aborting, err
+    assert err[err.index(asked) + len(asked):].startswith(
+        ("before its first case, between cases)", "w2:a@mine)")), err
+
+
+def test_a_rank_that_went_on_to_its_next_case_says_which_when_asked(tmp_path):
+    """A rank that failed its part of the case does not wait in it: it is in its next one."""
+    err = _two_ranks(tmp_path, _RANK1 + '\nrank1.arm("w2:b@mine", 10.0, stacks_after=5.0)')
+    assert err.index("harness: rank 1's stacks, rank 0's w2:a@mine near its deadline, asked "
+                     "for (this rank: w2:b@mine)") < err.index(_ABORTING), err
+
+
+def test_without_the_board_a_late_rank_loses_its_stacks(tmp_path):
+    """The control: each rank's own clock alone."""
+    err = _two_ranks(tmp_path, _RANK1, then=_LATE, boards=False)
+    assert "harness: rank 0's stacks" in err and "harness: rank 1's stacks" not in err, err
+
+
+def test_a_rank_that_never_answers_is_named_and_waited_for_no_longer(tmp_path):
+    # rank 1 holds Python's lock in C code: its watchdog thread never runs. Rank 0 aborts
+    # after its wait (a wait without end leaves the process asleep, and it exits 0)
+    err = _two_ranks(tmp_path, "", wait=0.5)
+    assert (_ABORTING + " (no stacks from rank(s) 1 within 0.5 s: stuck in C code that holds "
+            "Python's lock?)") in err, err
+
+
+def test_stacks_already_written_for_the_case_are_not_written_again_when_asked(tmp_path):
+    out = _run(f"""
+        from pathlib import Path
+        from harness.engine.watchdog import StacksBoard
+        folder = Path({str(tmp_path)!r})
+        answers = [folder / "r0", folder / "r1"]
+        dog = Watchdog(abort=lambda code: None, who="rank 1",
+                       board=StacksBoard(folder / "req", answers, 1, "launch-1"))
+        dog.arm("w2:a@mine", 30.0, stacks_after=0.1)
+        asker = StacksBoard(folder / "req", answers, 0, "launch-1")
+        give_up = time.monotonic() + 30
+        while not dog._dumped and time.monotonic() < give_up:  # its own clock's
+            time.sleep(0.05)
+        assert asker.wait(asker.ask("w2:a@mine"), 30) == []
+        assert dog.disarm()
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("harness: rank 1's stacks") == 1, out.stderr
+
+
+def test_a_request_of_another_job_or_one_answered_is_not_answered(tmp_path):
+    answers = [tmp_path / "r0", tmp_path / "r1"]
+    old = StacksBoard(tmp_path / "req", answers, 0, "launch-1")
+    new = StacksBoard(tmp_path / "req", answers, 1, "launch-2")
+    old.ask("w2:a@mine")
+    assert new.asked() is None
+    rid = StacksBoard(tmp_path / "req", answers, 0, "launch-2").ask("w2:a@mine")
+    assert new.asked() == (rid, "rank 0's w2:a@mine")
+    new.answer(rid)
+    assert new.asked() is None
+    assert StacksBoard(tmp_path / "req", answers, 0, "launch-2").missing(rid) == []

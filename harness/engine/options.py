@@ -181,7 +181,9 @@ class RunDir:
         """A world size's file: ``progress.json`` (the case in progress), ``skip`` (result
         keys already recorded), ``placement.json`` (rank 0's report of the ranks' devices),
         ``sanitizer`` (the compute-sanitizer logs' prefix), ``rankN.failure.json`` (the last
-        case rank N failed, and why: ``note_failure``)."""
+        case rank N failed, and why: ``note_failure``), ``stacks-request`` and
+        ``rankN.stacks`` (a rank's request for every rank's stacks near its deadline, and the
+        last request rank N answered: harness.engine.watchdog.StacksBoard)."""
         return self.path / f"w{world_size}.{what}"
 
     def note_failure(self, world_size: int, rank: int, key: str, why: str) -> None:

@@ -1,12 +1,18 @@
-"""Per-case deadline inside each rank, and where the rank was when it passed.
+"""Per-case deadline inside each rank, and where every rank was when it passed.
 
 A daemon thread watches the case in progress. A moment before its deadline it writes every
 thread's Python stack to stderr (the job's launch log), under a line naming the rank and the
-case: every rank does, the hung one and those waiting for it, before rank 0's abort takes
-them down. When the deadline passes, ``on_expire`` runs (rank 0 records a ``timeout`` result)
-and the whole MPI job is aborted: a hung collective cannot be cancelled, and the launcher
+case. When the deadline passes, ``on_expire`` runs (rank 0 records a ``timeout`` result) and
+the whole MPI job is aborted: a hung collective cannot be cancelled, and the launcher
 relaunches with the cases not yet recorded. Between cases the thread only writes the stacks,
 a moment before the launcher would stop the job as stuck (``quiet``).
+
+The other ranks' stacks must be in the log before the abort takes them down, and their own
+clocks do not say when: a rank that began the case late would write its stacks late, and one
+that failed its part has gone on to its next case. So rank 0, when it writes its stacks, asks
+every rank for theirs on a ``StacksBoard`` (files in the run directory every rank sees), each
+rank's watchdog thread answers within a second wherever the rank is, and rank 0 waits for the
+answers (``STACKS_WAIT_S`` at most) before it aborts.
 """
 
 from __future__ import annotations
@@ -16,7 +22,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+#: the longest the rank whose deadline passed waits for the others' stacks before it aborts;
+#: the other ranks' own deadlines are this much later than rank 0's (harness.pytest_plugin)
+STACKS_WAIT_S = 3.0
+#: how often an idle watchdog thread looks at the board
+_LOOK_S = 0.5
 
 
 def ahead(seconds: float) -> float:
@@ -25,33 +38,108 @@ def ahead(seconds: float) -> float:
     return seconds - min(1.0, seconds / 10)
 
 
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+class StacksBoard:
+    """One rank's view of its job's requests for stacks: ``request`` holds the last one (the
+    job, who asked, for which case), ``answers[r]`` the last request rank r answered."""
+
+    def __init__(self, request: Path, answers: Sequence[Path], rank: int, job: str) -> None:
+        self._request, self._answers = request, list(answers)
+        self._rank, self._job = rank, job
+        self._seen: tuple[int, int] | None = None  # the request file's inode and mtime
+        self._answered = ""
+
+    def ask(self, label: str) -> str:
+        """Ask every rank for its stacks; the request's id, to wait for."""
+        rid = f"{self._job}\n{self._rank}\n{time.time():.6f}\n{label}"
+        try:
+            _write_whole(self._request, rid)
+        except OSError:
+            pass  # the others keep their own clocks; the wait ends at its limit
+        self.answer(rid)  # the asker has just written its own
+        return rid
+
+    def asked(self) -> tuple[str, str] | None:
+        """A request of this job not yet answered: (its id, "rank R's <case>"), else None."""
+        try:
+            st = os.stat(self._request)
+            if (st.st_ino, st.st_mtime_ns) == self._seen:
+                return None  # replaced atomically: a new request is a new inode
+            self._seen = (st.st_ino, st.st_mtime_ns)
+            rid = self._request.read_text()
+        except OSError:
+            return None
+        parts = rid.split("\n", 3)
+        if len(parts) != 4 or parts[0] != self._job or rid == self._answered:
+            return None
+        return rid, f"rank {parts[1]}'s {parts[3]}"
+
+    def answer(self, rid: str) -> None:
+        self._answered = rid
+        try:
+            _write_whole(self._answers[self._rank], rid)
+        except OSError:
+            pass
+
+    def missing(self, rid: str) -> list[int]:
+        """The ranks that have not answered request ``rid``."""
+        missing = []
+        for rank, path in enumerate(self._answers):
+            try:
+                if path.read_text() == rid:
+                    continue
+            except OSError:
+                pass
+            missing.append(rank)
+        return missing
+
+    def wait(self, rid: str, seconds: float) -> list[int]:
+        """Until every rank answered ``rid``, or ``seconds`` passed: the ranks still missing."""
+        give_up = time.monotonic() + seconds
+        while (missing := self.missing(rid)) and time.monotonic() < give_up:
+            time.sleep(0.05)
+        return missing
+
+
 class Watchdog:
     """Arm before a case, disarm after it; expiry records and aborts the job. ``who`` names
-    this rank in the stacks' header ("rank 3")."""
+    this rank in the stacks' header ("rank 3"); ``board``, where its rank asks the others for
+    their stacks and answers their asking."""
 
-    def __init__(self, abort: Callable[[int], None], exit_code: int = 124, who: str = "") -> None:
+    def __init__(self, abort: Callable[[int], None], exit_code: int = 124, who: str = "",
+                 board: StacksBoard | None = None) -> None:
         self._abort = abort
         self._exit_code = exit_code
         self._who = who
+        self._board = board
         self._lock = threading.Lock()
         self._deadline: float | None = None
         self._stacks_at: float | None = None  # when to write the stacks, once
         self._label = ""
         self._on_expire: Callable[[], None] | None = None
+        self._asks = False  # this rank asks the others for theirs at its stacks time
+        self._dumped = False  # this rank's stacks are written for the case in progress
+        self._asked = ""  # the request this rank made for the case in progress
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="harness-watchdog", daemon=True)
         self._thread.start()
 
     def arm(self, label: str, seconds: float, on_expire: Callable[[], None] | None = None,
-            stacks_after: float | None = None) -> None:
+            stacks_after: float | None = None, ask_others: bool = False) -> None:
         """Abort after ``seconds``; write the stacks after ``stacks_after`` (default: a
-        moment before the abort)."""
+        moment before the abort), and then ask the other ranks for theirs if ``ask_others``."""
         now = time.monotonic()
         with self._lock:
             self._deadline = now + seconds
             self._stacks_at = now + (ahead(seconds) if stacks_after is None else stacks_after)
             self._label = label
             self._on_expire = on_expire
+            self._asks, self._dumped, self._asked = ask_others, False, ""
         self._wake.set()
 
     def disarm(self) -> bool:
@@ -69,6 +157,7 @@ class Watchdog:
             self._deadline = None
             self._stacks_at = time.monotonic() + ahead(seconds) if seconds > 0 else None
             self._label = label
+            self._dumped = False
         self._wake.set()
 
     def _write_stacks(self, label: str) -> None:
@@ -86,18 +175,30 @@ class Watchdog:
         while data:
             data = data[os.write(sys.stderr.fileno(), data):]
 
+    def _answer(self) -> None:
+        """Another rank asked for this rank's stacks: write them (unless this case's are
+        written already) and say so."""
+        asked = self._board.asked() if self._board is not None else None
+        if asked is None:
+            return
+        rid, whose = asked
+        with self._lock:
+            label, armed, dumped = self._label, self._deadline is not None, self._dumped
+            self._dumped = self._dumped or armed
+        if not (armed and dumped):
+            where = label if armed else f"{label or 'before its first case'}, between cases"
+            self._write_stacks(f"{whose} near its deadline, asked for (this rank: {where})")
+        self._board.answer(rid)
+
     def _run(self) -> None:
         while True:
+            self._answer()
             with self._lock:
                 deadline, stacks_at, label = self._deadline, self._stacks_at, self._label
             due = [t for t in (deadline, stacks_at) if t is not None]
-            if not due:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
-            remaining = min(due) - time.monotonic()
+            remaining = min(due) - time.monotonic() if due else _LOOK_S
             if remaining > 0:
-                self._wake.wait(min(remaining, 1.0))
+                self._wake.wait(min(remaining, _LOOK_S))
                 self._wake.clear()
                 continue
             if stacks_at is not None and time.monotonic() >= stacks_at:
@@ -105,19 +206,39 @@ class Watchdog:
                     if self._stacks_at != stacks_at:  # re-armed meanwhile
                         continue
                     self._stacks_at = None
-                what = f"{label} near its deadline" if deadline is not None else label
-                self._write_stacks(what)
+                    dumped, self._dumped = self._dumped, True
+                if deadline is None:
+                    self._write_stacks(label)
+                    continue
+                if not dumped:
+                    self._write_stacks(f"{label} near its deadline")
+                if self._asks and self._board is not None:
+                    asked = self._board.ask(label)
+                    with self._lock:
+                        self._asked = asked if self._label == label else ""
                 continue
             with self._lock:
                 if self._deadline != deadline:  # disarmed or re-armed meanwhile
                     continue
-                label, on_expire = self._label, self._on_expire
+                label, on_expire, asked = self._label, self._on_expire, self._asked
                 self._deadline, self._stacks_at, self._label = None, None, "<fired>"
-            sys.stderr.write(f"harness watchdog: {label} passed its deadline; aborting the job\n")
+            self._expire(label, on_expire, asked)
+
+    def _expire(self, label: str, on_expire: Callable[[], None] | None, asked: str) -> None:
+        """Record, wait for the stacks asked for (a rank whose deadline passed without asking
+        asks now), then abort the job."""
+        late: list[int] = []
+        try:
+            if on_expire is not None:
+                on_expire()
+            if self._board is not None:
+                late = self._board.wait(asked or self._board.ask(label), STACKS_WAIT_S)
+        finally:
+            said = "" if not late else (
+                f" (no stacks from rank(s) {', '.join(map(str, late))} within "
+                f"{STACKS_WAIT_S:g} s: stuck in C code that holds Python's lock?)")
+            sys.stderr.write(f"harness watchdog: {label} passed its deadline; aborting the "
+                             f"job{said}\n")
             sys.stderr.flush()
-            try:
-                if on_expire is not None:
-                    on_expire()
-            finally:
-                self._abort(self._exit_code)
-                os._exit(self._exit_code)
+            self._abort(self._exit_code)
+            os._exit(self._exit_code)
