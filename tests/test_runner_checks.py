@@ -4,6 +4,10 @@ the peak memory of a call. Each check is shown catching the bug class it exists 
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import os
+
 import pytest
 import torch
 
@@ -440,6 +444,84 @@ def test_a_process_wide_setting_left_changed_fails_the_case_and_is_put_back(worl
         assert _run(world, doubled, bench=False).status == "pass"  # the next case runs clean
     finally:
         process_state.changed(before)
+
+
+def _c_getenv(name: bytes) -> bytes | None:
+    """What NCCL's getenv sees (os.getenv reads Python's copy)."""
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    return getenv(name)
+
+
+@pytest.mark.parametrize("how", ["os.environ", "setenv in C"])
+def test_an_nccl_variable_left_set_fails_the_case_and_is_unset(world, how):
+    """NCCL reads NCCL_ALGO when a later case makes a communicator: the next group's
+    reduction order would change. A C library's own setenv, which Python's os.environ never
+    sees, is caught too."""
+    from harness.device import process_state
+
+    def leave():
+        if how == "os.environ":
+            os.environ["NCCL_ALGO"] = "Tree"
+        else:
+            ctypes.CDLL(None).setenv(b"NCCL_ALGO", b"Tree", 1)
+
+    before = process_state.snapshot()
+    try:
+        r = _run(world, _leaves(leave), bench=False)
+        assert r.status == "fail" and "environment: NCCL_ALGO: (unset) -> Tree" in r.reason, \
+            r.reason
+        assert process_state.snapshot() == before
+        assert _c_getenv(b"NCCL_ALGO") is None and "NCCL_ALGO" not in os.environ
+    finally:
+        process_state.changed(before)
+
+
+def test_what_nccl_sets_from_its_configuration_file_is_nccls_doing(world, monkeypatch,
+                                                                     tmp_path):
+    """The first case to make a NCCL communicator has NCCL set the file's variables where
+    unset (setenv without overwrite): not the implementation's change, and not undone."""
+    from harness.device import process_state
+
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("# site settings\nNCCL_ALGO=Ring\nNCCL_IB_HCA=mlx5_0\n")
+    monkeypatch.setenv("NCCL_CONF_FILE", str(conf))
+    monkeypatch.setenv("NCCL_IB_HCA", "mlx5_1")  # set already: NCCL leaves it
+    for key in ("NCCL_ALGO", "NCCL_PROTO"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(process_state, "nccl_conf", functools.cache(
+        process_state.nccl_conf.__wrapped__))
+    setenv = ctypes.CDLL(None).setenv
+
+    def as_nccl(x, out):
+        for key, value in ((b"NCCL_ALGO", b"Ring"), (b"NCCL_IB_HCA", b"mlx5_0")):
+            setenv(key, value, 0)
+        return torch.mul(x, 2, out=out)
+
+    def sets_its_own(x, out):
+        setenv(b"NCCL_PROTO", b"LL", 1)
+        return as_nccl(x, out)
+
+    try:
+        assert _run(world, as_nccl, bench=False).status == "pass"
+        assert _c_getenv(b"NCCL_ALGO") == b"Ring"  # as NCCL left it
+        r = _run(world, sets_its_own, bench=False)
+        assert r.status == "fail" and "(rank 0: environment: NCCL_PROTO: (unset) -> LL)" \
+            in r.reason, r.reason
+    finally:
+        os.unsetenv("NCCL_ALGO")
+        os.unsetenv("NCCL_PROTO")
+
+
+def test_variables_no_later_case_reads_are_left_alone(world, monkeypatch):
+    """torch.compile sets its cache directories for itself."""
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # put back after the test
+
+    def sets(x, out):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/elsewhere"
+        return torch.mul(x, 2, out=out)
+
+    assert _run(world, sets, bench=False).status == "pass"
 
 
 def test_inference_mode_left_on_fails_the_case_and_ends_the_job(world, monkeypatch):

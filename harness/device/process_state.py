@@ -6,8 +6,10 @@ flush-to-zero makes the CPU reference flush subnormals too, so a flushing kernel
 the cases made to catch it; a float64 default dtype changes the inputs ``make_inputs`` builds;
 TF32, a reduced-precision reduction, autocast or another BLAS library changes the next
 matmul's numbers; fewer intra-op threads, disabled flash attention or cuDNN benchmarking
-changes the next implementation's time. ``changed`` names each setting that differs from a
-``snapshot`` and puts it back.
+changes the next implementation's time. The environment variables that NCCL, gloo, NVSHMEM
+and cuBLAS read when a later case makes a communicator or a handle count too: an
+``NCCL_ALGO`` left behind changes the next group's reduction order. ``changed`` names each
+setting that differs from a ``snapshot`` and puts it back.
 
 Each setting is read only where this torch has it (the names move between releases: the
 ``fp32_precision`` properties came in 2.9), and CUDA's only once CUDA is initialised, so
@@ -16,7 +18,10 @@ reading never initialises it.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import os
+import pwd
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +78,104 @@ class Setting:
     #: each thread holds its own, and a thread inherits its creator's: a thread started
     #: while it was changed (an OpenMP or gloo worker) keeps it after it is put back here
     per_thread: bool = False
+    #: how a change reads, from the value before and the value now
+    describe: Callable[[Any, Any], str] | None = None
+
+    def change(self, before: Any, now: Any) -> str:
+        if self.describe is not None:
+            return f"{self.name}: {self.describe(before, now)}"
+        return f"{self.name}: {before} -> {now}"
+
+
+#: environment variables read when a communicator or a library handle is made, which a later
+#: case may do: NCCL's and torch's NCCL options (algorithm, protocol, channels: the reduction
+#: order), gloo's and NVSHMEM's, cuBLAS's workspace and NVIDIA's TF32 override. Not those
+#: torch.compile sets for itself (TORCHINDUCTOR_*, TRITON_CACHE_DIR), nor those read only
+#: once at start-up (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES), which a change no longer reaches
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "NVSHMEM_", "CUBLAS_", "CUBLASLT_",
+                "NVIDIA_TF32_OVERRIDE")
+
+
+@functools.cache
+def _c_environ() -> Any:
+    """The C library's ``environ``, which getenv reads: a library's own setenv changes it
+    without Python's ``os.environ`` knowing. None where ctypes cannot find it."""
+    try:
+        return ctypes.POINTER(ctypes.c_char_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _conf_lines(path: str) -> list[tuple[str, str]]:
+    try:
+        with open(path, "rb") as file:
+            lines = file.read().split(b"\n")
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        if line.startswith(b"#") or b"=" not in line:
+            continue
+        key, _, value = line.partition(b"=")
+        found.append((key[:1023].decode(errors="replace"), value[:1023].decode(errors="replace")))
+    return found
+
+
+@functools.cache
+def nccl_conf() -> dict[str, str]:
+    """What NCCL sets from its configuration files when it first reads a variable, each only
+    where it is unset (NVIDIA/nccl src/misc/param.cc ``initEnvFunc``, read 2026-11: the file
+    ``NCCL_CONF_FILE`` names, else ``~/.nccl.conf``, then ``/etc/nccl.conf``, each line
+    ``NAME=value`` through ``setenv(name, value, 0)``, lines starting with ``#`` skipped). The
+    first case to make a NCCL communicator does that: NCCL's doing, not the implementation's."""
+    first = os.environ.get("NCCL_CONF_FILE")
+    if not first:
+        try:
+            first = os.path.join(pwd.getpwuid(os.getuid()).pw_dir, ".nccl.conf")
+        except KeyError:
+            first = None
+    conf: dict[str, str] = {}
+    for path in (first, "/etc/nccl.conf"):
+        for key, value in _conf_lines(path) if path else []:
+            conf.setdefault(key, value)
+    return conf
+
+
+def _environment() -> tuple[tuple[str, str], ...]:
+    """The watched variables, with NCCL's configuration files' values where unset (so that
+    NCCL applying them changes nothing)."""
+    environ = _c_environ()
+    if environ is None:
+        items = [(k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)]
+    else:
+        prefixes = tuple(p.encode() for p in ENV_PREFIXES)
+        items, i = [], 0
+        while (entry := environ[i]) is not None:
+            if entry.startswith(prefixes):
+                key, _, value = entry.partition(b"=")
+                items.append((key.decode(errors="replace"), value.decode(errors="replace")))
+            i += 1
+    every = {k: v for k, v in nccl_conf().items() if k.startswith(ENV_PREFIXES)}
+    every.update(items)
+    return tuple(sorted(every.items()))
+
+
+def _put_environment(value: tuple[tuple[str, str], ...]) -> None:
+    keep = dict(value)
+    for key, _ in _environment():
+        if key not in keep:
+            os.environ.pop(key, None)
+            os.unsetenv(key)  # set by setenv in C, os.environ never had it
+    for key, now in keep.items():
+        # NCCL's files' values too: what NCCL would set itself, once, where unset
+        os.environ[key] = now  # putenv too
+
+
+def _environment_change(before: tuple[tuple[str, str], ...],
+                        now: tuple[tuple[str, str], ...]) -> str:
+    was, now_ = dict(before), dict(now)
+    return ", ".join(f"{k}: {was.get(k, '(unset)')} -> {now_.get(k, '(unset)')}"
+                     for k in sorted(set(was) | set(now_)) if was.get(k) != now_.get(k))
 
 
 #: whether a per-thread setting was found changed in this process (``tainted``)
@@ -161,7 +264,9 @@ def host_settings() -> tuple[Setting, ...]:
                       per_thread=True),
               Setting("deterministic algorithms", _deterministic, _put_deterministic),
               Setting("anomaly detection", _anomaly, _put_anomaly),
-              _autocast("cpu"), _autocast("cuda")]
+              _autocast("cpu"), _autocast("cuda"),
+              Setting("environment", _environment, _put_environment,
+                      describe=_environment_change)]
     return tuple(s for s in every if _readable(s.get))
 
 
@@ -217,7 +322,7 @@ def changed(before: dict[str, Any]) -> list[str]:
             now = f"unreadable ({type(exc).__name__})"
         if now == before[s.name]:
             continue
-        said.append(f"{s.name}: {before[s.name]} -> {now}")
+        said.append(s.change(before[s.name], now))
         _TAINTED = _TAINTED or s.per_thread
         try:
             s.put(before[s.name])

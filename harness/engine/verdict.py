@@ -89,7 +89,7 @@ def gather_verdict(world: World, case: Case, local_error: str,
         tainted = any(n.tainted for n in every)
         leaked = _said_by_rank([n.changed for n in every])
         if leaked:
-            why = (f"it changed process-wide torch settings that the reference and every "
+            why = (f"it changed process-wide settings that the reference and every "
                    f"later case would run under ({leaked}); restored")
             if tainted:
                 why += (", but threads started meanwhile keep their own copy: the job ended "
