@@ -840,3 +840,53 @@ def test_a_magnitude_widens_the_fingerprint_check_elementwise_and_in_the_sums() 
     assert not compare.verdict(beyond.metrics, beyond.tolerance)[0]
     assert tol.describe() == "allclose(rtol=0, atol=1e-06, magnitude_rtol=0.001)"
     assert compare.Tolerance.from_dict(tol.to_dict()) == tol
+
+
+def test_a_magnitude_widens_a_fingerprint_against_a_fingerprint_too() -> None:
+    """``golden verify`` and ``generate`` compare a re-derived fingerprint with the stored one:
+    the same magnitude_rtol holds there as against an implementation's output."""
+    g = grid_golden()
+    magnitude = torch.full_like(g, 1000.0, dtype=torch.float32)
+    tol = compare.allclose(rtol=0.0, atol=1e-6, magnitude_rtol=1e-3)
+    old = golden.fingerprint(g, "magnitude")
+    near = golden.fingerprint((g.to(torch.float64) + 0.9).to(g.dtype), "magnitude")
+    far = golden.fingerprint((g.to(torch.float64) + 1.1).to(g.dtype), "magnitude")
+    check = golden.check_fingerprint(near, old, tol, magnitude)
+    assert check.sums_error == "" and compare.verdict(check.metrics, check.tolerance)[0]
+    plain = golden.check_fingerprint(near, old, tol)
+    assert not compare.verdict(plain.metrics, plain.tolerance)[0] and plain.sums_error
+    beyond = golden.check_fingerprint(far, old, tol, magnitude)
+    assert not compare.verdict(beyond.metrics, beyond.tolerance)[0]
+
+
+def test_a_golden_made_on_another_cpu_verifies_within_the_ops_magnitude_tolerance(
+        tmp_path: Path) -> None:
+    """An FP8 GEMM's float32 reference sums in the order the CPU's BLAS kernel picks (AVX2,
+    AVX-512, AMX differ): its tolerance allows a share of each element's magnitude. A golden
+    off by half that is drift, not a mismatch (``golden verify`` once compared without the
+    magnitudes, and every committed f32 FP8 golden failed on a CPU with AMX); off by twice
+    that, a mismatch."""
+    from harness.cli.golden import derive, differences
+    from harness.core.discovery import registry
+    from harness.engine.case_setup import tolerances
+
+    case = registry().plan("smoke", 1, [
+        "fp8_gemm.per_tensor[dist=wide,fmt=e4m3,k=256,m=32,n=64,out=f32]"], [])[0].case
+    new = derive(case, "smoke")
+    out, magnitude = new.outputs[0]["out"], new.magnitudes[0]["out"]
+    tol = tolerances(case, new.outputs[0])["out"]
+    assert tol.magnitude_rtol > 0 and out.dtype == torch.float32
+
+    def stored_off_by(share: float) -> str:
+        store = GoldenStore(tmp_path / f"g{share}")
+        other = (out.double() + share * tol.magnitude_rtol * magnitude.double()).float()
+        store.write(new.key, new.rel, {**new.tensors, "r0/out": other}, new.entry)
+        store.save_manifest()
+        return differences(store, case, new).verdict
+
+    assert stored_off_by(0.5) == "drift"
+    assert stored_off_by(2.0) == "mismatch"
+    # without the magnitudes half the allowance is far past rtol alone: the check matters
+    off = (out.double() + 0.5 * tol.magnitude_rtol * magnitude.double()).float()
+    plain = golden.check_output(out, off, tol)
+    assert not compare.verdict(plain.metrics, plain.tolerance)[0]

@@ -87,6 +87,9 @@ class Derived:
     entry: dict[str, Any]
     #: the reference's outputs by rank, as made (the tolerances follow their dtypes)
     outputs: dict[int, dict[str, Any]]
+    #: by rank, each output's per-element magnitudes where the op has them (never stored:
+    #: a tolerance that scales with them needs them to compare two goldens too)
+    magnitudes: dict[int, dict[str, Any]]
 
 
 def derive(case: Any, tier: str) -> Derived:
@@ -94,12 +97,13 @@ def derive(case: Any, tier: str) -> Derived:
     import torch
 
     from harness.core import golden, inputs
-    from harness.engine.case_setup import EXACT_SUFFIX, expected_outputs
+    from harness.engine.case_setup import EXACT_SUFFIX, expected_with_magnitudes
 
     key = golden.entry_key(case.id, case.world_size)
+    made = {rank: expected_with_magnitudes(case, rank) for rank in range(case.world_size)}
     # the precision lens's float64 values are recomputed at every check, never stored
-    outputs = {rank: {k: v for k, v in expected_outputs(case, rank).items()
-                      if not k.endswith(EXACT_SUFFIX)} for rank in range(case.world_size)}
+    outputs = {rank: {k: v for k, v in expected.items() if not k.endswith(EXACT_SUFFIX)}
+               for rank, (expected, _) in made.items()}
     tensors, meta = golden.encode(outputs, key)
     spec = case.spec
     entry = {"op": spec.name, "family": spec.family, "case_id": case.id,
@@ -107,7 +111,8 @@ def derive(case: Any, tier: str) -> Derived:
              "inputs_generator": inputs.GENERATOR_VERSION, "torch": torch.__version__,
              "generator": f"kernel-harness golden v{golden.SCHEMA}"}
     rel = golden.relative_file(spec.family, spec.name, case.id, case.world_size)
-    return Derived(key, rel, tensors, entry, outputs)
+    return Derived(key, rel, tensors, entry, outputs,
+                   {rank: magnitudes for rank, (_, magnitudes) in made.items()})
 
 
 @dataclass
@@ -136,11 +141,11 @@ def differences(store: Any, case: Any, new: Derived) -> Difference:
         for name in sorted(fresh):
             if golden.same_bits(old[name], fresh[name]):
                 continue
-            got = fresh[name]
+            got, magnitude = fresh[name], new.magnitudes[rank].get(name)
             if isinstance(got, golden.Fingerprint):  # compare sample to sample, sums to sums
-                check = golden.check_fingerprint(got, old[name], tols[name])
+                check = golden.check_fingerprint(got, old[name], tols[name], magnitude)
             else:
-                check = golden.check_output(got, old[name], tols[name])
+                check = golden.check_output(got, old[name], tols[name], magnitude=magnitude)
             ok, why = compare.verdict(check.metrics, check.tolerance)
             if ok and check.sums_error:
                 ok, why = False, check.sums_error

@@ -285,19 +285,23 @@ def check_output(actual: torch.Tensor, stored: Stored, tol: compare.Tolerance, r
                                    actual.dtype, magnitude_sums))
 
 
-def check_fingerprint(new: Fingerprint, old: Fingerprint, tol: compare.Tolerance
-                      ) -> OutputCheck:
+def check_fingerprint(new: Fingerprint, old: Fingerprint, tol: compare.Tolerance,
+                      magnitude: torch.Tensor | None = None) -> OutputCheck:
     """A fingerprint against another (a re-derived golden against the stored one): samples
-    against samples, chunk sums against chunk sums."""
+    against samples, chunk sums against chunk sums; ``magnitude`` as in ``check_output``."""
     sample_tol = tol.elementwise or _SPECIALS_ONLY
     if (new.shape, new.dtype) != (old.shape, old.dtype) or not same_bits_tensor(new.positions,
                                                                            old.positions):
         m = Metrics(numel=1, n_mismatch=1, shape=list(new.shape),
                     shape_error=f"{new.shape} {new.dtype} != {old.shape} {old.dtype}")
         return OutputCheck("fingerprint", m, sample_tol)
-    m = compare.measure(new.values, old.values, sample_tol)
+    scale = None if magnitude is None else magnitude.detach().reshape(-1).cpu()
+    m = compare.measure(new.values, old.values, sample_tol,
+                        magnitude=None if scale is None else scale[new.positions])
+    magnitude_sums = None if scale is None else chunk_stats(scale.abs())[1]
     return OutputCheck("fingerprint", m, sample_tol,
-                       _check_sums(old, new.sums, new.abs_sums, new.specials, tol, new.dtype))
+                       _check_sums(old, new.sums, new.abs_sums, new.specials, tol, new.dtype,
+                                   magnitude_sums))
 
 
 def _check_sums(stored: Fingerprint, sums: torch.Tensor, abs_sums: torch.Tensor,

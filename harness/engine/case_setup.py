@@ -81,6 +81,22 @@ def expected_outputs(case: Case, rank: int) -> dict[str, torch.Tensor]:
     return normalize_outputs(value, spec.outputs)
 
 
+def expected_with_magnitudes(case: Case, rank: int
+                             ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``expected_outputs`` and, per output, each element's magnitude (``OpSpec.magnitude``,
+    made from the same inputs; empty where the op has none): what a golden is compared under
+    when its tolerance scales with them."""
+    spec = case.spec
+    if spec.magnitude is None:
+        return expected_outputs(case, rank), {}
+    made = spec.make_inputs(case.params, rank, case.world_size)
+    if spec.expected is not None:
+        value = spec.expected(case.params, rank, case.world_size)
+    else:
+        value = spec.reference(**relocate(made))  # its own copy: it may write its inputs
+    return normalize_outputs(value, spec.outputs), dict(spec.magnitude(**made))
+
+
 #: a case's pristine inputs are kept for its next implementation up to this size; bigger ones
 #: (the stress tier) are generated again, as a copy would double their memory
 SETUP_CACHE_CAP_BYTES = 256 << 20
