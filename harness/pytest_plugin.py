@@ -107,7 +107,7 @@ class HarnessSession:
         options, info = rank_settings(config, files)
         self.options = options
         self.tier, self.selectors, self.impls = options.tier, options.selectors, options.impls
-        self.bench, self.timeout = options.timed, options.timeout
+        self.bench = options.timed
         self.results_path = files.results if files else None
         self.progress_path = files.of(size, "progress.json") if files else None
         self.sanitizer_log = str(files.of(size, "sanitizer")) if files and options.sanitize \
@@ -169,7 +169,7 @@ class HarnessSession:
     def _group_timeout(self) -> float:
         # collectives must outlive the watchdog: the watchdog, not gloo, decides a timeout
         longest = max((s.deadline_s for s in registry().specs.values()), default=120.0)
-        return 2 * max(longest, self.timeout or 0.0) + 60.0
+        return 2 * self.options.deadline_of(longest) + 60.0
 
     def planned(self) -> list[PlannedItem]:
         return self.registry.plan(self.tier, self.world.size, list(self.selectors),
@@ -178,7 +178,7 @@ class HarnessSession:
     def run(self, item: PlannedItem) -> CaseResult:
         from harness.engine.runner import run_case
 
-        deadline = self.timeout or item.case.spec.deadline_s
+        deadline = self.options.deadline_of(item.case.spec.deadline_s)
         root = self.world.rank == 0
         if root and self.progress_path is not None:
             write_json(self.progress_path, {"key": item.key, "started": time.time(),

@@ -10,7 +10,7 @@ import pytest
 
 from harness.cli.main import run as run_command
 from harness.engine.launch import LaunchConfig, build_command
-from harness.engine.options import RunDir, RunOptions
+from harness.engine.options import SANITIZE_DEADLINE_FACTOR, RunDir, RunOptions
 
 
 def test_every_run_option_is_one_field_and_every_field_one_option():
@@ -64,6 +64,16 @@ def test_sanitize_and_no_bench_turn_timing_off_and_bench_makes_it_full():
     assert RunOptions(bench=True).full_timing
     assert not RunOptions(bench=False).timed
     assert not RunOptions(bench=True, sanitize=True).timed
+
+
+def test_a_cases_deadline_is_the_timeout_given_else_its_ops_longer_under_sanitize():
+    """memcheck slows every kernel: an op's own deadline would time out cases that only ran
+    slowly; a --timeout given is the user's and holds as given."""
+    assert RunOptions().deadline_of(120.0) == 120.0
+    assert RunOptions(sanitize=True).deadline_of(120.0) == 120.0 * SANITIZE_DEADLINE_FACTOR
+    assert SANITIZE_DEADLINE_FACTOR > 1
+    assert RunOptions(timeout=7.0).deadline_of(120.0) == 7.0
+    assert RunOptions(timeout=7.0, sanitize=True).deadline_of(120.0) == 7.0
 
 
 def test_the_ranks_get_the_run_directory_and_their_world_size_only(tmp_path):

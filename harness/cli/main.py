@@ -119,7 +119,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Run the ranks under compute-sanitizer's memcheck (CUDA): an illegal or "
                    "misaligned access is reported with its kernel (in the run folder's "
                    "wN.sanitizer.RANK.log files and the case's reason); checks only, no "
-                   "timing.")
+                   "timing; each case gets ten times its op's deadline unless --timeout.")
 @click.option("--report", "report_dir", default=None, type=click.Path(file_okay=False),
               help="After the run, render the dashboard of the whole history into this "
                    "directory (as `harness report --out DIR`).")

@@ -32,6 +32,11 @@ def stacks_in_log(log: str | Path | None) -> str:
     return f"; every rank's Python stacks at the deadline: {log}" if log else ""
 
 
+#: how many times its op's deadline a case gets under ``--sanitize``: memcheck instruments
+#: every memory access of every kernel, and NVIDIA gives no figure for the slowdown; a
+#: kernel's first run under it also waits for the instrumented module to load
+SANITIZE_DEADLINE_FACTOR = 10.0
+
 #: a job's exit code after a case left a rank's process unusable (a sticky CUDA error, a
 #: per-thread setting its threads inherited): the launcher relaunches the rest
 JOB_ENDED_EXIT = 86
@@ -128,6 +133,13 @@ class RunOptions:
         return dataclasses.replace(self, **{name: _parse(fields[name], text.strip())})
 
     # what the ranks derive
+    def deadline_of(self, op_deadline_s: float) -> float:
+        """A case's deadline in seconds: ``--timeout`` where given, else its op's, times
+        ``SANITIZE_DEADLINE_FACTOR`` under ``--sanitize``."""
+        if self.timeout:
+            return self.timeout
+        return op_deadline_s * (SANITIZE_DEADLINE_FACTOR if self.sanitize else 1.0)
+
     @property
     def timed(self) -> bool:
         return self.bench is not False and not self.sanitize
