@@ -513,6 +513,44 @@ def test_what_nccl_sets_from_its_configuration_file_is_nccls_doing(world, monkey
         os.unsetenv("NCCL_PROTO")
 
 
+def test_what_torch_sets_for_a_nccl_group_under_deterministic_algorithms_is_torchs(
+        world, monkeypatch):
+    """torch's ProcessGroupNCCL sets NCCL_ALGO=^NVLS where unset when deterministic
+    algorithms are on (the first case to make a NCCL group does it): not the
+    implementation's change. Any other value still is."""
+    from harness.device import process_state
+
+    monkeypatch.delenv("NCCL_ALGO", raising=False)
+    setenv = ctypes.CDLL(None).setenv
+    before_mode = (torch.are_deterministic_algorithms_enabled(),
+                   torch.is_deterministic_algorithms_warn_only_enabled())
+
+    def as_torch(x, out):
+        setenv(b"NCCL_ALGO", b"^NVLS", 0)
+        return torch.mul(x, 2, out=out)
+
+    def own(x, out):
+        setenv(b"NCCL_ALGO", b"Tree", 1)
+        return torch.mul(x, 2, out=out)
+
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert _run(world, as_torch, bench=False).status == "pass"
+        os.unsetenv("NCCL_ALGO")
+        r = _run(world, own, bench=False)
+        assert r.status == "fail" and "NCCL_ALGO: ^NVLS -> Tree" in r.reason, r.reason
+    finally:
+        torch.use_deterministic_algorithms(before_mode[0], warn_only=before_mode[1])
+        os.unsetenv("NCCL_ALGO")
+    torch.use_deterministic_algorithms(False)
+    try:  # without deterministic algorithms torch sets nothing: it is the implementation
+        r = _run(world, as_torch, bench=False)
+        assert r.status == "fail" and "NCCL_ALGO: (unset) -> ^NVLS" in r.reason, r.reason
+    finally:
+        torch.use_deterministic_algorithms(before_mode[0], warn_only=before_mode[1])
+        os.unsetenv("NCCL_ALGO")
+
+
 def test_variables_no_later_case_reads_are_left_alone(world, monkeypatch):
     """torch.compile sets its cache directories for itself."""
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # put back after the test

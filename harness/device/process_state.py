@@ -142,8 +142,10 @@ def nccl_conf() -> dict[str, str]:
 
 
 def _environment() -> tuple[tuple[str, str], ...]:
-    """The watched variables, with NCCL's configuration files' values where unset (so that
-    NCCL applying them changes nothing)."""
+    """The watched variables, with what torch and NCCL would set themselves where they are
+    unset (so that their doing so changes nothing): torch's ProcessGroupNCCL constructor sets
+    ``NCCL_ALGO=^NVLS`` under deterministic algorithms (torch/csrc/distributed/c10d/
+    ProcessGroupNCCL.cpp, read 2026-11), before NCCL's first read applies its files."""
     environ = _c_environ()
     if environ is None:
         items = [(k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)]
@@ -156,6 +158,9 @@ def _environment() -> tuple[tuple[str, str], ...]:
                 items.append((key.decode(errors="replace"), value.decode(errors="replace")))
             i += 1
     every = {k: v for k, v in nccl_conf().items() if k.startswith(ENV_PREFIXES)}
+    if torch.are_deterministic_algorithms_enabled() and not any(
+            k == "NCCL_ALGO" for k, _ in items):
+        every["NCCL_ALGO"] = "^NVLS"
     every.update(items)
     return tuple(sorted(every.items()))
 
