@@ -518,8 +518,6 @@ def test_what_torch_sets_for_a_nccl_group_under_deterministic_algorithms_is_torc
     """torch's ProcessGroupNCCL sets NCCL_ALGO=^NVLS where unset when deterministic
     algorithms are on (the first case to make a NCCL group does it): not the
     implementation's change. Any other value still is."""
-    from harness.device import process_state
-
     monkeypatch.delenv("NCCL_ALGO", raising=False)
     setenv = ctypes.CDLL(None).setenv
     before_mode = (torch.are_deterministic_algorithms_enabled(),
@@ -551,12 +549,15 @@ def test_what_torch_sets_for_a_nccl_group_under_deterministic_algorithms_is_torc
         os.unsetenv("NCCL_ALGO")
 
 
-def test_variables_no_later_case_reads_are_left_alone(world, monkeypatch):
-    """torch.compile sets its cache directories for itself."""
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # put back after the test
+@pytest.mark.parametrize("name", ["TORCHINDUCTOR_CACHE_DIR", "NVSHMEM_DISABLE_P2P",
+                                  "CUBLAS_WORKSPACE_CONFIG"])
+def test_variables_no_later_case_reads_are_left_alone(world, monkeypatch, name):
+    """torch.compile sets its cache directories for itself; an NVSHMEM library sets its
+    variables just before its one nvshmem_init, which no later case repeats."""
+    monkeypatch.delenv(name, raising=False)  # put back after the test
 
     def sets(x, out):
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = "/tmp/elsewhere"
+        os.environ[name] = "1"
         return torch.mul(x, 2, out=out)
 
     assert _run(world, sets, bench=False).status == "pass"

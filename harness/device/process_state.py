@@ -6,9 +6,9 @@ flush-to-zero makes the CPU reference flush subnormals too, so a flushing kernel
 the cases made to catch it; a float64 default dtype changes the inputs ``make_inputs`` builds;
 TF32, a reduced-precision reduction, autocast or another BLAS library changes the next
 matmul's numbers; fewer intra-op threads, disabled flash attention or cuDNN benchmarking
-changes the next implementation's time. The environment variables that NCCL, gloo, NVSHMEM
-and cuBLAS read when a later case makes a communicator or a handle count too: an
-``NCCL_ALGO`` left behind changes the next group's reduction order. ``changed`` names each
+changes the next implementation's time. The environment variables that NCCL and gloo read
+when a later case makes a communicator count too: an ``NCCL_ALGO`` left behind changes the
+next group's reduction order. ``changed`` names each
 setting that differs from a ``snapshot`` and puts it back.
 
 Each setting is read only where this torch has it (the names move between releases: the
@@ -87,13 +87,14 @@ class Setting:
         return f"{self.name}: {before} -> {now}"
 
 
-#: environment variables read when a communicator or a library handle is made, which a later
-#: case may do: NCCL's and torch's NCCL options (algorithm, protocol, channels: the reduction
-#: order), gloo's and NVSHMEM's, cuBLAS's workspace and NVIDIA's TF32 override. Not those
-#: torch.compile sets for itself (TORCHINDUCTOR_*, TRITON_CACHE_DIR), nor those read only
-#: once at start-up (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES), which a change no longer reaches
-ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "NVSHMEM_", "CUBLAS_", "CUBLASLT_",
-                "NVIDIA_TF32_OVERRIDE")
+#: environment variables read each time a communicator is made, which a later case may do:
+#: NCCL's and torch's NCCL options (algorithm, protocol: the reduction order) and gloo's.
+#: Not those read once per process, which a change after that first read no longer reaches
+#: and which a library sets, by design, just before it: NVSHMEM's (before its one
+#: nvshmem_init), cuBLAS's workspace (torch reads it once), NVIDIA_TF32_OVERRIDE,
+#: OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES; nor those torch.compile sets for itself
+#: (TORCHINDUCTOR_*, TRITON_CACHE_DIR)
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_")
 
 
 @functools.cache
