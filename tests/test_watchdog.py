@@ -69,9 +69,9 @@ def test_between_cases_it_writes_the_stacks_and_aborts_nothing():
 def test_a_case_done_in_time_writes_nothing():
     out = _run("""
         dog.quiet("never", 0)
-        dog.arm("w4:a@mine", 2.0)  # its stacks 1.8 s on: long after the disarm below
+        dog.arm("w4:a@mine", 1.0)  # its stacks 0.9 s on: long after the disarm below
         assert dog.disarm()
-        time.sleep(2.5)  # past them: a disarm that left them armed shows here
+        time.sleep(1.2)  # past them: a disarm that left them armed shows here
     """)
     assert out.returncode == 0, out.stderr
     assert out.stderr == "went on\n"
