@@ -15,6 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all (a temporary file beside it, then a rename):
+    a reader polling it, another rank or the launcher, never sees half."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 SCHEMA = 1
 
 STATUSES = ("pass", "fail", "error", "timeout", "crash", "skip")
@@ -191,11 +200,8 @@ class RunInfo:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def write(self, path: str | os.PathLike[str]) -> None:
-        """Write atomically (temp file + rename) so readers never see half a file."""
-        p = Path(path)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, p)
+        """Write atomically so readers never see half a file (``write_whole``)."""
+        write_whole(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> RunInfo:

@@ -8,8 +8,8 @@ TF32, a reduced-precision reduction, autocast or another BLAS library changes th
 matmul's numbers; fewer intra-op threads, disabled flash attention or cuDNN benchmarking
 changes the next implementation's time. The environment variables that NCCL and gloo read
 when a later case makes a communicator count too: an ``NCCL_ALGO`` left behind changes the
-next group's reduction order. ``changed`` names each
-setting that differs from a ``snapshot`` and puts it back.
+next group's reduction order. ``changed`` names each setting that differs from a
+``snapshot`` and puts it back.
 
 Each setting is read only where this torch has it (the names move between releases: the
 ``fp32_precision`` properties came in 2.9), and CUDA's only once CUDA is initialised, so
@@ -159,10 +159,9 @@ def _environment() -> tuple[tuple[str, str], ...]:
                 items.append((key.decode(errors="replace"), value.decode(errors="replace")))
             i += 1
     every = {k: v for k, v in nccl_conf().items() if k.startswith(ENV_PREFIXES)}
-    if torch.are_deterministic_algorithms_enabled() and not any(
-            k == "NCCL_ALGO" for k, _ in items):
+    if torch.are_deterministic_algorithms_enabled():
         every["NCCL_ALGO"] = "^NVLS"
-    every.update(items)
+    every.update(items)  # what is set wins over both
     return tuple(sorted(every.items()))
 
 

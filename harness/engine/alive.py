@@ -9,7 +9,7 @@ stack into the job's log a moment before the launcher would stop the job as stuc
 holding the GIL (MPI_Init inside ``import mpi4py.MPI``), where no Python thread runs. The
 harness's plugin stops it at the first case (its watchdog thread watches the cases and the
 time between them) and arms it again when the job's cases are done, for MPI_Finalize. It
-imports nothing heavy (the watchdog module's timing only), so it costs nothing.
+imports nothing heavy (the watchdog module and the standard library: a few milliseconds).
 """
 
 import faulthandler

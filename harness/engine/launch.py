@@ -490,8 +490,7 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
 def _fruitless(world_size: int, end: _JobEnd, jobs: int, stall_limit: float) -> str:
     """Why a world size gave up after ``jobs`` launches in a row that ran no case."""
     if end.stall:  # its ranks wrote their stacks a moment before it was stopped
-        why = (f"{end.stall.describe(stall_limit, jobs)}; every rank's Python stacks then: "
-               f"{end.log_path}")
+        why = end.stall.describe(stall_limit, jobs) + stacks_in_log(end.log_path, "then")
     else:
         why = (f"the MPI job exited with code {end.rc} {jobs} times in a row without running "
                f"a case; last lines of {end.log_path}:\n{tail(end.log_path)}")
@@ -537,8 +536,8 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         ended_by = recorded.fresh[-1][0] if rc == JOB_ENDED_EXIT and recorded.fresh else None
         outcome.logs.append(log_path)
         if end.stall is not None and end.stall.where != "start":
-            outcome.notes.append(f"{end.stall.describe(cfg.options.stall_timeout)}; every "
-                                 f"rank's Python stacks then: {log_path}")
+            outcome.notes.append(end.stall.describe(cfg.options.stall_timeout)
+                                 + stacks_in_log(log_path, "then"))
         placement = _read_progress(placement_path)
         if placement and placement.get("error"):
             raise PlacementFailed(f"world size {world_size}: {placement['error']}")

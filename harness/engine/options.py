@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.results import write_whole
 from harness.engine.giveup import GIVE_UP_AFTER
 from harness.engine.stall import STALL_TIMEOUT_S
 
@@ -26,10 +27,11 @@ FAST_EXIT_ENV = "HARNESS_FAST_EXIT"
 LAUNCH_LOG_ENV = "HARNESS_LAUNCH_LOG"
 
 
-def stacks_in_log(log: str | Path | None) -> str:
-    """What a timeout's reason adds: where each rank's stacks at the deadline went (each
-    rank's watchdog writes them a moment before it, harness.engine.watchdog)."""
-    return f"; every rank's Python stacks at the deadline: {log}" if log else ""
+def stacks_in_log(log: str | Path | None, when: str = "at the deadline") -> str:
+    """What a timeout's or a stall's reason adds: where each rank's stacks went (each rank's
+    watchdog writes them a moment before the deadline or the stall limit,
+    harness.engine.watchdog)."""
+    return f"; every rank's Python stacks {when}: {log}" if log else ""
 
 
 #: how many times its op's deadline a case gets under ``--sanitize``: memcheck instruments
@@ -44,9 +46,7 @@ JOB_ENDED_EXIT = 86
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     """``data`` into ``path`` whole or not at all (a reader polling it never sees half)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    write_whole(path, json.dumps(data))
 
 
 def _kept(default: Any) -> Any:

@@ -25,6 +25,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from harness.core.results import write_whole
+
 #: the longest the rank whose deadline passed waits for the others' stacks before it aborts;
 #: the other ranks' own deadlines are this much later than rank 0's (harness.pytest_plugin)
 STACKS_WAIT_S = 3.0
@@ -36,12 +38,6 @@ def ahead(seconds: float) -> float:
     """When, before an alarm ``seconds`` away, the stacks are written: a second, or a tenth of
     a short one, early."""
     return seconds - min(1.0, seconds / 10)
-
-
-def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 class StacksBoard:
@@ -58,7 +54,7 @@ class StacksBoard:
         """Ask every rank for its stacks; the request's id, to wait for."""
         rid = f"{self._job}\n{self._rank}\n{time.time():.6f}\n{label}"
         try:
-            _write_whole(self._request, rid)
+            write_whole(self._request, rid)
         except OSError:
             pass  # the others keep their own clocks; the wait ends at its limit
         self.answer(rid)  # the asker has just written its own
@@ -82,7 +78,7 @@ class StacksBoard:
     def answer(self, rid: str) -> None:
         self._answered = rid
         try:
-            _write_whole(self._answers[self._rank], rid)
+            write_whole(self._answers[self._rank], rid)
         except OSError:
             pass
 
