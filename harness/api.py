@@ -7,7 +7,8 @@ built-in suites too.
 
 - Describing an op: ``OpSpec``, ``Work``, ``SpecError``.
 - Tolerances (``harness.core.compare``): ``exact``, ``allclose``, ``ulp``, ``cos_diff``,
-  ``rel_l2``, ``all_of``, ``default_for``, and ``Tolerance`` itself.
+  ``rel_l2``, ``all_of``, ``default_for``, ``rounding`` (the precision lens's share, for an
+  output ``OpSpec.exact`` names: ``{"out:exact": rounding(0.1)}``), and ``Tolerance`` itself.
 - Inputs (``harness.core.inputs``): ``case_tensor`` (an op's deterministic input, by name),
   ``generate`` (the generator under it), ``seed_from``, ``hash32``, ``special_values`` and
   ``plant_specials`` (-0.0, subnormals, inf, NaN for ops that move bits), ``dtype_from_name``.
@@ -43,6 +44,7 @@ from harness.core.compare import (
     default_for,
     exact,
     rel_l2,
+    rounding,
     ulp,
 )
 from harness.core.inputs import (
@@ -63,7 +65,7 @@ __all__ = [
     "DEFAULT_RTOL_ATOL", "OpSpec", "SpecError", "Tolerance", "TritonImplementation", "Work",
     "all_of", "allclose", "available_bytes", "case_tensor", "cos_diff", "cuda_launch",
     "default_for", "dtype_from_name", "exact", "from_source", "generate", "hash32", "overlaps",
-    "plant_specials", "poisoned", "rel_l2", "run_cases", "seed_from", "shard",
+    "plant_specials", "poisoned", "rel_l2", "rounding", "run_cases", "seed_from", "shard",
     "special_values", "ulp",
 ]
 

@@ -100,41 +100,52 @@ def quantize(x: torch.Tensor, fmt: str = "e4m3", granularity: str = "tensor",
     return cast_saturating(x32 / expand_scales(s, rows, cols, x.shape), fmt), s
 
 
-def dequantize(q: torch.Tensor, scales: torch.Tensor, granularity: str = "tensor"
-               ) -> torch.Tensor:
-    """float32 values of a quantized tensor."""
+def dequantize(q: torch.Tensor, scales: torch.Tensor, granularity: str = "tensor", *,
+               wide: bool = False) -> torch.Tensor:
+    """float32 values of a quantized tensor (``wide``: float64, where every product of an FP8
+    value and its float32 scale is exact)."""
+    acc = torch.float64 if wide else torch.float32
     if granularity == "tensor":
-        return q.float() * scales.float()
+        return q.to(acc) * scales.to(acc)
     rows, cols = _GROUPS[granularity]
-    return q.float() * expand_scales(scales.float(), rows, cols, q.shape)
+    return q.to(acc) * expand_scales(scales.to(acc), rows, cols, q.shape)
+
+
+def _once(value: torch.Tensor, out_dtype: torch.dtype, wide: bool) -> torch.Tensor:
+    """``value`` rounded once to the output dtype; ``wide``: kept as it is (float64), the
+    value before that rounding, for the precision lens."""
+    return value if wide else value.to(out_dtype)
 
 
 def gemm_per_tensor(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor,
-                    scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16
-                    ) -> torch.Tensor:
+                    scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
+                    wide: bool = False) -> torch.Tensor:
     """(a * sa) @ (b * sb).T in float32, cast once; b in nn.Linear layout (N, K)."""
-    return (dequantize(a, scale_a) @ dequantize(b, scale_b).T).to(out_dtype)
+    return _once(dequantize(a, scale_a, wide=wide) @ dequantize(b, scale_b, wide=wide).T,
+                 out_dtype, wide)
 
 
 def gemm_blockwise(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor,
-                   scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16
-                   ) -> torch.Tensor:
+                   scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16, *,
+                   wide: bool = False) -> torch.Tensor:
     """DeepGEMM's 1x128 (activations) by 128x128 (weights) scaled GEMM."""
-    return (dequantize(a, scale_a, "token") @ dequantize(b, scale_b, "block").T).to(out_dtype)
+    return _once(dequantize(a, scale_a, "token", wide=wide)
+                 @ dequantize(b, scale_b, "block", wide=wide).T, out_dtype, wide)
 
 
 def grouped_gemm_contiguous(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor,
                             scale_b: torch.Tensor, group_index: torch.Tensor,
-                            out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                            out_dtype: torch.dtype = torch.bfloat16, *, wide: bool = False
+                            ) -> torch.Tensor:
     """Rows of every expert stacked (each segment padded to the alignment); row i uses expert
     group_index[i]'s weight b[g] (G, N, K); padding rows (group -1) come out 0."""
-    a32 = dequantize(a, scale_a, "token")
-    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float32)
+    a32 = dequantize(a, scale_a, "token", wide=wide)
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=a32.dtype)
     for g in range(b.shape[0]):
         rows = group_index == g
         if rows.any():
-            out[rows] = a32[rows] @ dequantize(b[g], scale_b[g], "block").T
-    return out.to(out_dtype)
+            out[rows] = a32[rows] @ dequantize(b[g], scale_b[g], "block", wide=wide).T
+    return _once(out, out_dtype, wide)
 
 
 def grouped_gemm_masked(a: torch.Tensor, scale_a: torch.Tensor, b: torch.Tensor,

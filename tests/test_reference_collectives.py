@@ -518,8 +518,10 @@ def test_random_mode_tolerance_grows_with_world_size(params):
     t1 = suite.ALLREDUCE.tolerance(params, 1)
     t8 = suite.ALLREDUCE.tolerance(params, 8)
     assert t1.kind == t8.kind == "allclose"
-    assert t8.atol > t1.atol
-    assert t8.rtol >= t1.rtol
+    if params["op"] == "prod":  # each of the W-1 products rounds: a relative bound
+        assert t8.rtol > t1.rtol and t8.atol == t1.atol
+    else:
+        assert t8.atol > t1.atol and t8.rtol >= t1.rtol
     # random mode compares with a float64 reference
     assert suite.allreduce_expected(params, 0, 4).dtype == torch.float64
 

@@ -5,7 +5,9 @@ Inputs come in two modes. ``exact``: small integers chosen so that every partial
 exactly representable in the dtype, so every summation order gives the same bits and the check
 is bitwise (nccl-tests, torch's c10d tests; 2 ulp for float avg, as nccl-tests allows).
 ``random``: uniform(-1, 1) values checked against a float64 reference within the error bound
-of recursive summation (Higham: |err| <= (W-1) u sum|x_i|, plus the final rounding).
+of recursive summation (Higham: |err| <= (W-1) u sum|x_i|, plus the final rounding), or of a
+product's W-1 roundings (|err| <= (W-1) u |prod|: exact-mode factors are powers of two, which a
+product kept in a narrower type still gets right).
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def _smoke() -> list[dict]:
     # with a count that no world size divides
     cases += [_case("f16", 7, "sum"), _case("f32", 1, "sum"), _case("f32", 65539, "sum", True)]
     cases += [_case("f32", 4099, "sum", mode="random"), _case("bf16", 4099, "avg", mode="random"),
-              _case("f16", 1031, "sum", mode="random")]
+              _case("f16", 1031, "sum", mode="random"), _case("f32", 1031, "prod", mode="random")]
     # -0.0, subnormals, NaN and infinities, whose sums every order gives; subnormals and
     # infinities for min and max
     cases += [_case("f32", 1031, "sum", mode="special"),
@@ -246,7 +248,7 @@ def _nightly() -> list[dict]:
             for n in (1, 1000003 // item, (16 << 20) // item + 3):
                 cases.append(_case(dt, n, op))
     for dt in ("f32", "bf16", "f16"):
-        for op in ("sum", "avg"):
+        for op in ("sum", "avg", "prod"):
             cases.append(_case(dt, (1 << 20) + 17, op, mode="random"))
         cases += [_case(dt, (1 << 20) + 17, op, mode="special") for op in ("sum", "min", "max")]
     return unique(cases)

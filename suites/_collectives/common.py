@@ -161,7 +161,7 @@ def resolve_root(root: int, world_size: int) -> int:
 def reduction_tolerance(params: Mapping[str, Any], world_size: int) -> Tolerance:
     """Bitwise for exact inputs and for min/max (which never round), any NaN for a NaN (a
     sum's NaN is computed: its bits are the device's); 2 ulp for float avg (nccl-tests); random
-    sums within Higham's bound for recursive summation."""
+    sums within Higham's bound for recursive summation, random products within (W-1) roundings."""
     dtype = dtype_from_name(params["dtype"])
     op = params["op"]
     if op in ("min", "max"):
@@ -169,6 +169,11 @@ def reduction_tolerance(params: Mapping[str, Any], world_size: int) -> Tolerance
     if params["mode"] == "random":
         unit_roundoff = torch.finfo(dtype).eps / 2
         rtol, _ = DEFAULT_RTOL_ATOL[dtype]
+        if op == "prod":
+            # each of the W - 1 products rounds once: |err| <= (W-1) u |prod|, relative
+            # whatever the magnitude (a product of W values in [-1, 1) can be tiny)
+            return allclose(rtol=rtol + max(world_size - 1, 1) * unit_roundoff,
+                            atol=torch.finfo(dtype).tiny)
         # inputs in [-1, 1): sum|x_i| <= W, so |err| <= (W-1) * u * W before the last rounding;
         # avg divides that error by W (a bound W times too loose let a dropped rank pass)
         scale = 1 if op == "avg" else world_size

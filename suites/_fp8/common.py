@@ -23,6 +23,7 @@ from harness.api import (
     cos_diff,
     generate,
     hash32,
+    rounding,
     seed_from,
 )
 from reference_kernels import fp8 as ref
@@ -86,12 +87,23 @@ def unquantized_bound(fmt: str) -> float:
 ACCUMULATION_RTOL = 2.0**-14
 
 
+#: the precision lens's share for an FP8 GEMM's output: an epilogue that rounds twice (to
+#: bf16, then scaled in bf16) leaves 31-33% of the smoke outputs off the float64 value rounded
+#: once, a float32 accumulation on the CPU under 0.1%. A GPU's accumulator is off by more:
+#: every element off by 2**-17 of its magnitude (the H200's worst element) moves 3-5% of them,
+#: by 2**-14 (the allclose's allowance) 16-24% (tests/test_fp8_gemm_accumulation.py)
+GEMM_LENS_OFF = 0.15
+
+
 def gemm_tolerances(fmt: str = "e4m3", out: str = "bf16") -> dict[str, Tolerance]:
     """allclose against the dequantized reference, plus ``ACCUMULATION_RTOL`` of each
     element's magnitude, and calc_diff against the unquantized product. The allclose is
     gpu-mode fp8-mm's (rtol 2e-2, atol 1e-3) for a bf16 output, whose own rounding is 2**-9;
     a float32 output takes float32's defaults, as its rounding is 2**-24: at rtol 2e-2 an
-    epilogue that rounds it through bf16 passed."""
+    epilogue that rounds it through bf16 passed. Where the spec gives the float64 value
+    (``exact``), the precision lens at ``GEMM_LENS_OFF``: the allclose's rtol hides a second
+    bf16 rounding."""
     rtol, atol = (2e-2, 1e-3) if out == "bf16" else DEFAULT_RTOL_ATOL[OUT_DTYPES[out]]
     return {"out": allclose(rtol=rtol, atol=atol, magnitude_rtol=ACCUMULATION_RTOL),
-            "out:unquantized": cos_diff(unquantized_bound(fmt))}
+            "out:unquantized": cos_diff(unquantized_bound(fmt)),
+            "out:exact": rounding(GEMM_LENS_OFF)}

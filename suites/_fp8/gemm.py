@@ -66,6 +66,16 @@ def _gemm_expected(reference, tag: str, params: Mapping[str, Any], a_grouping: s
     return {"out": reference(**inputs), "out:unquantized": a.float() @ b.float().T}
 
 
+def _lens(out_dtype: torch.dtype, reference, *inputs: Any) -> dict[str, torch.Tensor]:
+    """The float64 value of a bf16 output before its rounding, for the precision lens (a
+    second bf16 rounding in the epilogue is inside the allclose). None for a float32 output:
+    a tensor core's accumulator, about 14 bits between promotions, leaves a quarter of its
+    elements fitting in fp16, the lens's sign of a 16-bit path."""
+    if out_dtype != torch.bfloat16:
+        return {}
+    return {"out": reference(*inputs, wide=True)}
+
+
 def _magnitude(a32: torch.Tensor, b32: torch.Tensor) -> torch.Tensor:
     """sum_k |a_ik| |b_jk| of the dequantized operands (b in nn.Linear layout)."""
     return a32.abs() @ b32.abs().T
@@ -137,6 +147,8 @@ GEMM_PER_TENSOR = OpSpec(
     description="(a8 * sa) @ (b8 * sb).T, float32 accumulation.",
     make_inputs=per_tensor_inputs, expected=per_tensor_expected,
     magnitude=per_tensor_magnitude, tolerance=lambda p, w: gemm_tolerances(p["fmt"], p["out"]),
+    exact=lambda a, scale_a, b, scale_b, out_dtype: _lens(
+        out_dtype, ref.gemm_per_tensor, a, scale_a, b, scale_b),
     work=lambda p, w: Work(flops=2.0 * p["m"] * p["n"] * p["k"],
                            bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"],
                            flops_dtype="fp8"),
@@ -210,6 +222,8 @@ GEMM_BLOCKWISE = OpSpec(
     description="DeepGEMM's 1x128 by 128x128 block-scaled GEMM.",
     make_inputs=blockwise_inputs, expected=blockwise_expected,
     magnitude=blockwise_magnitude, tolerance=lambda p, w: gemm_tolerances(p["fmt"], p["out"]),
+    exact=lambda a, scale_a, b, scale_b, out_dtype: _lens(
+        out_dtype, ref.gemm_blockwise, a, scale_a, b, scale_b),
     work=lambda p, w: Work(flops=2.0 * p["m"] * p["n"] * p["k"],
                            bytes=p["m"] * p["k"] + p["n"] * p["k"] + 2 * p["m"] * p["n"],
                            flops_dtype="fp8"),
@@ -318,6 +332,8 @@ GROUPED_CONTIGUOUS = OpSpec(
     make_inputs=contiguous_inputs, expected=contiguous_expected,
     magnitude=contiguous_magnitude,
     tolerance=lambda p, w: gemm_tolerances("e4m3"), out_buffers={"out": "out"},
+    exact=lambda a, scale_a, b, scale_b, group_index, out: _lens(
+        out.dtype, ref.grouped_gemm_contiguous, a, scale_a, b, scale_b, group_index),
     work=lambda p, w: _grouped_work(p),
     grid={"smoke": [{"tokens": (5, 0, 130, 17), "n": 192, "k": 256, "align": 128,
                      "dist": "blocky"},
