@@ -41,7 +41,9 @@ STEPS = [
     # calibrate, smoke1 and controls1: rerun since the harness moved into layer subpackages
     # (the device layer split, the ranks reading their options from run.json), which no GPU
     # has run; smoke1 and rerun4 also hold every implementation to the process-settings
-    # check on CUDA (the current device and stream among them: no built-in may change one).
+    # check on CUDA (the current device and stream among them: no built-in may change one),
+    # to outputs of their own memory and, where timing is a token, to a second checked call
+    # on other values.
     # The peaks smoke1's impossible-time check divides by, so they run before it
     Step("calibrate", "rerun", 15, "5-8 s (H200)", "copy and matmul peaks for % of peak"),
     # strided_copy.cu rewritten since (torch's elementwise scheme, 16-byte units, 32-bit

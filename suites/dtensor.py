@@ -325,6 +325,8 @@ REDISTRIBUTE = OpSpec(
     negative_controls={"floor_chunks": redistribute_floor_chunks,
                        "strided_as_plain": redistribute_strided_as_plain},
     distributed=True, replicated=("full",),
+    # redistributing to the placements a tensor has (or on a mesh of one) returns its input
+    outputs_may_alias=True,
     world_size_of=lambda p: math.prod(mesh_shape(p)),
     requires=dtensor_refusal,
     deadline_s=120.0,

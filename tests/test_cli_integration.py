@@ -291,11 +291,13 @@ def test_collective_controls_fail_where_their_bug_shows_with_exit_1(controls_run
     for op, impl in every - set(_COLLECTIVE_CONTROLS):  # caught somewhere, at least
         assert any(r["status"] == "fail" for w in (1, 4) for r in by.get((op, impl, w), ())
                    ), (op, impl)
-    # the stale buffer is caught by the call on moved memory, and says so (a later case of
-    # the same shape already reads the first case's poisoned buffer on its first call)
+    # the stale buffer is caught by the call on moved memory (untimed: on other values too),
+    # and says so (a later case of the same shape already reads the first case's poisoned
+    # buffer on its first call)
     for w in (1, 4):
         stale = by[("allgather", "stale_buffer", w)]
-        assert stale[0]["reason"].startswith("with the inputs moved to fresh shifted memory")
+        assert stale[0]["reason"].startswith(
+            "on other input values in fresh shifted memory, the old buffers poisoned"), stale[0]
     # the Triton tile reduction, interpreted in every rank, at both world sizes
     tile = [r for w in (1, 4) for r in by[("allreduce", "tile_triton", w)]]
     statuses = {r["status"] for r in tile}
@@ -609,12 +611,13 @@ def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
 # cases made for its bug: sums in another order per rank (random mode), min and max folded
 # into out (its poison must not be their identity), subnormals flushed (special mode)
 _EDGE_IMPLS = ("harness_test_impls:rank_rotated", "harness_test_impls:folded_into_out",
-               "harness_test_impls:flushing_subnormals")
+               "harness_test_impls:flushing_subnormals", "harness_test_impls:product_in_bf16")
 
 
 def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
     impls = [a for impl in _EDGE_IMPLS for a in ("--impl", impl)]
     out = harness(tmp_path, "run", "allreduce[*mode=random*]", "allreduce[*mode=special*]",
+                  "allreduce[*mode=exact*op=prod*]",
                   "--world-sizes", "3", "--no-bench", "--impl", "torch", "--impl", "mpi",
                   "--impl", "tile", *impls, timeout=400)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
@@ -635,6 +638,9 @@ def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
                            "allreduce[dtype=bf16,inplace=false,mode=special,n=1031,op=min]"}
     flushed = failed("flushing_subnormals")
     assert {c for c in flushed if "op=max" in c or "op=min" in c} == set(folded)
+    # exact products are powers of two: only random factors show a narrow accumulator
+    assert set(failed("product_in_bf16")) == {
+        "allreduce[dtype=f32,inplace=false,mode=random,n=1031,op=prod]"}
 
 
 # one launch for the faults and a wrong user callable: the hang's and the crash's
@@ -646,7 +652,8 @@ _FAULT_SELECTORS = ("allreduce[*op=min*]", "allreduce[*op=max*]")
 _FAULT_IMPLS = ("harness_test_impls:raise_on_last_rank", "harness_test_impls:crash_on_rank_one",
                 "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one",
                 "harness_test_impls:hang_every_case", "harness_test_impls:flush_on_rank_one",
-                "harness_test_impls:exits_zero", "harness_test_impls:calls_sys_exit")
+                "harness_test_impls:exits_zero", "harness_test_impls:calls_sys_exit",
+                "harness_test_impls:writes_input_on_rank_one")
 _FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
 
 
@@ -729,6 +736,17 @@ def test_an_implementation_that_deadlocks_in_every_case_is_given_up_after_two(fa
     assert {r["reason"] for r in got.values() if r["status"] == "skip"} == {
         f"not run: {impl} timed out in 2 cases of allreduce in a row at world size 2, a likely "
         "deadlock (--give-up-after 0 runs every case)"}
+
+
+def test_a_check_that_fails_on_one_rank_alone_is_an_error_not_a_hang(faults_run):
+    """Rank 1 alone finds its input written: it still makes the shifted call the other rank
+    makes (whose collective would otherwise wait for it until the deadline)."""
+    got = _fault_statuses(faults_run, "harness_test_impls:writes_input_on_rank_one")
+    wrote = got.pop(_FAULT_CASE)
+    assert wrote["status"] == "error", wrote
+    assert wrote["reason"] == ("rank 1: input 'x' was modified, but this case may not write "
+                               "it"), wrote
+    assert got and {r["status"] for r in got.values()} == {"pass"}, got
 
 
 def test_flush_to_zero_left_on_by_one_rank_fails_its_case_and_ends_the_job(faults_run):

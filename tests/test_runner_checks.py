@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harness.core.buffers import poisoned
-from harness.core.inputs import generate
+from harness.core.inputs import generate, reseeded
 from harness.core.spec import Case, OpSpec
 from harness.core.timing import TimingConfig
 from harness.device import memory
@@ -113,10 +113,14 @@ def test_reading_a_stale_registered_buffer_fails_only_after_the_move(world):
         source = _REGISTERED.setdefault((x.shape, x.dtype), x)
         return torch.mul(source, 2, out=out)
 
-    r = _run(world, stale, bench=False)
+    r = _run(world, stale, bench=True)  # the shifted call on the same values (timed later)
     assert r.status == "fail"
     assert r.reason.startswith("with the inputs moved to fresh shifted memory")
     assert r.wrong == 1031
+    _REGISTERED.clear()
+    r = _run(world, stale, bench=False)  # untimed, on the twin's values too
+    assert r.status == "fail" and r.wrong == 1031
+    assert r.reason.startswith("on other input values in fresh shifted memory"), r.reason
 
 
 def test_an_implementation_that_breaks_after_warm_up_fails_the_check_after_timing(world):
@@ -137,6 +141,35 @@ def test_an_implementation_that_breaks_after_warm_up_fails_the_check_after_timin
     assert "after_timing" in r.checks
 
 
+@pytest.mark.parametrize("untimed", ["no bench", "token timing"])
+def test_a_result_kept_by_shape_fails_on_other_values_where_no_real_timing_follows(world,
+                                                                                  untimed):
+    """Two calls on the same values pass a result computed once per shape; the second call
+    takes the twin case's values where no real timing will (untimed, or one token call)."""
+    kept: dict = {}
+
+    def by_shape(x, out):
+        if x.shape not in kept:
+            kept[x.shape] = x * 2
+        return out.copy_(kept[x.shape])
+
+    spec = _spec()
+    spec.make_inputs = lambda p, r, w: _inputs(p, r, w) if "twin" not in p else {
+        **_inputs(p, r, w), "x": generate((p["n"],), torch.float32, seed=8, dist="uniform")}
+    case = Case(spec, {"n": 1031}, 1)
+    timing = TimingConfig(minimal=True, warmup=0, min_repeats=1, max_repeats=1, budget_s=0.0)
+    r = run_case(world, case, "by_shape", by_shape, bench=untimed == "token timing",
+                 timing=timing)
+    assert r.status == "fail", r.reason
+    assert r.reason.startswith("on other input values in fresh shifted memory, the old "
+                               "buffers poisoned (a result kept by shape or by call count?): "
+                               "out: 1031/1031 elements outside"), r.reason
+    kept.clear()
+    right = run_case(world, case, "doubled", doubled, bench=untimed == "token timing",
+                     timing=timing)
+    assert right.status == "pass" and "other_values" in right.checks, right.reason
+
+
 def test_writing_a_read_only_input_is_an_error_and_nan_inputs_are_not_mistaken_for_it(world):
     def clobbers(x, out):
         torch.mul(x, 2, out=out)
@@ -155,6 +188,31 @@ def test_writing_a_read_only_input_is_an_error_and_nan_inputs_are_not_mistaken_f
     spec.make_inputs = nan_inputs
     r = run_case(world, Case(spec, {"n": 1031}, 1), "ok", doubled, bench=False)
     assert r.status == "pass", r.reason
+
+
+def _copy_spec(**extra) -> OpSpec:
+    return OpSpec(name="toy_copy", family="toy", reference=lambda x: (x.clone(), x[:4] * 1),
+                  make_inputs=lambda p, r, w: {"x": generate((8, 5), torch.float32, seed=3)},
+                  outputs=("out", "head"), grid={"smoke": [{}]}, implementations={}, **extra)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: (x, x[:4].clone()),                      # the input itself
+    lambda x: (x.view(8, 5), x[:4].clone()),           # a view of all of it
+    lambda x: (x.t().contiguous().t(), x[:4]),         # a copy, but the second a slice
+    lambda x: (x.clone(), x.view(-1)[:20].view(4, 5)),  # a view of part of it
+], ids=["itself", "view", "slice", "part"])
+def test_an_output_that_shares_memory_with_a_read_only_input_is_an_error(world, fn):
+    r = run_case(world, Case(_copy_spec(), {}, 1), "aliased", fn, bench=False)
+    assert r.status == "error", r.reason
+    assert "shares memory with input 'x'" in r.reason and "return a copy" in r.reason
+    # a copy passes whatever its layout (a transposed copy too); an op may allow aliases
+    copies = run_case(world, Case(_copy_spec(), {}, 1), "copies",
+                      lambda x: (x.t().contiguous().t(), x[:4].clone()), bench=False)
+    assert copies.status == "pass", copies.reason
+    allowed = run_case(world, Case(_copy_spec(outputs_may_alias=True), {}, 1), "aliased", fn,
+                       bench=False)
+    assert allowed.status == "pass", allowed.reason
 
 
 def test_in_place_cases_skip_the_check_after_timing_and_must_alias(world):
@@ -185,9 +243,10 @@ def test_without_the_proc_files_peak_memory_is_labelled_not_measured(tmp_path):
     assert mem.bytes is None and mem.kind == memory.NOT_MEASURED
 
 
-def test_shift_buffers_off_skips_the_move(world):
+def test_shift_buffers_off_skips_the_move_but_not_the_call_on_other_values(world):
     r = _run(world, doubled, bench=False, shift_buffers=False)
-    assert r.status == "pass" and r.checks == ["poisoned_outputs", "process_settings"]
+    assert r.status == "pass"
+    assert r.checks == ["poisoned_outputs", "other_values", "process_settings"]
 
 
 def test_an_out_buffer_passed_as_none_is_an_output_the_case_lacks(world):
@@ -269,23 +328,28 @@ def test_the_implementations_of_a_case_share_one_set_up_but_never_its_tensors(wo
         sizes.append(99)  # mutating a plain list input must not reach the next call either
         return torch.mul(x, 2, out=out)
 
-    for _ in range(3):  # three implementations, two checked calls each
+    for _ in range(3):  # three implementations, two checked calls each: the second on the
+        # twin case's values (made once too), untimed
         r = run_case(world, case, "ok", ok, bench=False, setups=setups)
         assert r.status == "pass", r.reason
-    assert len(seen) == 6 and calls == {"inputs": 1, "reference": 1}
+    assert len(seen) == 6 and calls == {"inputs": 2, "reference": 2}
     fresh = _inputs({"n": 1031}, 0, 1)["x"]
-    assert all(torch.equal(x, fresh) and sizes == [1, 2, 3] for _, x, sizes in seen)
+    with reseeded(setups.get(case, 0).twin().salt):  # other values from the same generator
+        twin = _inputs({"n": 1031}, 0, 1)["x"]
+    assert not torch.equal(fresh, twin)
+    assert all(torch.equal(x, fresh if i % 2 == 0 else twin) and sizes == [1, 2, 3]
+               for i, (_, x, sizes) in enumerate(seen))
     pristine = setups.get(case, 0).pristine
     assert pristine is not None  # never handed out: every call got a copy
     assert pristine["x"].data_ptr() not in {ptr for ptr, _, _ in seen}
     r = run_case(world, case, "ok", ok, bench=True, timing=TIMING, setups=setups)
-    # a timed run adds the twin case checked after timing: once, for every implementation
+    # a timed run checks the twin case after timing instead: the same twin
     assert r.status == "pass" and calls == {"inputs": 2, "reference": 2}
     r = run_case(world, case, "ok", ok, bench=True, timing=TIMING, setups=setups)
     assert r.status == "pass" and calls == {"inputs": 2, "reference": 2}
-    # a new case makes its own
+    # a new case makes its own, and its twin
     run_case(world, Case(spec, {"n": 517}, 1), "ok", ok, bench=False, setups=setups)
-    assert calls == {"inputs": 3, "reference": 3}
+    assert calls == {"inputs": 4, "reference": 4}
 
 
 def test_a_shared_set_up_still_catches_a_clobbered_input_in_every_implementation(world):
@@ -315,10 +379,11 @@ def test_inputs_over_the_cap_are_generated_for_every_call(world, monkeypatch):
         r = run_case(world, case, "ok", lambda x, out, sizes: torch.mul(x, 2, out=out),
                      bench=False, setups=setups)
         assert r.status == "pass", r.reason
-    # the first implementation: the setup's (its first call's), the reference's own and the
-    # shifted check's; the second: its call's and its shifted check's. The reference is made
-    # once for both (a stress case's 2**31-element reference took most of its time per impl)
-    assert calls == {"inputs": 5, "reference": 1}
+    # the first implementation: the setup's (its first call's) and the reference's own, the
+    # same two for the twin case (the second call's values, untimed); the second
+    # implementation: its call's and its second call's. Each reference is made once for both
+    # (a stress case's 2**31-element reference took most of its time per impl)
+    assert calls == {"inputs": 6, "reference": 2}
 
 
 def test_a_token_timing_still_checks_its_call_on_a_shifted_copy(world):
@@ -347,7 +412,7 @@ def test_a_set_up_is_never_shared_between_two_specs_of_one_name(world):
         r = run_case(world, Case(spec, {"n": 1031}, 1), "ok",
                      lambda x, out, sizes: torch.mul(x, 2, out=out), bench=False, setups=setups)
         assert r.status == "pass", r.reason
-    assert calls == {"inputs": 2, "reference": 2}
+    assert calls == {"inputs": 4, "reference": 4}  # each case and its twin
 
 
 def test_a_skip_question_that_takes_backend_is_told_the_jobs():

@@ -15,6 +15,9 @@ The function, exactly (``M = 2**32 - 1``, all arithmetic on non-negative Python-
     uniform01(h) = (h >> 8) * 2**-24                      # top 24 bits, exact in float64
 
 A distribution drawn at ``stream=s`` uses streams ``4s .. 4s+3`` (``normal`` needs four draws).
+Inside ``reseeded(salt)`` every seed is XOR-ed with ``salt`` first: the same generators, the
+same shapes and planted positions' rules, other values, whatever parts an op keys its seeds on
+(a case's twin, checked for results kept by shape, is made so).
 Change any of this (or the distributions below, or ``special_values``) and bump
 ``GENERATOR_VERSION``: goldens record it. Version 2: ``special_values`` holds a negative NaN
 and one with a payload.
@@ -22,10 +25,12 @@ and one with a payload.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -144,7 +149,23 @@ def _lowbias32_int(x: int) -> int:
     return x ^ (x >> 16)
 
 
+#: XOR-ed into every seed while set (``reseeded``); 0 outside
+_SEED_SALT: contextvars.ContextVar[int] = contextvars.ContextVar("seed_salt", default=0)
+
+
+@contextlib.contextmanager
+def reseeded(salt: int) -> Iterator[None]:
+    """Every input made inside takes other values: each seed XOR-ed with ``salt`` (32 bits;
+    0 changes nothing)."""
+    token = _SEED_SALT.set(salt & _M32)
+    try:
+        yield
+    finally:
+        _SEED_SALT.reset(token)
+
+
 def _keys(seed: int, stream: int) -> tuple[int, int]:
+    seed ^= _SEED_SALT.get()
     k0 = _lowbias32_int(seed ^ _lowbias32_int((2 * stream + 1) & _M32))
     return k0, _lowbias32_int(k0 ^ _GOLDEN)
 

@@ -119,6 +119,10 @@ class OpSpec:
     #: the harness passes as that input (poisoned first, so unwritten elements fail); a case
     #: that passes None for that input has no such output
     out_buffers: Mapping[str, str] = field(default_factory=dict)
+    #: an output may share memory with an input the case does not let it write (DTensor's
+    #: redistribute returns its input where the layout does not change); otherwise that is
+    #: an error: an output is memory of its own
+    outputs_may_alias: bool = False
     #: inputs every call updates in place (a KV cache): writable, never poisoned; the update
     #: must be idempotent (the same call twice leaves the same state)
     readwrite_inputs: tuple[str, ...] = ()

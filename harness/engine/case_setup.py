@@ -12,6 +12,7 @@ import torch
 
 from harness.core import compare
 from harness.core.buffers import Redzones, nbytes, relocate
+from harness.core.inputs import reseeded, seed_from
 from harness.core.spec import Case
 
 
@@ -109,8 +110,16 @@ class CaseSetup:
     ``SETUP_CACHE_CAP_BYTES`` are not kept; each copy is then generated afresh."""
 
     def __init__(self, case: Case, rank: int, *, lens: bool = True) -> None:
-        spec = case.spec
         self.case, self.rank = case, rank
+        #: a twin's inputs come from reseeded generators: other values even where an op keys
+        #: its seeds on a few of its params, not on all of them
+        self.salt = (seed_from(TWIN_PARAM, case.params[TWIN_PARAM])
+                     if TWIN_PARAM in case.params else 0)
+        with reseeded(self.salt):
+            self._set_up(lens)
+
+    def _set_up(self, lens: bool) -> None:
+        case, rank, spec = self.case, self.rank, self.case.spec
         made = spec.make_inputs(case.params, rank, case.world_size)
         self.pristine: dict[str, Any] | None = (
             made if nbytes(made) <= SETUP_CACHE_CAP_BYTES else None)
@@ -132,9 +141,10 @@ class CaseSetup:
         self._twin: CaseSetup | None = None
 
     def twin(self) -> CaseSetup:
-        """The same case with other input values (``TWIN_PARAM`` in its params reseeds every
-        input keyed on them) and their reference: what an implementation is checked on, in
-        buffers it has seen, after its timing. Made once for all the case's implementations."""
+        """The same case with other input values (``TWIN_PARAM`` in its params, every seed
+        reseeded) and their reference: what an implementation is checked on where the calls
+        before had the same values (``checked_calls._second_call``, or after a real timing
+        in buffers it has seen). Made once for all the case's implementations."""
         if self._twin is None:
             twin = Case(self.case.spec, {**self.case.params, TWIN_PARAM: 1}, self.case.world_size)
             self._twin = CaseSetup(twin, self.rank, lens=False)  # staleness, not precision
@@ -150,7 +160,9 @@ class CaseSetup:
                             redzones=redzones)
         made, self._first = self._first, None
         if made is None:  # not kept: generate again
-            made = self.case.spec.make_inputs(self.case.params, self.rank, self.case.world_size)
+            with reseeded(self.salt):
+                made = self.case.spec.make_inputs(self.case.params, self.rank,
+                                                  self.case.world_size)
         return _place(made, device, shift_bytes, redzones)
 
 

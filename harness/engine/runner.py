@@ -5,16 +5,13 @@ collectively (metrics of all ranks merged on rank 0 and broadcast), so every ran
 pass or fail and pytest's ``-x`` stops all ranks at the same item. Only rank 0 returns the full
 ``CaseResult``; the others return one with the same status.
 
-A case is checked up to three times, each check catching a class of bug the others miss:
-
-1. ``call``: the implementation on fresh inputs, output buffers poisoned (an element it does
-   not write stays NaN or a sentinel and fails).
-2. ``shifted``: again on a fresh copy of the inputs in new memory at a shifted offset, after
-   poisoning every buffer of the first call (catches caches keyed by address and reads of
-   stale buffers). Its peak memory is the case's peak memory.
-3. ``after_timing``: the timed repeats rotate over shifted copies of the inputs (as nccl-tests
-   shifts its buffers between iterations); the last repeat's output is checked again, when the
-   case does not write its inputs in place.
+A case is checked on several calls, each catching a class of bug the others miss: the
+checked calls before any timing (``harness.engine.checked_calls``: fresh inputs with poisoned
+outputs, then a second call on shifted memory, on other values where no real timing follows),
+then ``after_timing``: the timed repeats rotate over shifted copies of the inputs (as
+nccl-tests shifts its buffers between iterations) and the last repeat's output is checked again
+where the case does not write its inputs in place; a real timing ends with a call on other
+values in buffers the timed calls used, and the checks that its time could be honest.
 
 A case's inputs, reference and tolerances are ``harness.engine.case_setup``'s; merging every
 rank's checks into one verdict is ``harness.engine.verdict``'s.
@@ -22,32 +19,16 @@ rank's checks into one verdict is ``harness.engine.verdict``'s.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import inspect
 import itertools
 import time
-import traceback
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from harness.core import compare
-from harness.core.buffers import (
-    ALIGN_BYTES,
-    Redzones,
-    flat_bytes,
-    fresh_memory_poisoned,
-    lies_within,
-    nbytes,
-    overlaps,
-    poison_,
-    relocate,
-    same_bits,
-    tensors,
-)
+from harness.core.buffers import nbytes, poison_, relocate
 from harness.core.golden import GoldenShelf, GoldenStore
 from harness.core.results import CaseResult
 from harness.core.spec import IMPL_RAISES, Case, OpSpec
@@ -61,22 +42,14 @@ from harness.core.timing import (
     time_call,
 )
 from harness.device import process_state, triton_impl
-from harness.device.memory import PeakMemory
 from harness.device.runtime import World
-from harness.engine.case_setup import (
-    CaseError,
-    CaseSetup,
-    SetupCache,
-    interpreted_lens,
-    normalize_outputs,
-    tolerances,
-)
+from harness.engine.case_setup import CaseSetup, SetupCache, normalize_outputs, tolerances
+from harness.engine.checked_calls import RELOCATE_CAP_BYTES, SHIFT_BYTES, checked_calls, measure
 from harness.engine.verdict import (
     RankNotes,
     Verdict,
     agree,
     gather_verdict,
-    golden_check,
     judge_golden,
 )
 
@@ -92,113 +65,8 @@ PHASES = {
 }
 
 
-def _hashes(outputs: Mapping[str, torch.Tensor], apart: Collection[str] = ()
-            ) -> tuple[str, dict[str, str]]:
-    """The hash of all the outputs, and of each output named in ``apart`` on its own (what
-    ``_hashes({name: t})`` would give), each tensor's bytes brought to the host once."""
-    h, each = hashlib.sha256(), {}
-    for name in sorted(outputs):
-        t = outputs[name]
-        if isinstance(t, torch.Tensor):
-            own = hashlib.sha256() if name in apart else None
-            for part in (name.encode(), str(t.dtype).encode(), str(tuple(t.shape)).encode(),
-                         flat_bytes(t).cpu().numpy().data):  # hashed in place, not copied
-                h.update(part)
-                if own is not None:
-                    own.update(part)
-            if own is not None:
-                each[name] = own.hexdigest()
-    return h.hexdigest(), each
-
-
-#: the second check moves inputs this far into fresh memory
-SHIFT_BYTES = ALIGN_BYTES
-#: inputs bigger than this are not copied for the shifted check
-RELOCATE_CAP_BYTES = 1 << 30
 #: at most this many shifted input sets rotate between timed repeats, within this budget
 TIMING_SLOTS, TIMING_SLOT_BUDGET_BYTES = 4, 256 << 20
-
-
-def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
-    """Inputs an implementation may write: the output buffers, the in-place inputs of an
-    in-place case, and every input that overlaps one of them (x as a slice of out)."""
-    spec = case.spec
-    roots = set(spec.out_buffers.values()) | set(spec.readwrite_inputs)
-    if case.params.get("inplace"):
-        roots |= set(spec.inplace_inputs)
-    root_tensors = [inputs[r] for r in roots if isinstance(inputs.get(r), torch.Tensor)]
-    return {k for k, v in inputs.items() if isinstance(v, torch.Tensor)
-            and (k in roots or any(overlaps(v, t) for t in root_tensors))}
-
-
-def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[str, Any],
-          fresh_poison: bool = False) -> dict[str, torch.Tensor]:
-    """One checked call; ``fresh_poison``: what it allocates starts as poison (the first call
-    of a case: a later one reuses the blocks of an earlier one's outputs, which the first
-    call's check has already judged)."""
-    try:
-        with (fresh_memory_poisoned(world.device, nbytes(inputs)) if fresh_poison
-              else contextlib.nullcontext()):
-            raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
-            world.synchronize()
-    except IMPL_RAISES as exc:
-        raise CaseError(f"implementation raised {type(exc).__name__}: {exc}") from exc
-    return normalize_outputs(raw, case.spec.outputs)
-
-
-def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
-                    guards: Mapping[str, torch.Tensor], zones: Redzones) -> None:
-    """Nothing written outside the buffers given, untouched read-only inputs, outputs in the
-    buffers provided, in-place outputs aliased."""
-    spec = case.spec
-    outside = zones.damage()
-    if outside:
-        raise CaseError(outside)
-    for k, before in guards.items():
-        if not same_bits(inputs[k], before):
-            raise CaseError(f"input {k!r} was modified, but this case may not write it")
-    for out_name, in_name in spec.out_buffers.items():
-        buf, got = inputs[in_name], outputs.get(out_name)
-        if buf is None:  # this case has no such output (bf16 data has no fp8 scales)
-            continue
-        if not (isinstance(got, torch.Tensor) and got.data_ptr() == buf.data_ptr()
-                and got.shape == buf.shape and got.dtype == buf.dtype):
-            raise CaseError(f"output {out_name!r} must be written into the buffer passed as "
-                            f"{in_name!r} and returned, not into a new tensor")
-    if case.params.get("inplace") and spec.inplace_inputs:
-        first_in = inputs[spec.inplace_inputs[0]]
-        first_out = outputs.get(spec.outputs[0])
-        if not (isinstance(first_out, torch.Tensor) and lies_within(first_out, first_in)):
-            raise CaseError(f"in-place case: output {spec.outputs[0]!r} does not alias input "
-                            f"{spec.inplace_inputs[0]!r}")
-
-
-def _measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
-             tols: Mapping[str, compare.Tolerance], rank: int,
-             memos: dict[str, dict[Any, Any]] | None = None,
-             magnitudes: Mapping[str, torch.Tensor] | None = None
-             ) -> dict[str, dict[str, Any]]:
-    # an expected entry "out:label" is a second reference for output "out" (an FP8 GEMM is
-    # compared with the dequantized product and with the unquantized one)
-    missing = {name.split(":")[0] for name in expected} - set(outputs)
-    if missing:
-        raise CaseError(f"missing outputs {sorted(missing)}")
-    memos = {} if memos is None else memos
-    return {name: {"metrics": compare.measure(outputs[name.split(":")[0]], expected[name], tol,
-                                              rank=rank, memo=memos.setdefault(name, {}),
-                                              dtype=_required_dtype(name, expected[name]),
-                                              magnitude=(magnitudes or {}).get(name)
-                                              ).to_dict(),
-                   "tolerance": tol.to_dict()}
-            for name, tol in tols.items()}
-
-
-def _required_dtype(name: str, expected: torch.Tensor) -> torch.dtype | None:
-    """The dtype an output must have: its reference's, except against a float64 reference
-    (kept wider than any output on purpose) or a second reference (``out:label``)."""
-    if ":" in name or expected.dtype == torch.float64:
-        return None
-    return expected.dtype
 
 
 def _ask(question: Callable[..., str | None], world: World, case: Case) -> str:
@@ -277,8 +145,14 @@ def run_case(
     checks = ["poisoned_outputs"] if case.spec.out_buffers else []
     clock_tampering()  # an untimed implementation before this one may have left a patch
     settings = process_state.snapshot()
-    calls = _checked_calls(world, case, impl, result.interpreter, setups or SetupCache(),
-                           golden, checks, phase)
+    cfg = timing or TimingConfig()
+    if result.interpreter:
+        cfg = cfg.interpreted(result.interpreter)
+    # a real timing ends with a call on other values (in buffers the timed calls used);
+    # without one, the checked calls make it (a result kept by shape or call count is stale)
+    calls = checked_calls(world, case, impl, result.interpreter, setups or SetupCache(),
+                           golden, checks, phase,
+                           other_values=not (bench and not cfg.minimal and not cfg.interpreter))
     if case.spec.replicated and world.size > 1:
         checks.append("replicated")
     checks.append("process_settings")
@@ -299,14 +173,12 @@ def run_case(
 
     # ---- timing, only of implementations that are correct
     if bench and result.status == "pass" and calls.setup is not None:
-        cfg = timing or TimingConfig()
-        if result.interpreter:
-            cfg = cfg.interpreted(result.interpreter)
         setup = calls.setup
         phase("timing")
-        _time_and_recheck(world, case, impl, calls.inputs, calls.writable, setup.expected,
-                          calls.tols, result, cfg, checks, calibration, setup.memos,
-                          setup.magnitudes, setup, settings, on_failure)
+        values = calls.values or setup  # whose values the last call's inputs hold
+        _time_and_recheck(world, case, impl, calls.inputs, calls.writable, values.expected,
+                          calls.tols, result, cfg, checks, calibration, values.memos,
+                          values.magnitudes, values, settings, on_failure)
     result.checks = checks
     result.duration_s = time.perf_counter() - t0
     return result
@@ -322,84 +194,6 @@ def _new_result(world: World, case: Case, impl_name: str, run_id: str, env_id: s
         device=str(world.device), backend=world.backend if spec.distributed else None,
         started_at=started, env_id=env_id,
     )
-
-
-@dataclass
-class _Calls:
-    """What the checked calls before the timing leave (``_checked_calls``), on this rank."""
-
-    #: the peak memory of the last call (the shifted one's, where it ran)
-    mem: PeakMemory
-    setup: CaseSetup | None = None
-    #: the inputs of the last call, and those an implementation may write
-    inputs: dict[str, Any] = field(default_factory=dict)
-    writable: set[str] = field(default_factory=set)
-    tols: dict[str, compare.Tolerance] = field(default_factory=dict)
-    #: per check ("call", "shifted"), each output's metrics and tolerance
-    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: the hash of the first call's outputs, and of each of its replicated ones
-    digest: str = ""
-    replicas: dict[str, str] = field(default_factory=dict)
-    #: the first call's outputs against the golden (``golden_check``)
-    golden: dict[str, Any] | None = None
-    #: what broke: the implementation (a CaseError) or the spec or harness
-    error: str = ""
-
-
-def _checked_calls(world: World, case: Case, impl: Callable[..., Any], interpreter: str | None,
-                   setups: SetupCache, golden: GoldenStore | GoldenShelf | None,
-                   checks: list[str], phase: Callable[[str], None]) -> _Calls:
-    """The first call, on fresh inputs with its outputs poisoned, then (where the case allows)
-    the shifted call, on a copy of the inputs in fresh memory after every buffer of the first
-    was poisoned: each call's outputs measured against the reference, the first's against the
-    golden too. Every exception is caught into ``error``."""
-    spec = case.spec
-    calls = _Calls(PeakMemory(world.device))
-    try:
-        phase("setup")
-        setup = calls.setup = setups.get(case, world.rank)
-        zones = Redzones()
-        inputs = calls.inputs = setup.inputs(world.device, redzones=zones)
-        writable = calls.writable = _writable(case, inputs)
-        guards = {k: v.clone() for k, v in inputs.items()
-                  if isinstance(v, torch.Tensor) and k not in writable}
-        expected = setup.expected
-        tols = calls.tols = tolerances(case, expected)
-        if interpreter:
-            tols = calls.tols = interpreted_lens(tols)
-        phase("call")
-        with calls.mem:
-            outputs = _call(world, case, impl, inputs, fresh_poison=True)
-        phase("check")
-        _check_contract(case, inputs, outputs, guards, zones)
-        calls.stages["call"] = _measure(outputs, expected, tols, world.rank, setup.memos,
-                                        setup.magnitudes)
-        calls.digest, calls.replicas = _hashes(outputs, spec.replicated)
-        if golden is not None:
-            calls.golden = golden_check(golden, case, outputs, tols, world.rank,
-                                        setup.magnitudes)
-        if spec.shift_buffers and nbytes(inputs) <= RELOCATE_CAP_BYTES:
-            zones = Redzones()
-            shifted = setup.inputs(world.device, SHIFT_BYTES, zones)
-            for _, t in tensors(inputs):
-                poison_(t)
-            del outputs
-            inputs = calls.inputs = shifted
-            calls.mem = PeakMemory(world.device)
-            phase("call")
-            with calls.mem:
-                outputs = _call(world, case, impl, inputs)
-            phase("check")
-            _check_contract(case, inputs, outputs, guards, zones)
-            calls.stages["shifted"] = _measure(outputs, expected, tols, world.rank, setup.memos,
-                                               setup.magnitudes)
-            checks.append("shifted_buffers")
-    except CaseError as exc:
-        calls.error = str(exc)
-    except Exception as exc:  # a bug in the spec or harness: say where
-        calls.error = (f"harness error {type(exc).__name__}: {exc}\n"
-                       f"{traceback.format_exc(limit=4)}")
-    return calls
 
 
 def _take(result: CaseResult, verdict: Verdict) -> None:
@@ -452,7 +246,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     if recheck and not local_error:
         try:
             outputs = normalize_outputs(last["value"], spec.outputs)
-            stages["after_timing"] = _measure(outputs, expected, tols, world.rank, memos,
+            stages["after_timing"] = measure(outputs, expected, tols, world.rank, memos,
                                               magnitudes)
             checks.append("after_timing")
             if real and setup is not None and nbytes(inputs) <= RELOCATE_CAP_BYTES:
@@ -553,8 +347,8 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     time.sleep(SETTLE_S)
     world.synchronize()
     twin_tols = tolerances(twin.case, twin.expected)
-    stages["reused_buffers"] = _measure(seen, twin.expected, twin_tols, world.rank, twin.memos,
+    stages["reused_buffers"] = measure(seen, twin.expected, twin_tols, world.rank, twin.memos,
                                         twin.magnitudes)
     snapshot = {k: v for k, v in seen.items() if isinstance(v, torch.Tensor)}
-    stages["settled"] = _measure(outputs, snapshot, {k: compare.exact() for k in snapshot},
+    stages["settled"] = measure(outputs, snapshot, {k: compare.exact() for k in snapshot},
                                  world.rank)

@@ -22,6 +22,9 @@ from harness.engine.case_setup import EXACT_SUFFIX
 _STAGE_PREFIX = {
     "call": "",
     "shifted": "with the inputs moved to fresh shifted memory and the old buffers poisoned: ",
+    "other_values": "on other input values (a result kept by shape or by call count?): ",
+    "shifted_other_values": ("on other input values in fresh shifted memory, the old buffers "
+                             "poisoned (a result kept by shape or by call count?): "),
     "after_timing": "after the timed repeats (on shifted buffer copies): ",
     "reused_buffers": ("on new input values written into buffers it had seen while timed "
                        "(a result cached by buffer or by call?): "),

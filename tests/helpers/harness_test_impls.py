@@ -72,6 +72,15 @@ def crash_on_rank_one(world, x, out, op):
     return allreduce_torch(world, x, out, op)
 
 
+def writes_input_on_rank_one(world, x, out, op):
+    """Right, but rank 1 alone then writes its read-only input in one case: only that rank's
+    contract check fails, and every rank must still make the case's later calls."""
+    allreduce_torch(world, x, out, op)
+    if _is_target(x, op) and world.rank == min(1, world.size - 1) and x is not out:
+        x.view(-1)[0] += 1
+    return out
+
+
 #: exposed through a test-made entry point in group harness.implementations
 ENTRY = {"allreduce": allreduce_torch}
 
@@ -133,9 +142,12 @@ def _rows(world, x: torch.Tensor) -> torch.Tensor:
 
 def _fold(rows: torch.Tensor, op: str, order: list[int], start: torch.Tensor | None = None
           ) -> torch.Tensor:
-    acc = rows[order[0]].float() if start is None else start.float()
+    def wide(t: torch.Tensor) -> torch.Tensor:  # float32, or int64 for integers
+        return t.float() if t.dtype.is_floating_point else t.long()
+
+    acc = wide(rows[order[0]] if start is None else start)
     for r in order[1:] if start is None else order:
-        v = rows[r].float()
+        v = wide(rows[r])
         acc = {"sum": acc + v, "avg": acc + v, "prod": acc * v, "min": torch.fmin(acc, v),
                "max": torch.fmax(acc, v)}[op]
     return acc / len(order) if op == "avg" else acc
@@ -161,3 +173,15 @@ def flushing_subnormals(world, x, out, op):
     tiny = torch.finfo(x.dtype).tiny
     rows = torch.where(rows.abs() < tiny, torch.zeros_like(rows), rows)
     return out.copy_(_fold(rows, op, list(range(world.size))).to(out.dtype))
+
+
+def product_in_bf16(world, x, out, op):
+    """A product whose running value is kept in bf16 (a reduction kernel's narrow
+    accumulator); every other op right. Powers of two, the exact mode's factors, survive it."""
+    rows = _rows(world, x)
+    if op != "prod" or not x.dtype.is_floating_point:
+        return out.copy_(_fold(rows, op, list(range(world.size))).to(out.dtype))
+    acc = rows[0].to(torch.bfloat16)
+    for r in range(1, world.size):
+        acc = (acc.float() * rows[r].float()).to(torch.bfloat16)
+    return out.copy_(acc.to(out.dtype))

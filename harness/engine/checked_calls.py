@@ -1,0 +1,304 @@
+"""The checked calls of one implementation on one case, before any timing.
+
+1. ``call``: the implementation on fresh inputs, output buffers poisoned (an element it does
+   not write stays NaN or a sentinel and fails), what it allocates poisoned too; checked
+   against the reference and the golden, and for its contract: nothing written outside the
+   buffers given (redzones), read-only inputs untouched, outputs in the buffers passed and of
+   their own memory.
+2. The second call, on a new set of inputs: shifted into fresh memory after every buffer of
+   the first call was poisoned (caches keyed by address, reads of stale buffers), and where
+   no real timing follows on the twin case's values (results kept by shape or call count).
+   Its peak memory is the case's.
+
+A distributed case keeps its ranks in step: a rank whose check failed still makes the second
+call, so that the others' collectives are answered, then reports what it found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import traceback
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.core import compare
+from harness.core.buffers import (
+    ALIGN_BYTES,
+    Redzones,
+    flat_bytes,
+    fresh_memory_poisoned,
+    lies_within,
+    nbytes,
+    overlaps,
+    poison_,
+    same_bits,
+    tensors,
+)
+from harness.core.golden import GoldenShelf, GoldenStore
+from harness.core.spec import IMPL_RAISES, Case
+from harness.device.memory import PeakMemory
+from harness.device.runtime import World
+from harness.engine.case_setup import (
+    CaseError,
+    CaseSetup,
+    SetupCache,
+    interpreted_lens,
+    normalize_outputs,
+    tolerances,
+)
+from harness.engine.verdict import golden_check
+
+#: the second check moves inputs this far into fresh memory
+SHIFT_BYTES = ALIGN_BYTES
+#: inputs bigger than this are not copied for the shifted check
+RELOCATE_CAP_BYTES = 1 << 30
+
+
+def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
+    """Inputs an implementation may write: the output buffers, the in-place inputs of an
+    in-place case, and every input that overlaps one of them (x as a slice of out)."""
+    spec = case.spec
+    roots = set(spec.out_buffers.values()) | set(spec.readwrite_inputs)
+    if case.params.get("inplace"):
+        roots |= set(spec.inplace_inputs)
+    root_tensors = [inputs[r] for r in roots if isinstance(inputs.get(r), torch.Tensor)]
+    return {k for k, v in inputs.items() if isinstance(v, torch.Tensor)
+            and (k in roots or any(overlaps(v, t) for t in root_tensors))}
+
+
+def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[str, Any],
+          fresh_poison: bool = False) -> dict[str, torch.Tensor]:
+    """One checked call; ``fresh_poison``: what it allocates starts as poison (the first call
+    of a case: a later one reuses the blocks of an earlier one's outputs, which the first
+    call's check has already judged)."""
+    try:
+        with (fresh_memory_poisoned(world.device, nbytes(inputs)) if fresh_poison
+              else contextlib.nullcontext()):
+            raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
+            world.synchronize()
+    except IMPL_RAISES as exc:
+        raise CaseError(f"implementation raised {type(exc).__name__}: {exc}") from exc
+    return normalize_outputs(raw, case.spec.outputs)
+
+
+def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
+                    guards: Mapping[str, torch.Tensor], zones: Redzones) -> None:
+    """Nothing written outside the buffers given, untouched read-only inputs, outputs in the
+    buffers provided, in-place outputs aliased."""
+    spec = case.spec
+    outside = zones.damage()
+    if outside:
+        raise CaseError(outside)
+    for k, before in guards.items():
+        if not same_bits(inputs[k], before):
+            raise CaseError(f"input {k!r} was modified, but this case may not write it")
+    shared = "" if spec.outputs_may_alias else shared_memory(outputs, {k: inputs[k]
+                                                                        for k in guards})
+    if shared:
+        raise CaseError(shared)
+    for out_name, in_name in spec.out_buffers.items():
+        buf, got = inputs[in_name], outputs.get(out_name)
+        if buf is None:  # this case has no such output (bf16 data has no fp8 scales)
+            continue
+        if not (isinstance(got, torch.Tensor) and got.data_ptr() == buf.data_ptr()
+                and got.shape == buf.shape and got.dtype == buf.dtype):
+            raise CaseError(f"output {out_name!r} must be written into the buffer passed as "
+                            f"{in_name!r} and returned, not into a new tensor")
+    if case.params.get("inplace") and spec.inplace_inputs:
+        first_in = inputs[spec.inplace_inputs[0]]
+        first_out = outputs.get(spec.outputs[0])
+        if not (isinstance(first_out, torch.Tensor) and lies_within(first_out, first_in)):
+            raise CaseError(f"in-place case: output {spec.outputs[0]!r} does not alias input "
+                            f"{spec.inplace_inputs[0]!r}")
+
+
+def shared_memory(outputs: Mapping[str, Any], read_only: Mapping[str, torch.Tensor]
+                        ) -> str:
+    """An output that shares memory with an input the case may not write, named ("" when
+    none): the input returned, or a view of it, is no output of its own (a copy that copied
+    nothing), and the caller's next write to either changes the other. The layout is free,
+    as in torch's own tests (``assert_close`` ignores strides): an op whose layout matters
+    passes the buffer to write (``OpSpec.out_buffers``)."""
+    for name, got in outputs.items():
+        if not isinstance(got, torch.Tensor):
+            continue
+        for in_name, t in read_only.items():
+            if overlaps(got, t):
+                return (f"output {name!r} shares memory with input {in_name!r}: an output "
+                        "must be memory of its own (or the buffer the case passes for it); "
+                        "return a copy")
+    return ""
+
+
+def measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
+             tols: Mapping[str, compare.Tolerance], rank: int,
+             memos: dict[str, dict[Any, Any]] | None = None,
+             magnitudes: Mapping[str, torch.Tensor] | None = None
+             ) -> dict[str, dict[str, Any]]:
+    # an expected entry "out:label" is a second reference for output "out" (an FP8 GEMM is
+    # compared with the dequantized product and with the unquantized one)
+    missing = {name.split(":")[0] for name in expected} - set(outputs)
+    if missing:
+        raise CaseError(f"missing outputs {sorted(missing)}")
+    memos = {} if memos is None else memos
+    return {name: {"metrics": compare.measure(outputs[name.split(":")[0]], expected[name], tol,
+                                              rank=rank, memo=memos.setdefault(name, {}),
+                                              dtype=_required_dtype(name, expected[name]),
+                                              magnitude=(magnitudes or {}).get(name)
+                                              ).to_dict(),
+                   "tolerance": tol.to_dict()}
+            for name, tol in tols.items()}
+
+
+def _required_dtype(name: str, expected: torch.Tensor) -> torch.dtype | None:
+    """The dtype an output must have: its reference's, except against a float64 reference
+    (kept wider than any output on purpose) or a second reference (``out:label``)."""
+    if ":" in name or expected.dtype == torch.float64:
+        return None
+    return expected.dtype
+
+
+def _hashes(outputs: Mapping[str, torch.Tensor], apart: Collection[str] = ()
+            ) -> tuple[str, dict[str, str]]:
+    """The hash of all the outputs, and of each output named in ``apart`` on its own (what
+    ``_hashes({name: t})`` would give), each tensor's bytes brought to the host once."""
+    h, each = hashlib.sha256(), {}
+    for name in sorted(outputs):
+        t = outputs[name]
+        if isinstance(t, torch.Tensor):
+            own = hashlib.sha256() if name in apart else None
+            for part in (name.encode(), str(t.dtype).encode(), str(tuple(t.shape)).encode(),
+                         flat_bytes(t).cpu().numpy().data):  # hashed in place, not copied
+                h.update(part)
+                if own is not None:
+                    own.update(part)
+            if own is not None:
+                each[name] = own.hexdigest()
+    return h.hexdigest(), each
+
+
+@dataclass
+class Calls:
+    """What the checked calls before the timing leave (``_checked_calls``), on this rank."""
+
+    #: the peak memory of the last call (the shifted one's, where it ran)
+    mem: PeakMemory
+    setup: CaseSetup | None = None
+    #: the inputs of the last call, the set-up whose values they hold (the case's, or its
+    #: twin's), and the inputs an implementation may write
+    inputs: dict[str, Any] = field(default_factory=dict)
+    values: CaseSetup | None = None
+    writable: set[str] = field(default_factory=set)
+    tols: dict[str, compare.Tolerance] = field(default_factory=dict)
+    #: per check ("call", "shifted"), each output's metrics and tolerance
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the hash of the first call's outputs, and of each of its replicated ones
+    digest: str = ""
+    replicas: dict[str, str] = field(default_factory=dict)
+    #: the first call's outputs against the golden (``golden_check``)
+    golden: dict[str, Any] | None = None
+    #: what broke: the implementation (a CaseError) or the spec or harness
+    error: str = ""
+
+
+def checked_calls(world: World, case: Case, impl: Callable[..., Any], interpreter: str | None,
+                   setups: SetupCache, golden: GoldenStore | GoldenShelf | None,
+                   checks: list[str], phase: Callable[[str], None],
+                   other_values: bool = False) -> Calls:
+    """The first call, on fresh inputs with its outputs poisoned, then (where the case allows)
+    a second (``_second_call``): shifted, and on the twin case's values with
+    ``other_values``. Each call's outputs measured against its reference, the first's against
+    the golden too. Every exception is caught into ``error``."""
+    spec = case.spec
+    calls = Calls(PeakMemory(world.device))
+    try:
+        phase("setup")
+        setup = calls.setup = calls.values = setups.get(case, world.rank)
+        zones = Redzones()
+        inputs = calls.inputs = setup.inputs(world.device, redzones=zones)
+        writable = calls.writable = _writable(case, inputs)
+        guards = {k: v.clone() for k, v in inputs.items()
+                  if isinstance(v, torch.Tensor) and k not in writable}
+        expected = setup.expected
+        tols = calls.tols = tolerances(case, expected)
+        if interpreter:
+            tols = calls.tols = interpreted_lens(tols)
+        phase("call")
+        with calls.mem:
+            outputs = _call(world, case, impl, inputs, fresh_poison=True)
+        phase("check")
+        failed = ""
+        try:
+            _check_contract(case, inputs, outputs, guards, zones)
+            calls.stages["call"] = measure(outputs, expected, tols, world.rank, setup.memos,
+                                            setup.magnitudes)
+            calls.digest, calls.replicas = _hashes(outputs, spec.replicated)
+            if golden is not None:
+                calls.golden = golden_check(golden, case, outputs, tols, world.rank,
+                                            setup.magnitudes)
+        except CaseError as exc:
+            if not (spec.distributed and world.size > 1):
+                raise
+            # the other ranks may have passed: this one makes the same calls as they do (the
+            # shifted one's collectives would wait for it), then reports what it found
+            failed = str(exc)
+        del outputs
+        small = nbytes(inputs) <= RELOCATE_CAP_BYTES
+        shift, other_values = spec.shift_buffers and small, other_values and small
+        if shift or other_values:
+            _second_call(world, case, impl, calls, interpreter, phase, shift, other_values,
+                         judge=not failed)
+            checks += ["shifted_buffers"] * shift + ["other_values"] * other_values
+        if failed:
+            raise CaseError(failed)
+    except CaseError as exc:
+        calls.error = str(exc)
+    except Exception as exc:  # a bug in the spec or harness: say where
+        calls.error = (f"harness error {type(exc).__name__}: {exc}\n"
+                       f"{traceback.format_exc(limit=4)}")
+    return calls
+
+
+def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
+                 interpreter: str | None, phase: Callable[[str], None], shift: bool,
+                 other_values: bool, judge: bool = True) -> None:
+    """The call after the first, on a new set of inputs: ``shift``ed ``SHIFT_BYTES`` into fresh
+    memory after every buffer of the first call was poisoned (a kernel that assumes an
+    alignment, or reads a buffer it kept, is caught), and with ``other_values`` the twin
+    case's values, checked against the twin's reference (a result kept by shape or by call
+    count passes calls on the same values; a real timing ends with such a call instead). Its
+    outputs are checked where this rank is to ``judge`` them (one that has already failed
+    makes the call only to keep its collectives in step). The inputs become the timing's."""
+    assert calls.setup is not None
+    source = calls.setup.twin() if other_values else calls.setup
+    zones = Redzones()
+    inputs = source.inputs(world.device, SHIFT_BYTES if shift else 0, zones)
+    guards = {k: v.clone() for k, v in inputs.items()
+              if isinstance(v, torch.Tensor) and k not in calls.writable}
+    if shift:
+        for _, t in tensors(calls.inputs):
+            poison_(t)
+    calls.inputs, calls.values = inputs, source
+    if other_values:
+        tols = tolerances(source.case, source.expected)
+        calls.tols = interpreted_lens(tols) if interpreter else tols
+    calls.mem = PeakMemory(world.device)
+    phase("call")
+    try:
+        with calls.mem:
+            outputs = _call(world, source.case, impl, inputs)
+    except CaseError:
+        if judge:
+            raise
+        return
+    if judge:
+        phase("check")
+        _check_contract(source.case, inputs, outputs, guards, zones)
+        stage = "_".join(n for n, on in (("shifted", shift), ("other_values", other_values))
+                         if on)
+        calls.stages[stage] = measure(
+            outputs, source.expected, calls.tols, world.rank, source.memos, source.magnitudes)
