@@ -96,8 +96,8 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
     for k, before in guards.items():
         if not same_bits(inputs[k], before):
             raise CaseError(f"input {k!r} was modified, but this case may not write it")
-    shared = "" if spec.outputs_may_alias else shared_memory(outputs, {k: inputs[k]
-                                                                        for k in guards})
+    read_only = {k: inputs[k] for k in guards}
+    shared = "" if spec.outputs_may_alias else _shared_memory(outputs, read_only)
     if shared:
         raise CaseError(shared)
     for out_name, in_name in spec.out_buffers.items():
@@ -116,8 +116,7 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
                             f"{spec.inplace_inputs[0]!r}")
 
 
-def shared_memory(outputs: Mapping[str, Any], read_only: Mapping[str, torch.Tensor]
-                        ) -> str:
+def _shared_memory(outputs: Mapping[str, Any], read_only: Mapping[str, torch.Tensor]) -> str:
     """An output that shares memory with an input the case may not write, named ("" when
     none): the input returned, or a view of it, is no output of its own (a copy that copied
     nothing), and the caller's next write to either changes the other. The layout is free,
@@ -135,10 +134,11 @@ def shared_memory(outputs: Mapping[str, Any], read_only: Mapping[str, torch.Tens
 
 
 def measure(outputs: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor],
-             tols: Mapping[str, compare.Tolerance], rank: int,
-             memos: dict[str, dict[Any, Any]] | None = None,
-             magnitudes: Mapping[str, torch.Tensor] | None = None
-             ) -> dict[str, dict[str, Any]]:
+            tols: Mapping[str, compare.Tolerance], rank: int,
+            memos: dict[str, dict[Any, Any]] | None = None,
+            magnitudes: Mapping[str, torch.Tensor] | None = None) -> dict[str, dict[str, Any]]:
+    """Each output's metrics under its tolerance, and the tolerance; a missing one is a
+    CaseError."""
     # an expected entry "out:label" is a second reference for output "out" (an FP8 GEMM is
     # compared with the dequantized product and with the unquantized one)
     missing = {name.split(":")[0] for name in expected} - set(outputs)
