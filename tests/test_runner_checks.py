@@ -491,6 +491,9 @@ _LEAKS = {
     "grad mode": lambda: torch.set_grad_enabled(False),
     "transformer fast path": lambda: torch.backends.mha.set_fastpath_enabled(False),
     "anomaly detection": lambda: torch.set_anomaly_enabled(True),
+    # a kernel library's fused silu patched in: every later reference would call it
+    "torch functions": lambda: setattr(torch.nn.functional, "silu",
+                                       lambda x, inplace=False: x * torch.sigmoid(x)),
 }
 
 
@@ -716,3 +719,20 @@ def test_in_process_cases_after_one_that_tainted_the_process_are_not_run(monkeyp
     from harness.engine.tolerance_use import controls_caught, uses
 
     assert controls_caught(uses(spec, run_cases(spec, "tripled"))) == {"tripled": False}
+
+
+def test_a_function_wrapped_in_place_is_not_a_replacement(world):
+    """Importing torch._dynamo wraps torch.manual_seed (functools.wraps): the first DTensor
+    case would otherwise fail for torch's own import. A replacement that does not wrap the
+    function it replaces fails (``_LEAKS``)."""
+    import functools
+
+    from harness.device import process_state
+
+    original = torch.nn.functional.gelu
+    before = process_state.snapshot()
+    try:
+        torch.nn.functional.gelu = functools.wraps(original)(lambda *a, **k: original(*a, **k))
+        assert process_state.changed(before) == []
+    finally:
+        torch.nn.functional.gelu = original

@@ -8,8 +8,9 @@ TF32, a reduced-precision reduction, autocast or another BLAS library changes th
 matmul's numbers; fewer intra-op threads, disabled flash attention or cuDNN benchmarking
 changes the next implementation's time. The environment variables that NCCL and gloo read
 when a later case makes a communicator count too: an ``NCCL_ALGO`` left behind changes the
-next group's reduction order. ``changed`` names each setting that differs from a
-``snapshot`` and puts it back.
+next group's reduction order. So do torch's public functions: one replaced process-wide
+computes every later reference with the replacement. ``changed`` names each setting that
+differs from a ``snapshot`` and puts it back.
 
 Each setting is read only where this torch has it (the names move between releases: the
 ``fp32_precision`` properties came in 2.9), and CUDA's only once CUDA is initialised, so
@@ -234,6 +235,70 @@ def _put_anomaly(value: tuple[bool, bool]) -> None:
     torch.set_anomaly_enabled(value[0], value[1])
 
 
+#: the namespaces whose public functions a reference calls: one replaced process-wide (a
+#: monkeypatched ``F.silu``) would compute every later reference with it, the wrong kernel's
+#: own arithmetic its judge. The Tensor class and its C base: a method patched onto the class
+#: shadows the base's
+_FUNCTION_OWNERS = ("", "nn.functional", "linalg", "special", "fft", "Tensor", "_C.TensorBase")
+
+
+def _same_function(now: Any, before: Any) -> bool:
+    """``now`` is ``before``, or a wrapper of it (``functools.wraps``: importing torch._dynamo
+    wraps torch.manual_seed so, torch/_dynamo/__init__.py)."""
+    for _ in range(8):
+        if now is before:
+            return True
+        now = getattr(now, "__wrapped__", None)
+        if now is None:
+            return False
+    return False
+
+
+class _Functions:
+    """A copy of each namespace's own attributes; equal to an earlier copy when every public
+    function that one holds is still the same object, or wraps it (names added since,
+    torch's lazy attributes, do not count, but on a class, where they shadow its base's)."""
+
+    def __init__(self) -> None:
+        self.owners = [(o, _resolve(o) if o else torch) for o in _FUNCTION_OWNERS]
+        self.names = [dict(vars(obj)) for _, obj in self.owners]
+
+    def replaced(self, before: _Functions) -> list[tuple[str, str, Any]]:
+        """(owner, name, the function before) for each public function not as it was."""
+        found = []
+        for (owner, obj), now, then in zip(self.owners, self.names, before.names, strict=True):
+            if now == then:  # C-speed: identity first, as dict comparison goes
+                continue
+            for name, f in then.items():
+                if (not name.startswith("_") and callable(f)
+                        and not _same_function(now.get(name), f)):
+                    found.append((owner, name, f))
+            if isinstance(obj, type):
+                found += [(owner, name, None) for name in now.keys() - then.keys()
+                          if not name.startswith("_")]
+        return found
+
+    def __eq__(self, before: object) -> bool:
+        return isinstance(before, _Functions) and not self.replaced(before)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _replaced(before: _Functions, now: _Functions) -> str:
+    names = [f"torch.{owner + '.' if owner else ''}{name}"
+             for owner, name, _ in now.replaced(before)]
+    return ", ".join(names) + " replaced"
+
+
+def _put_functions(before: _Functions) -> None:
+    for owner, name, f in _Functions().replaced(before):
+        obj = _resolve(owner) if owner else torch
+        if f is None:  # a method added to a class over its base's
+            delattr(obj, name)
+        else:
+            setattr(obj, name, f)
+
+
 def _no_setter(value: Any) -> None:
     # inference mode is left on by an InferenceMode guard the implementation holds; only that
     # guard can end it, so the process is tainted (per_thread) and its job ends
@@ -271,7 +336,8 @@ def host_settings() -> tuple[Setting, ...]:
               Setting("anomaly detection", _anomaly, _put_anomaly),
               _autocast("cpu"), _autocast("cuda"),
               Setting("environment", _environment, _put_environment,
-                      describe=_environment_change)]
+                      describe=_environment_change),
+              Setting("torch functions", _Functions, _put_functions, describe=_replaced)]
     return tuple(s for s in every if _readable(s.get))
 
 
