@@ -215,6 +215,27 @@ def test_an_output_that_shares_memory_with_a_read_only_input_is_an_error(world, 
     assert allowed.status == "pass", allowed.reason
 
 
+@pytest.mark.parametrize("bench", [False, True], ids=["untimed", "timed"])
+def test_an_output_in_a_workspace_reused_across_calls_is_an_error(world, bench):
+    """Each call right when it returns, but the next call on other values overwrites what the
+    last one returned: caught after the second call untimed, after the check on other values
+    that ends a real timing (the calls between had the same values)."""
+    workspace: dict = {}
+
+    def reuses(x):
+        out = workspace.setdefault("out", torch.empty_like(x)).copy_(x)
+        return out, workspace.setdefault("head", torch.empty_like(x[:4])).copy_(x[:4])
+
+    r = run_case(world, Case(_copy_spec(), {}, 1), "reuses", reuses, bench=bench,
+                 timing=TIMING)
+    assert r.status == "error", r.reason
+    assert ("output 'out' of an earlier call changed when the implementation was called "
+            "again on other values") in r.reason, r.reason
+    fresh = run_case(world, Case(_copy_spec(), {}, 1), "copies",
+                     lambda x: (x.clone(), x[:4].clone()), bench=bench, timing=TIMING)
+    assert fresh.status == "pass", fresh.reason
+
+
 def test_in_place_cases_skip_the_check_after_timing_and_must_alias(world):
     r = _run(world, doubled, params={"n": 1031, "inplace": True}, inplace_inputs=("x",))
     assert r.status == "pass", r.reason

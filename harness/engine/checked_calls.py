@@ -203,6 +203,9 @@ class Calls:
     golden: dict[str, Any] | None = None
     #: what broke: the implementation (a CaseError) or the spec or harness
     error: str = ""
+    #: the first call's outputs in memory of the implementation's own, each with a copy: a
+    #: later call must leave them alone (``changed_since``)
+    held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def checked_calls(world: World, case: Case, impl: Callable[..., Any], interpreter: str | None,
@@ -246,8 +249,10 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
             # the other ranks may have passed: this one makes the same calls as they do (the
             # shifted one's collectives would wait for it), then reports what it found
             failed = str(exc)
-        del outputs
         small = nbytes(inputs) <= RELOCATE_CAP_BYTES
+        if small:
+            calls.held = _own_memory(outputs, inputs)
+        del outputs
         shift, other_values = spec.shift_buffers and small, other_values and small
         if shift or other_values:
             _second_call(world, case, impl, calls, interpreter, phase, shift, other_values,
@@ -261,6 +266,28 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         calls.error = (f"harness error {type(exc).__name__}: {exc}\n"
                        f"{traceback.format_exc(limit=4)}")
     return calls
+
+
+def _own_memory(outputs: Mapping[str, Any], inputs: Mapping[str, Any]
+                ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The outputs that share no memory with an input (those the harness poisons or an
+    in-place case rewrites), each with a copy of what it holds now."""
+    ins = [t for _, t in tensors(inputs)]
+    return {name: (t, t.clone()) for name, t in outputs.items()
+            if isinstance(t, torch.Tensor) and not any(overlaps(t, i) for i in ins)}
+
+
+def changed_since(held: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
+    """Why an earlier call's outputs are not what it returned ("" when they are): the
+    implementation returned memory it reuses (a workspace, a cache), and a later call on other
+    values overwrote the result its caller still holds."""
+    for name, (t, was) in held.items():
+        if not same_bits(t, was):
+            return (f"output {name!r} of an earlier call changed when the implementation was "
+                    "called again on other values: it returns memory it reuses across calls "
+                    "(a workspace or cache), so a caller's earlier result is overwritten; "
+                    "return memory of its own per call")
+    return ""
 
 
 def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
@@ -300,5 +327,7 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
         _check_contract(source.case, inputs, outputs, guards, zones)
         stage = "_".join(n for n, on in (("shifted", shift), ("other_values", other_values))
                          if on)
+        if other_values and changed_since(calls.held):
+            raise CaseError(changed_since(calls.held))
         calls.stages[stage] = measure(
             outputs, source.expected, calls.tols, world.rank, source.memos, source.magnitudes)

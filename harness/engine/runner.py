@@ -44,7 +44,14 @@ from harness.core.timing import (
 from harness.device import process_state, triton_impl
 from harness.device.runtime import World
 from harness.engine.case_setup import CaseSetup, SetupCache, normalize_outputs, tolerances
-from harness.engine.checked_calls import RELOCATE_CAP_BYTES, SHIFT_BYTES, checked_calls, measure
+from harness.engine.checked_calls import (
+    RELOCATE_CAP_BYTES,
+    SHIFT_BYTES,
+    Calls,
+    changed_since,
+    checked_calls,
+    measure,
+)
 from harness.engine.verdict import (
     RankNotes,
     Verdict,
@@ -173,12 +180,9 @@ def run_case(
 
     # ---- timing, only of implementations that are correct
     if bench and result.status == "pass" and calls.setup is not None:
-        setup = calls.setup
         phase("timing")
-        values = calls.values or setup  # whose values the last call's inputs hold
-        _time_and_recheck(world, case, impl, calls.inputs, calls.writable, values.expected,
-                          calls.tols, result, cfg, checks, calibration, values.memos,
-                          values.magnitudes, values, settings, on_failure)
+        _time_and_recheck(world, case, impl, calls, result, cfg, checks, calibration,
+                          settings, on_failure)
     result.checks = checks
     result.duration_s = time.perf_counter() - t0
     return result
@@ -204,21 +208,19 @@ def _take(result: CaseResult, verdict: Verdict) -> None:
         process_state.taint()  # on every rank, so that the job ends together (pytest_plugin)
 
 
-def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
-                      inputs: dict[str, Any], writable: set[str],
-                      expected: Mapping[str, torch.Tensor],
-                      tols: Mapping[str, compare.Tolerance], result: CaseResult,
-                      cfg: TimingConfig, checks: list[str],
+def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
+                      result: CaseResult, cfg: TimingConfig, checks: list[str],
                       calibration: Mapping[str, Any] | None = None,
-                      memos: dict[str, dict[Any, Any]] | None = None,
-                      magnitudes: Mapping[str, torch.Tensor] | None = None,
-                      setup: CaseSetup | None = None,
                       settings: dict[str, Any] | None = None,
                       on_failure: Callable[[str], None] = lambda why: None) -> None:
-    """Time over rotating shifted copies of the inputs, then check the last output again;
-    then, where the timing was real, check that the time could be honest: not below the
-    calibrated limits, no clock replaced, right on new values in buffers seen before (a
-    cache), and outputs that stay put after the call returns (work left running)."""
+    """Time over rotating shifted copies of the last checked call's inputs, then check the
+    last output again; then, where the timing was real, check that the time could be honest:
+    not below the calibrated limits, no clock replaced, right on new values in buffers seen
+    before (a cache), the first call's outputs untouched by them (a workspace it returns),
+    and outputs that stay put after the call returns (work left running)."""
+    inputs, writable, tols = calls.inputs, calls.writable, calls.tols
+    values = calls.values or calls.setup  # whose values the last call's inputs hold
+    assert values is not None
     spec = case.spec
     out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
     # in-place cases change their inputs on every repeat: their last output is not checkable
@@ -246,13 +248,14 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any],
     if recheck and not local_error:
         try:
             outputs = normalize_outputs(last["value"], spec.outputs)
-            stages["after_timing"] = measure(outputs, expected, tols, world.rank, memos,
-                                              magnitudes)
+            stages["after_timing"] = measure(outputs, values.expected, tols, world.rank,
+                                             values.memos, values.magnitudes)
             checks.append("after_timing")
-            if real and setup is not None and nbytes(inputs) <= RELOCATE_CAP_BYTES:
-                _recheck_in_seen_buffers(world, case, impl, slots[0], setup.twin(), stages)
+            if real and nbytes(inputs) <= RELOCATE_CAP_BYTES:
+                _recheck_in_seen_buffers(world, case, impl, slots[0], values.twin(), stages)
                 checks += ["reused_buffers", "settled"]
                 tampered += clock_tampering()
+                local_error = changed_since(calls.held)
         except IMPL_RAISES as exc:
             local_error = f"after timing: {type(exc).__name__}: {exc}"
     changed = process_state.changed(settings) if settings is not None else []
