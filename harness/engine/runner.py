@@ -345,7 +345,9 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     outputs = normalize_outputs(value, spec.outputs)
     seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
     # work still running on the device finishes at the synchronise; a host thread gets a
-    # moment. Either way a late writer is caught: here if it finished, by the reference if not
+    # moment. Output still being written when the call returned fails the reference (``seen``
+    # was read then); one that changes within the moment fails ``settled``. A host thread
+    # that writes later than SETTLE_S is not seen: waiting for it would cost every case
     world.synchronize()
     time.sleep(SETTLE_S)
     world.synchronize()
