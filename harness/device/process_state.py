@@ -254,6 +254,15 @@ def _same_function(now: Any, before: Any) -> bool:
     return False
 
 
+def _inherited(cls: type, name: str) -> Any:
+    """What ``cls.name`` is without ``cls``'s own attribute: its bases' (a method put back
+    with ``Tensor.amax = saved`` lands on the class itself, the same object)."""
+    for base in cls.__mro__[1:]:
+        if name in vars(base):
+            return vars(base)[name]
+    return None
+
+
 class _Functions:
     """A copy of each namespace's own attributes; equal to an earlier copy when every public
     function that one holds is still the same object, or wraps it (names added since,
@@ -275,7 +284,8 @@ class _Functions:
                     found.append((owner, name, f))
             if isinstance(obj, type):
                 found += [(owner, name, None) for name in now.keys() - then.keys()
-                          if not name.startswith("_")]
+                          if not name.startswith("_")
+                          and not _same_function(now[name], _inherited(obj, name))]
         return found
 
     def __eq__(self, before: object) -> bool:
