@@ -109,3 +109,33 @@ def test_every_named_edge_is_in_the_smoke_and_the_nightly_tier(op, edges, least)
         nightly = [p for p in spec.grid["nightly"] if holds(p)]
         assert len(smoke) >= least, f"{op}: {edge} is in {len(smoke)} smoke case(s)"
         assert nightly, f"{op}: {edge} is in no nightly case"
+
+
+def test_every_smoke_cases_twin_takes_other_values():
+    """The twin (the case's other values, every seed reseeded) is what a result kept by shape
+    or by call count is checked on: a twin whose inputs were the case's own made that check
+    see nothing (allreduce's, broadcast's, DTensor's and strided_copy's seeds ignore the twin
+    parameter). Only a case with no random value at all may keep its values."""
+    import torch
+
+    from harness.core.spec import Case
+    from harness.engine.case_setup import CaseSetup
+
+    def bits(t):
+        t = t.detach().contiguous().reshape(-1)
+        return t if t.dtype == torch.bool else t.view(torch.uint8)
+
+    def differs(a, b):
+        return any(isinstance(v, torch.Tensor) and v.numel()
+                   and (v.shape != b[k].shape or not torch.equal(bits(v), bits(b[k])))
+                   for k, v in a.items())
+
+    same = []
+    for spec in builtin_suite().specs:
+        for ws in (1, 4):
+            for case in spec.cases("smoke", ws):
+                if not any(differs(*(s.inputs(torch.device("cpu")) for s in (setup, setup.twin())))
+                           for setup in (CaseSetup(Case(spec, case.params, ws), r)
+                                         for r in range(ws))):
+                    same.append(case.id)
+    assert same == ["hopper_tasks.argmax[b=2,chunk=16,values=neginf,vocab=64]"]
