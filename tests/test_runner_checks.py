@@ -229,8 +229,8 @@ def test_an_output_in_a_workspace_reused_across_calls_is_an_error(world, bench):
     r = run_case(world, Case(_copy_spec(), {}, 1), "reuses", reuses, bench=bench,
                  timing=TIMING)
     assert r.status == "error", r.reason
-    assert ("output 'out' of an earlier call changed when the implementation was called "
-            "again on other values") in r.reason, r.reason
+    assert ("output 'out' of an earlier call changed after it was returned, by the later "
+            "calls on other values") in r.reason, r.reason
     fresh = run_case(world, Case(_copy_spec(), {}, 1), "copies",
                      lambda x: (x.clone(), x[:4].clone()), bench=bench, timing=TIMING)
     assert fresh.status == "pass", fresh.reason

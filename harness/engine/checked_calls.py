@@ -280,13 +280,14 @@ def _own_memory(outputs: Mapping[str, Any], inputs: Mapping[str, Any]
 def changed_since(held: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
     """Why an earlier call's outputs are not what it returned ("" when they are): the
     implementation returned memory it reuses (a workspace, a cache), and a later call on other
-    values overwrote the result its caller still holds."""
+    values overwrote the result its caller still holds; or work it left running (a thread)
+    wrote it after the call returned."""
     for name, (t, was) in held.items():
         if not same_bits(t, was):
-            return (f"output {name!r} of an earlier call changed when the implementation was "
-                    "called again on other values: it returns memory it reuses across calls "
-                    "(a workspace or cache), so a caller's earlier result is overwritten; "
-                    "return memory of its own per call")
+            return (f"output {name!r} of an earlier call changed after it was returned, by "
+                    "the later calls on other values (memory the implementation reuses: a "
+                    "workspace or cache) or by work left running: a caller's result must stay "
+                    "as returned; return memory of its own per call")
     return ""
 
 

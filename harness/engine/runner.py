@@ -346,8 +346,9 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
     # work still running on the device finishes at the synchronise; a host thread gets a
     # moment. Output still being written when the call returned fails the reference (``seen``
-    # was read then); one that changes within the moment fails ``settled``. A host thread
-    # that writes later than SETTLE_S is not seen: waiting for it would cost every case
+    # was read then); one that changes within the moment fails ``settled``; the first
+    # call's outputs are compared once more after all this (``changed_since``), which sees a
+    # thread that wrote them during the timing. One later still is not seen
     world.synchronize()
     time.sleep(SETTLE_S)
     world.synchronize()
