@@ -62,6 +62,12 @@ class TimingConfig:
     #: interpreter's, not the kernel's (``interpreted``)
     interpreter: str = ""
 
+    @property
+    def full(self) -> bool:
+        """Whether the calls are timed in full (no token budget, no interpreter): what a time
+        that means something, and the checks that it is honest, need."""
+        return not self.minimal and not self.interpreter
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"timing mode {self.mode!r} is not one of {MODES}")

@@ -301,8 +301,10 @@ def _replaced(before: _Functions, now: _Functions) -> str:
 
 
 def _put_functions(before: _Functions) -> None:
-    for owner, name, f in _Functions().replaced(before):
-        obj = _resolve(owner) if owner else torch
+    now = _Functions()
+    owners = dict(now.owners)
+    for owner, name, f in now.replaced(before):
+        obj = owners[owner]
         if f is None:  # a method added to a class over its base's
             delattr(obj, name)
         else:

@@ -70,6 +70,12 @@ def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
             and (k in roots or any(overlaps(v, t) for t in root_tensors))}
 
 
+def _guards(inputs: Mapping[str, Any], writable: set[str]) -> dict[str, torch.Tensor]:
+    """A copy of each input tensor the implementation may not write, to compare after."""
+    return {k: v.clone() for k, v in inputs.items()
+            if isinstance(v, torch.Tensor) and k not in writable}
+
+
 def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[str, Any],
           fresh_poison: bool = False) -> dict[str, torch.Tensor]:
     """One checked call; ``fresh_poison``: what it allocates starts as poison (the first call
@@ -183,7 +189,7 @@ def _hashes(outputs: Mapping[str, torch.Tensor], apart: Collection[str] = ()
 
 @dataclass
 class Calls:
-    """What the checked calls before the timing leave (``_checked_calls``), on this rank."""
+    """What the checked calls before the timing leave (``checked_calls``), on this rank."""
 
     #: the peak memory of the last call (the shifted one's, where it ran)
     mem: PeakMemory
@@ -194,7 +200,8 @@ class Calls:
     values: CaseSetup | None = None
     writable: set[str] = field(default_factory=set)
     tols: dict[str, compare.Tolerance] = field(default_factory=dict)
-    #: per check ("call", "shifted"), each output's metrics and tolerance
+    #: per check ("call", and "shifted", "other_values" or "shifted_other_values"), each
+    #: output's metrics and tolerance
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: the hash of the first call's outputs, and of each of its replicated ones
     digest: str = ""
@@ -209,9 +216,9 @@ class Calls:
 
 
 def checked_calls(world: World, case: Case, impl: Callable[..., Any], interpreter: str | None,
-                   setups: SetupCache, golden: GoldenStore | GoldenShelf | None,
-                   checks: list[str], phase: Callable[[str], None],
-                   other_values: bool = False) -> Calls:
+                  setups: SetupCache, golden: GoldenStore | GoldenShelf | None,
+                  checks: list[str], phase: Callable[[str], None],
+                  other_values: bool = False) -> Calls:
     """The first call, on fresh inputs with its outputs poisoned, then (where the case allows)
     a second (``_second_call``): shifted, and on the twin case's values with
     ``other_values``. Each call's outputs measured against its reference, the first's against
@@ -223,9 +230,8 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         setup = calls.setup = calls.values = setups.get(case, world.rank)
         zones = Redzones()
         inputs = calls.inputs = setup.inputs(world.device, redzones=zones)
-        writable = calls.writable = _writable(case, inputs)
-        guards = {k: v.clone() for k, v in inputs.items()
-                  if isinstance(v, torch.Tensor) and k not in writable}
+        calls.writable = _writable(case, inputs)
+        guards = _guards(inputs, calls.writable)
         expected = setup.expected
         tols = calls.tols = tolerances(case, expected)
         if interpreter:
@@ -238,7 +244,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         try:
             _check_contract(case, inputs, outputs, guards, zones)
             calls.stages["call"] = measure(outputs, expected, tols, world.rank, setup.memos,
-                                            setup.magnitudes)
+                                           setup.magnitudes)
             calls.digest, calls.replicas = _hashes(outputs, spec.replicated)
             if golden is not None:
                 calls.golden = golden_check(golden, case, outputs, tols, world.rank,
@@ -305,8 +311,7 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
     source = calls.setup.twin() if other_values else calls.setup
     zones = Redzones()
     inputs = source.inputs(world.device, SHIFT_BYTES if shift else 0, zones)
-    guards = {k: v.clone() for k, v in inputs.items()
-              if isinstance(v, torch.Tensor) and k not in calls.writable}
+    guards = _guards(inputs, calls.writable)
     if shift:
         for _, t in tensors(calls.inputs):
             poison_(t)
@@ -328,7 +333,8 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
         _check_contract(source.case, inputs, outputs, guards, zones)
         stage = "_".join(n for n, on in (("shifted", shift), ("other_values", other_values))
                          if on)
-        if other_values and changed_since(calls.held):
-            raise CaseError(changed_since(calls.held))
+        overwritten = changed_since(calls.held) if other_values else ""
+        if overwritten:
+            raise CaseError(overwritten)
         calls.stages[stage] = measure(
             outputs, source.expected, calls.tols, world.rank, source.memos, source.magnitudes)

@@ -158,8 +158,7 @@ def run_case(
     # a real timing ends with a call on other values (in buffers the timed calls used);
     # without one, the checked calls make it (a result kept by shape or call count is stale)
     calls = checked_calls(world, case, impl, result.interpreter, setups or SetupCache(),
-                           golden, checks, phase,
-                           other_values=not (bench and not cfg.minimal and not cfg.interpreter))
+                          golden, checks, phase, other_values=not (bench and cfg.full))
     if case.spec.replicated and world.size > 1:
         checks.append("replicated")
     checks.append("process_settings")
@@ -219,7 +218,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     before (a cache), the first call's outputs untouched by them (a workspace it returns),
     and outputs that stay put after the call returns (work left running)."""
     inputs, writable, tols = calls.inputs, calls.writable, calls.tols
-    values = calls.values or calls.setup  # whose values the last call's inputs hold
+    values = calls.values  # whose values the last call's inputs hold
     assert values is not None
     spec = case.spec
     out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
@@ -241,7 +240,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     except IMPL_RAISES as exc:
         local_error = f"failed while timing: {type(exc).__name__}: {exc}"
     tampered += clock_tampering()
-    real = bool(result.timing) and not cfg.minimal and not cfg.interpreter
+    real = bool(result.timing) and cfg.full
     impossible_why = _rates(world, case, result, cfg, calibration, real)
     # every rank takes part in this verdict, so a timing error on one rank reaches them all
     stages: dict[str, dict[str, Any]] = {}
@@ -354,7 +353,7 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     world.synchronize()
     twin_tols = tolerances(twin.case, twin.expected)
     stages["reused_buffers"] = measure(seen, twin.expected, twin_tols, world.rank, twin.memos,
-                                        twin.magnitudes)
+                                       twin.magnitudes)
     snapshot = {k: v for k, v in seen.items() if isinstance(v, torch.Tensor)}
     stages["settled"] = measure(outputs, snapshot, {k: compare.exact() for k in snapshot},
-                                 world.rank)
+                                world.rank)
