@@ -91,7 +91,9 @@ ACCUMULATION_RTOL = 2.0**-14
 #: bf16, then scaled in bf16) leaves 31-33% of the smoke outputs off the float64 value rounded
 #: once, a float32 accumulation on the CPU under 0.1%. A GPU's accumulator is off by more:
 #: every element off by 2**-17 of its magnitude (the H200's worst element) moves 3-5% of them,
-#: by 2**-14 (the allclose's allowance) 16-24% (tests/test_fp8_gemm_accumulation.py)
+#: by 2**-14 (the allclose's allowance) 16-24% (uniform noise of that size added to the float64
+#: value of the smoke cases, measured once); tests/test_fp8_gemm_accumulation.py holds a 13-bit
+#: accumulator and the twice-rounding epilogue to it
 GEMM_LENS_OFF = 0.15
 
 

@@ -68,7 +68,7 @@ def _gemm_expected(reference, tag: str, params: Mapping[str, Any], a_grouping: s
 
 def _lens(out_dtype: torch.dtype, reference, *inputs: Any) -> dict[str, torch.Tensor]:
     """The float64 value of a bf16 output before its rounding, for the precision lens (a
-    second bf16 rounding in the epilogue is inside the allclose). None for a float32 output:
+    second bf16 rounding in the epilogue is inside the allclose). Nothing for a float32 output:
     a tensor core's accumulator, about 14 bits between promotions, leaves a quarter of its
     elements fitting in fp16, the lens's sign of a 16-bit path."""
     if out_dtype != torch.bfloat16:
