@@ -165,6 +165,8 @@ def paged_attention_decode(
     num_kv_heads: int,
     tokens: int,
     eps: float = EPS,
+    *,
+    wide: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Decode attention over a paged KV cache, for R requests of ``tokens`` new tokens each.
 
@@ -175,7 +177,8 @@ def paged_attention_decode(
     seq_len - T + t. q and k get a per-head RMSNorm over D, then NeoX RoPE by absolute
     position; the cache receives the normed and roped k (bf16) and the raw v. Key j is visible
     to token t iff j <= seq_len - T + t; scale 1/sqrt(D). Returns {"out": (R*T, Hq*D),
-    "k_cache", "v_cache"} (new caches; the inputs are left alone).
+    "k_cache", "v_cache"} (new caches; the inputs are left alone). ``wide``: the attention
+    after the bf16 q and caches in float64, ``out`` before its one rounding.
     """
     page_size, hkv, dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     if hkv != num_kv_heads or num_q_heads % num_kv_heads:
@@ -188,7 +191,8 @@ def paged_attention_decode(
     k, v = rows[:, :, group].float(), rows[:, :, group + 1]
     q = q * _rms_scale(q, eps) * q_norm_weight.float()
     k = k * _rms_scale(k, eps) * k_norm_weight.float()
-    out = torch.empty(requests * tokens, num_q_heads, dim, dtype=qkv.dtype)
+    acc = _acc(wide)
+    out = torch.empty(requests * tokens, num_q_heads, dim, dtype=acc if wide else qkv.dtype)
     for r in range(requests):
         pages = kv_indices[kv_indptr[r] : kv_indptr[r + 1]].to(torch.int64)
         seq_len = (pages.numel() - 1) * page_size + int(last_page_len[r])
@@ -198,16 +202,17 @@ def paged_attention_decode(
             k_t = rope(k[row], cos[pos], sin[pos]).to(qkv.dtype)
             page, slot = pages[pos // page_size], pos % page_size
             k_cache[page, slot], v_cache[page, slot] = k_t, v[row]
-        keys = k_cache[pages].reshape(-1, hkv, dim)[:seq_len].float()  # (S, Hkv, D)
-        values = v_cache[pages].reshape(-1, hkv, dim)[:seq_len].float()
+        keys = k_cache[pages].reshape(-1, hkv, dim)[:seq_len].to(acc)  # (S, Hkv, D)
+        values = v_cache[pages].reshape(-1, hkv, dim)[:seq_len].to(acc)
         for t in range(tokens):
             row, pos = r * tokens + t, first + t
-            q_t = rope(q[row], cos[pos], sin[pos]).to(qkv.dtype).float()  # (Hq, D)
+            q_t = rope(q[row], cos[pos], sin[pos]).to(qkv.dtype).to(acc)  # (Hq, D)
             kv_head = torch.arange(num_q_heads) // group
             scores = torch.einsum("hd,shd->hs", q_t, keys[:, kv_head]) / math.sqrt(dim)
             scores[:, pos + 1 :] = -math.inf  # causal: key j visible iff j <= pos
             probs = torch.softmax(scores, dim=-1)
-            out[row] = torch.einsum("hs,shd->hd", probs, values[:, kv_head]).to(qkv.dtype)
+            out[row] = _once(torch.einsum("hs,shd->hd", probs, values[:, kv_head]), qkv.dtype,
+                             wide)
     return {"out": out.reshape(requests * tokens, num_q_heads * dim), "k_cache": k_cache,
             "v_cache": v_cache}
 

@@ -227,6 +227,12 @@ def _smoke() -> list[dict]:
         # whose innermost dim is the empty one
         _view("unit_dim", "f32", (4, 1, 5), (35, 5, 1), 10),
         _view("empty_inner", "i16", (5, 0), (7, 1)),
+        # a contiguous block at an offset (x.view(-1)[7:37].view(3, 10)): a memcpy fast path
+        # that starts at the storage, not the view; and rows that overlap (stride 6 over
+        # every other element), where stride[0] == size[1] lets a kernel that coalesces dims
+        # without the inner stride merge them
+        _view("contiguous_offset", "f32", (3, 10), (10, 1), 7),
+        _view("overlap", "bf16", (4, 6), (6, 2), 3),
     ]
     return cases
 
@@ -242,6 +248,8 @@ def _nightly() -> list[dict]:
         _view("rows16", "f32", (4090, 4064), (4097, 1), 3 * 4097 + 4),
         _view("unit_dim", "f32", (64, 1, 4096), (4096 * 7, 4096, 1), 2 * 4096),
         _view("empty_inner", "i16", (4096, 0), (7, 1)),
+        _view("contiguous_offset", "bf16", (4096, 4097), (4097, 1), 3 * 4097 + 5),
+        _view("overlap", "f32", (4096, 4096), (4096, 2), 3),
     ]
     return cases
 

@@ -609,9 +609,11 @@ def test_32_bit_index_arithmetic_fails_past_2_31(tmp_path):
 
 # wrong reductions at three ranks (two add in one order whichever comes first), each on the
 # cases made for its bug: sums in another order per rank (random mode), min and max folded
-# into out (its poison must not be their identity), subnormals flushed (special mode)
+# into out (its poison must not be their identity), subnormals flushed (special mode), an
+# aligned fast path's last vector left unreduced (the one count a vector width divides)
 _EDGE_IMPLS = ("harness_test_impls:rank_rotated", "harness_test_impls:folded_into_out",
-               "harness_test_impls:flushing_subnormals", "harness_test_impls:product_in_bf16")
+               "harness_test_impls:flushing_subnormals", "harness_test_impls:product_in_bf16",
+               "harness_test_impls:vector_tail_unreduced")
 
 
 def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
@@ -641,6 +643,9 @@ def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
     # exact products are powers of two: only random factors show a narrow accumulator
     assert set(failed("product_in_bf16")) == {
         "allreduce[dtype=f32,inplace=false,mode=random,n=1031,op=prod]"}
+    # the other counts are odd: only the aligned one takes the fast path
+    assert set(failed("vector_tail_unreduced")) == {
+        "allreduce[dtype=f16,inplace=false,mode=special,n=1024,op=sum]"}
 
 
 # one launch for the faults and a wrong user callable: the hang's and the crash's

@@ -41,6 +41,10 @@ def _special(p) -> bool:
     return p.get("mode") == "special"
 
 
+def _near_eps(p) -> bool:
+    return p.get("rows") == "zero"
+
+
 #: the edge classes each op's semantics name (docs/concepts.md's op tables): a bug that lives in
 #: one shows only where a case holds it, so each is in two smoke cases and in the nightly tier
 EDGES = {
@@ -65,7 +69,9 @@ EDGES = {
                    "NaN logits": lambda p: p.get("values") == "nan",
                    "experts not a power of two": lambda p: not _pow2(p["experts"]),
                    "renormalize=false": lambda p: not p["renormalize"]},
-    **{op: {"-0.0, subnormals, NaN, infinities": _special}
+    **{op: {"-0.0, subnormals, NaN, infinities": _special,
+            "a count a vector width divides": lambda p: p["n"] % 16 == 0,
+            "a count no vector width divides": lambda p: p["n"] % 2}
        for op in ("allreduce", "reduce_scatter", "allgather", "broadcast", "all_to_all")},
 }
 
@@ -75,23 +81,37 @@ EDGES = {
 EDGES_ONCE = {
     "hopper_tasks.silu_mul": {"gates below -11": lambda p: p.get("values") == "wide"},
     "hopper_tasks.argmax": {"an all -inf row, no padding":
-                            lambda p: p.get("values") == "neginf"},
+                            lambda p: p.get("values") == "neginf",
+                            "maxima a float16 load ties": lambda p: p.get("values") == "range"},
     "hopper_tasks.paged_attention": {"scores past exp's range":
-                                     lambda p: p.get("scores") == "wide"},
+                                     lambda p: p.get("scores") == "wide",
+                                     "a zero and a near-eps token": _near_eps},
+    "hopper_tasks.rmsnorm_linear": {"a zero and a near-eps row": _near_eps},
+    "hopper_tasks.embedding": {"one valid id": lambda p: p["b"] == 1 and p.get("ids") == "valid"},
     "hopper_tasks.attention_split_kv": {"a chunk of very negative scores, whole chunks":
                                         lambda p: p.get("scores") == "wide"
-                                        and p["seq"] % p["chunk"] == 0},
+                                        and p["seq"] % p["chunk"] == 0,
+                                        "the first chunk very negative":
+                                        lambda p: p.get("scores") == "low_first"},
     "fp8_gemm.quantize": {"UE8M0 of a NaN group": lambda p: p.get("dist") == "nan"
                           and p["ue8m0"] and p["granularity"] == "token",
                           "amax below the floor; the max in the last row tile":
-                          lambda p: p.get("dist") == "edge" and p["granularity"] == "tensor"},
+                          lambda p: p.get("dist") == "edge" and p["granularity"] == "tensor",
+                          "a static scale other than 1": lambda p: p.get("static") not in
+                          (None, True),
+                          "NaN per tensor": lambda p: p.get("dist") == "nan"
+                          and p["granularity"] == "tensor"},
+    "fp8_gemm.grouped_contiguous": {"segments aligned to less than 64 rows":
+                                    lambda p: p["align"] < 64},
     "fp8_gemm.per_tensor": {"outputs past 65504": lambda p: p.get("dist") == "wide"},
-    "moe.router": {"logits past exp's range": lambda p: p.get("values") == "shifted"},
+    "moe.router": {"logits past exp's range": lambda p: p.get("values") == "shifted",
+                   "logits spread past exp's range": lambda p: p.get("values") == "spread"},
     "moe.unpermute": {"sums past 65504": lambda p: p.get("values") == "special"},
     "moe.expert_ffn": {"an outlier token": lambda p: bool(p.get("outlier"))},
     "moe.layer": {"routing past any capacity": lambda p: bool(p.get("skew"))},
     "strided_copy": {view: (lambda v: lambda p: p["view"] == v)(view)
-                     for view in ("transpose_slice", "rows16", "unit_dim", "empty_inner")},
+                     for view in ("transpose_slice", "rows16", "unit_dim", "empty_inner",
+                                  "contiguous_offset", "overlap")},
     "allreduce": {"min and max specials": lambda p: _special(p) and p["op"] in ("min", "max"),
                   "f16 random": lambda p: p["dtype"] == "f16" and p["mode"] == "random"},
     "reduce_scatter": {"max specials": lambda p: _special(p) and p["op"] == "max",

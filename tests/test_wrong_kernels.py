@@ -19,7 +19,7 @@ import suites._hopper.attention as attention
 from harness.core.discovery import registry
 from reference_kernels import fp8 as fp8_ref
 from suites._fp8.gemm import contiguous_torch, per_tensor_torch
-from suites._hopper.tasks import argmax_torch
+from suites._hopper.tasks import argmax_torch, embedding_torch
 from suites._moe import torch_ops
 from suites.strided_copy import copy_torch
 
@@ -93,6 +93,74 @@ def paged_attention_unshifted_softmax(**inputs):
         F.scaled_dot_product_attention = real
 
 
+def split_kv_merge_relative_to_first(q, k, v, chunk):
+    """Chunks weighted by exp(lse_c - lse_0): the first chunk's lse, not the largest."""
+    outs, lses = [], []
+    for start in range(0, k.shape[0], chunk):
+        s = torch.einsum("hd,shd->hs", q.float(), k[start : start + chunk].float())
+        s = s / math.sqrt(q.shape[-1])
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse[:, None])
+        outs.append(torch.einsum("hs,shd->hd", p, v[start : start + chunk].float()))
+        lses.append(lse)
+    lse_all = torch.stack(lses)
+    w = torch.exp(lse_all - lse_all[0])
+    out = (w[..., None] * torch.stack(outs)).sum(0) / w.sum(0)[..., None]
+    return {"out": out.to(q.dtype), "lse": lse_all[0] + w.sum(0).log()}
+
+
+def rmsnorm_linear_eps_after_sqrt(x, norm_weight, weight):
+    x32 = x.float()
+    normed = x32 / (x32.pow(2).mean(-1, keepdim=True).sqrt() + 1e-6) * norm_weight.float()
+    return F.linear(normed, weight.float()).to(x.dtype)
+
+
+def rmsnorm_linear_eps_1e5(x, norm_weight, weight):
+    normed = F.rms_norm(x.float(), (x.shape[-1],), norm_weight.float(), eps=1e-5)
+    return F.linear(normed, weight.float()).to(x.dtype)
+
+
+def paged_attention_eps_after_sqrt(**inputs):
+    """The per-head qk-norm as x / (sqrt(mean square) + eps)."""
+    real = F.rms_norm
+
+    def eps_outside(x, shape, weight=None, eps=None):
+        x32 = x.float()
+        return x32 / (x32.pow(2).mean(-1, keepdim=True).sqrt() + eps) * weight
+
+    try:
+        F.rms_norm = eps_outside
+        return attention.paged_attention_torch(**inputs)
+    finally:
+        F.rms_norm = real
+
+
+def paged_attention_bf16_scores(**inputs):
+    """The q.k scores held in bf16 (a bf16 S tile) before the softmax."""
+    real = F.scaled_dot_product_attention
+
+    def bf16_scores(q, k, v, attn_mask=None, scale=None):
+        s = (q @ k.transpose(-2, -1) * scale).to(BF16).float()
+        return torch.softmax(s.masked_fill(~attn_mask, -math.inf), dim=-1) @ v
+
+    try:
+        F.scaled_dot_product_attention = bf16_scores
+        return attention.paged_attention_torch(**inputs)
+    finally:
+        F.scaled_dot_product_attention = real
+
+
+def embedding_view_for_one_id(ids, weight):
+    """A batch of one valid id answered with a view of the table's row."""
+    if ids.numel() == 1 and int(ids) >= 0:
+        return weight[int(ids) : int(ids) + 1]
+    return embedding_torch(ids, weight)
+
+
+def argmax_float16_load(logits, chunk):
+    return argmax_torch(logits.half(), chunk)
+
+
 HOPPER = [
     ("hopper_tasks.rmsnorm", rmsnorm_eps_after_sqrt, {"rows": "zero", "hidden": 256}),
     ("hopper_tasks.rmsnorm", rmsnorm_eps_1e5, {"rows": "zero", "hidden": 256}),
@@ -102,6 +170,13 @@ HOPPER = [
     ("hopper_tasks.attention_split_kv", split_kv_running_max_from_zero, {"scores": "wide"}),
     ("hopper_tasks.attention_split_kv", split_kv_one_chunk_too_many, {"scores": "wide"}),
     ("hopper_tasks.paged_attention", paged_attention_unshifted_softmax, {"scores": "wide"}),
+    ("hopper_tasks.attention_split_kv", split_kv_merge_relative_to_first,
+     {"scores": "low_first"}),
+    ("hopper_tasks.rmsnorm_linear", rmsnorm_linear_eps_after_sqrt, {"rows": "zero"}),
+    ("hopper_tasks.rmsnorm_linear", rmsnorm_linear_eps_1e5, {"rows": "zero"}),
+    ("hopper_tasks.paged_attention", paged_attention_eps_after_sqrt, {"rows": "zero"}),
+    ("hopper_tasks.embedding", embedding_view_for_one_id, {"ids": "valid"}),
+    ("hopper_tasks.argmax", argmax_float16_load, {"values": "range"}),
 ]
 
 
@@ -116,7 +191,7 @@ def quantize_floor_on_zero_only(x, fmt, granularity, ue8m0, scale):
     s = quant._pow2_ceil(s) if ue8m0 else s
     fmax = fp8_ref.FMAX[fmt]
     q = (blocks / s[:, None, :, None]).clamp(-fmax, fmax).to(fp8_ref.FORMATS[fmt])
-    return q.flatten(2, 3).flatten(0, 1)[: x.shape[0], : x.shape[1]], s
+    return q.flatten(2, 3).flatten(0, 1)[: x.shape[0], : x.shape[1]].contiguous(), s
 
 
 def quantize_amax_of_whole_tiles(x, fmt, granularity, ue8m0, scale):
@@ -144,6 +219,37 @@ def per_tensor_half_epilogue(a, scale_a, b, scale_b, out_dtype):
     return per_tensor_torch(a, scale_a, b, scale_b, torch.float32).half().to(out_dtype)
 
 
+def quantize_static_scale_multiplies(x, fmt, granularity, ue8m0, scale):
+    q, s = quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+    if scale is None:
+        return q, s
+    fmax = fp8_ref.FMAX[fmt]
+    return (x.float() * scale).clamp(-fmax, fmax).to(fp8_ref.FORMATS[fmt]), s
+
+
+def quantize_tensor_amax_without_nan(x, fmt, granularity, ue8m0, scale):
+    """A per-tensor amax that skips NaN (a max that keeps a candidate on ``x > best``)."""
+    if granularity != "tensor" or scale is not None:
+        return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+    amax = x.float().nan_to_num(nan=0.0).abs().max()
+    s = fp8_ref.divide(amax.clamp_min(fp8_ref.AMAX_FLOOR), fp8_ref.FMAX[fmt])
+    fmax = fp8_ref.FMAX[fmt]
+    return (x.float() / s).clamp(-fmax, fmax).to(fp8_ref.FORMATS[fmt]), s
+
+
+def contiguous_group_per_64_rows(a, scale_a, b, scale_b, group_index, out):
+    """One group per 64-row M tile, read from the tile's first row (any row when it is
+    padding)."""
+    tiles = group_index.view(-1, 64) if group_index.numel() % 64 == 0 else None
+    if tiles is None:
+        padded = torch.nn.functional.pad(group_index, (0, (-group_index.numel()) % 64),
+                                         value=-1)
+        tiles = padded.view(-1, 64)
+    first = tiles.max(dim=1).values.repeat_interleave(64)[: group_index.numel()]
+    return contiguous_torch(a, scale_a, b, scale_b, torch.where(group_index < 0, -1, first),
+                            out)
+
+
 FP8 = [
     ("fp8_gemm.quantize", quantize_floor_on_zero_only,
      {"dist": "edge", "granularity": "token", "fmt": "e4m3"}, {"granularity": "token"}),
@@ -152,6 +258,11 @@ FP8 = [
     ("fp8_gemm.quantize", quantize_ue8m0_of_nan_is_one,
      {"dist": "nan", "granularity": "token", "ue8m0": True}, {"granularity": "token"}),
     ("fp8_gemm.per_tensor", per_tensor_half_epilogue, {"dist": "wide"}, {}),
+    ("fp8_gemm.quantize", quantize_static_scale_multiplies, {"static": 0.375},
+     {"static": True}),
+    ("fp8_gemm.quantize", quantize_tensor_amax_without_nan,
+     {"dist": "nan", "granularity": "tensor"}, {"granularity": "tensor"}),
+    ("fp8_gemm.grouped_contiguous", contiguous_group_per_64_rows, {"align": 32}, {}),
 ]
 
 
@@ -188,8 +299,19 @@ def unpermute_half_accumulator(permuted, rowmap, routemap, permuted_probs, num_t
         permuted, rowmap, routemap, permuted_probs, num_tokens, num_experts)[1]
 
 
+def router_shifted_by_first_logit(logits, topk, renormalize):
+    x = logits.float()
+    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
+    e = torch.exp(x - x[:, :1])
+    probs = (e / e.sum(-1, keepdim=True)).gather(-1, experts)
+    if renormalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs, experts.to(torch.int32)
+
+
 MOE = [
     ("moe.router", router_unshifted_softmax, {"values": "shifted"}, {}),
+    ("moe.router", router_shifted_by_first_logit, {"values": "spread"}, {}),
     ("moe.router", router_first_64_experts, {"experts": 256}, {}),
     ("moe.unpermute", unpermute_half_accumulator, {"values": "special"}, {}),
 ]
@@ -223,7 +345,32 @@ def copy_squeezed_sizes(storage, size, stride, offset, out):
     return out.view(sizes).copy_(view)
 
 
+def copy_merged_on_size_alone(storage, size, stride, offset, out):
+    """Dims merged where stride[d-1] == size[d], the inner stride forgotten."""
+    sizes, strides = list(size[:1]), list(stride[:1])
+    for n, st in zip(size[1:], stride[1:], strict=True):
+        if strides[-1] == n:
+            sizes[-1], strides[-1] = sizes[-1] * n, st
+        else:
+            sizes.append(n)
+            strides.append(st)
+    if out.numel():
+        out.view(sizes).copy_(storage.as_strided(sizes, strides,
+                                                 storage.storage_offset() + offset))
+    return out
+
+
+def copy_contiguous_from_storage_start(storage, size, stride, offset, out):
+    """A contiguous view copied as one run from the storage's start, its offset dropped."""
+    if len(size) >= 1 and list(stride) == [math.prod(size[d + 1 :]) for d in range(len(size))]:
+        run = storage.as_strided((out.numel(),), (1,), storage.storage_offset())
+        return out.view(-1).copy_(run).view(out.shape)
+    return copy_torch(storage, size, stride, offset, out)
+
+
 COPY = [
+    ("strided_copy", copy_merged_on_size_alone, {"view": "overlap"}, {}),
+    ("strided_copy", copy_contiguous_from_storage_start, {"view": "contiguous_offset"}, {}),
     ("strided_copy", copy_transpose_fast_path, {"view": "transpose_slice", "dtype": "f32"}, {}),
     ("strided_copy", copy_vector_rows, {"view": "rows16", "dtype": "bf16"}, {}),
     ("strided_copy", copy_squeezed_sizes, {"view": "unit_dim"}, {}),
@@ -291,3 +438,11 @@ def test_bf16_special_values_survive_the_interleaved_case():
     x = registry().specs["strided_copy"].make_inputs(smoke_case("strided_copy", view="rows16",
                                                            dtype="bf16"), 0, 1)["storage"]
     assert not torch.equal(x.view(torch.int16), x.float().to(BF16).view(torch.int16))
+
+
+def test_bf16_scores_fail_the_paged_attention_lens(world):
+    """Scores held in bf16 stay inside the attention tolerance; the precision lens on ``out``
+    (the float64 attention after the bf16 q and caches) is what fails them, on every case."""
+    op = "hopper_tasks.paged_attention"
+    for params in registry().specs[op].grid["smoke"][:2]:
+        assert status(world, op, params, paged_attention_bf16_scores) == "fail"

@@ -149,7 +149,9 @@ def _smoke() -> list[dict]:
             _case("bf16", 65, "uneven"), _case("i32", 1031, "uneven"), _case("f16", 1, "equal"),
             _case("f32", 4099, "uneven", mode="random"),
             _case("bf16", 1031, "uneven", mode="special"),
-            _case("f32", 67, "equal", mode="special")]
+            _case("f32", 67, "equal", mode="special"),
+            # counts a vector width divides (a kernel's aligned fast path)
+            _case("f32", 1024, "equal"), _case("bf16", 4096, "uneven", mode="special")]
 
 
 def _nightly() -> list[dict]:

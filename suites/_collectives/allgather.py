@@ -174,6 +174,8 @@ def _smoke() -> list[dict]:
         # ~1 MiB per rank in 8 parameters: big enough for bulk's temporary to show in the
         # peak memory of every rank
         _case("f32", 262147, 8),
+        # counts a vector width divides (a kernel's aligned fast path)
+        _case("f32", 1024), _case("bf16", 4096, mode="special"),
     ]
 
 

@@ -231,6 +231,9 @@ def _smoke() -> list[dict]:
     cases += [_case("f32", 1031, "sum", mode="special"),
               _case("bf16", 67, "sum", inplace=True, mode="special"),
               _case("f32", 1031, "max", mode="special"), _case("bf16", 1031, "min", mode="special")]
+    # counts a vector width divides (a kernel's aligned fast path, where the odd counts above
+    # take the general one)
+    cases += [_case("f16", 1024, "sum", mode="special"), _case("bf16", 4096, "max")]
     return cases
 
 

@@ -104,7 +104,9 @@ def _smoke() -> list[dict]:
             _case("f32", 1031, 1, inplace=True), _case("bf16", 7, -1, inplace=True),
             _case("i32", 65539, 1), _case("f16", 1, 0, inplace=True),
             _case("f32", 4099, -1, mode="random"), _case("bf16", 1031, 1, mode="special"),
-            _case("f16", 67, -1, inplace=True, mode="special")]
+            _case("f16", 67, -1, inplace=True, mode="special"),
+            # counts a vector width divides (a kernel's aligned fast path)
+            _case("f32", 1024, 1), _case("bf16", 4096, -1, mode="special")]
 
 
 def _nightly() -> list[dict]:

@@ -139,6 +139,8 @@ def _smoke() -> list[dict]:
     cases += [_case("f32", 1031, "sum", mode="special"),
               _case("f16", 67, "sum", inplace=True, mode="special"),
               _case("bf16", 1031, "sum", mode="special"), _case("f32", 1031, "max", mode="special")]
+    # counts a vector width divides (a kernel's aligned fast path)
+    cases += [_case("f32", 1024, "sum"), _case("f16", 1024, "sum", mode="special")]
     return cases
 
 

@@ -337,9 +337,13 @@ GROUPED_CONTIGUOUS = OpSpec(
     work=lambda p, w: _grouped_work(p),
     grid={"smoke": [{"tokens": (5, 0, 130, 17), "n": 192, "k": 256, "align": 128,
                      "dist": "blocky"},
-                    {"tokens": (128, 1), "n": 64, "k": 384, "align": 128, "dist": "logmag"}],
+                    {"tokens": (128, 1), "n": 64, "k": 384, "align": 128, "dist": "logmag"},
+                    # segments aligned to 32 (a permute's padding_alignment): a kernel that
+                    # takes one group per 64- or 128-row tile from its first row mixes experts
+                    {"tokens": (40, 0, 7, 33), "n": 64, "k": 256, "align": 32, "dist": "logmag"}],
           "nightly": [{"tokens": _moe_tokens(e, 4096 * 8 // e), "n": n, "k": k, "align": 128}
-                      for e in (8, 32, 256) for n, k in ((4096, 7168), (7168, 2048))]},
+                      for e in (8, 32, 256) for n, k in ((4096, 7168), (7168, 2048))]
+          + [{"tokens": _moe_tokens(32, 1024), "n": 4096, "k": 7168, "align": 32}]},
     implementations={"torch": contiguous_torch},
     negative_controls={"padding_unwritten": contiguous_padding_unwritten},
 )

@@ -34,7 +34,9 @@ def _pow2_ceil(s: torch.Tensor) -> torch.Tensor:
 def quantize_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     return {"x": values("quantize", params, "x", (params["m"], params["k"])),
             "fmt": params["fmt"], "granularity": params["granularity"],
-            "ue8m0": params["ue8m0"], "scale": 1.0 if params.get("static") else None}
+            "ue8m0": params["ue8m0"],
+            # static=True: a scale of 1.0; a number: that scale (divides, never multiplies)
+            "scale": float(params["static"]) if params.get("static") else None}
 
 
 def _grouped(x32: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +72,7 @@ def _quantize(x, fmt, granularity, ue8m0, scale, *, group: int = 128, saturate: 
     if ue8m0:
         s = _pow2_ceil(s)
     q = cast(blocks / s[:, None, :, None]).flatten(2, 3).flatten(0, 1)
-    return q[: x.shape[0], : x.shape[1]], s
+    return q[: x.shape[0], : x.shape[1]].contiguous(), s
 
 
 def quantize_torch(x, fmt, granularity, ue8m0, scale):
@@ -99,7 +101,7 @@ def _qcase(fmt, granularity, m, k, ue8m0=False, dist="logmag", static=False) -> 
     case = {"fmt": fmt, "granularity": granularity, "m": m, "k": k, "ue8m0": ue8m0,
             "dist": dist}
     if static:
-        case["static"] = True
+        case["static"] = static
     return case
 
 
@@ -119,12 +121,14 @@ QUANTIZE = OpSpec(
             _qcase("e5m2", "token", 255, 256, ue8m0=True, dist="edge"),
             _qcase("e4m3", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e5m2", "tensor", 64, 100, dist="wide", static=True),
+            _qcase("e4m3", "tensor", 64, 100, dist="wide", static=0.375),
             _qcase("e4m3", "token", 7, 128, dist="uniform"),
             # NaN and infinities: their groups' scales and values (reference_kernels.fp8);
             # a UE8M0 scale keeps them too
             _qcase("e4m3", "token", 5, 300, dist="nan"),
             _qcase("e5m2", "token", 3, 260, ue8m0=True, dist="nan"),
             _qcase("e5m2", "block", 130, 200, ue8m0=True, dist="nan"),
+            _qcase("e4m3", "tensor", 5, 300, dist="nan"),  # one NaN: every value and the scale
             # the tensor's largest value in its last, partial 128-row tile
             _qcase("e4m3", "tensor", 130, 300, dist="edge"),
         ],
@@ -135,6 +139,8 @@ QUANTIZE = OpSpec(
            _qcase("e5m2", "token", 4096, 7168, ue8m0=True, dist="nan"),
            _qcase("e4m3", "token", 4096, 7168, dist="edge"),
            _qcase("e4m3", "tensor", 4100, 7168, dist="edge"),
+           _qcase("e4m3", "tensor", 4096, 7168, dist="nan"),
+           _qcase("e4m3", "tensor", 4096, 7168, dist="wide", static=0.375),
            _qcase("e4m3", "block", 4096, 7000)],  # a partial last group
     },
     implementations={"torch": quantize_torch,

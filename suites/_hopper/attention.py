@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from harness.api import OpSpec, Work, allclose, default_for, exact, hash32, seed_from
 from reference_kernels import hopper_tasks as ref
 
-from .common import ATTENTION_TOLERANCE, BF16, norm_weight, tensor
+from .common import ATTENTION_TOLERANCE, BF16, near_eps_rows, norm_weight, tensor
 
 FAMILY = "hopper_tasks"
 
@@ -55,9 +55,11 @@ def paged_attention_inputs(params: Mapping[str, Any], rank: int, world_size: int
     # scores=wide: qk-norm weights times 16 (exact), scores of a few hundred, where a softmax
     # that does not subtract the row's maximum overflows float32
     boost = 16.0 if params.get("scores") == "wide" else 1.0
+    qkv = tensor("paged_attention", params, "qkv", (rows, hkv * (hq // hkv + 2) * d), -2.0, 2.0)
+    if params.get("rows") == "zero":  # the per-head qk-norm's eps, as in hopper_tasks.rmsnorm
+        near_eps_rows(qkv, 0, rows - 1)
     return {
-        "qkv": tensor("paged_attention", params, "qkv", (rows, hkv * (hq // hkv + 2) * d),
-                      -2.0, 2.0),
+        "qkv": qkv,
         "k_cache": tensor("paged_attention", params, "k_cache", cache_shape),
         "v_cache": tensor("paged_attention", params, "v_cache", cache_shape),
         "kv_indptr": indptr, "kv_indices": indices, "last_page_len": last,
@@ -151,10 +153,10 @@ def paged_attention_work(params: Mapping[str, Any], world_size: int) -> Work:
 
 
 def _attention_case(requests, tokens, hq, hkv, d, page_size, max_pages, last=None,
-                    scores=None) -> dict:
+                    scores=None, rows=None) -> dict:
     case = {"requests": requests, "tokens": tokens, "hq": hq, "hkv": hkv, "d": d,
             "page_size": page_size, "max_pages": max_pages}
-    extra = {"last": last, "scores": scores}
+    extra = {"last": last, "scores": scores, "rows": rows}
     return {**case, **{k: v for k, v in extra.items() if v is not None}}
 
 
@@ -165,6 +167,7 @@ PAGED_ATTENTION = OpSpec(
     outputs=("out", "k_cache", "v_cache"),
     tolerance={"out": ATTENTION_TOLERANCE, "k_cache": default_for(BF16),
                "v_cache": exact()},
+    exact=lambda **inputs: {"out": ref.paged_attention_decode(**inputs, wide=True)["out"]},
     out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
     readwrite_inputs=("k_cache", "v_cache"),
     work=paged_attention_work,
@@ -173,12 +176,14 @@ PAGED_ATTENTION = OpSpec(
                     _attention_case(2, 3, 4, 4, 16, 8, 4, last="edges"),
                     # a head of 48: the per-head RMSNorm over a row that is no power of two
                     _attention_case(2, 2, 4, 2, 48, 8, 3, last="edges"),
-                    _attention_case(2, 2, 4, 2, 32, 8, 3, scores="wide")],
+                    _attention_case(2, 2, 4, 2, 32, 8, 3, scores="wide"),
+                    _attention_case(2, 3, 4, 2, 32, 8, 3, rows="zero")],
           "nightly": [_attention_case(b, t, 32, 8, 128, 64, 64) for b in (1, 4, 16)
                       for t in (1, 4)]
           + [_attention_case(4, t, 32, 8, 128, 64, 64, last="edges") for t in (1, 4)]
           + [_attention_case(4, 1, 32, 8, 96, 64, 64, last="edges"),
-             _attention_case(4, 1, 32, 8, 128, 64, 64, scores="wide")]},
+             _attention_case(4, 1, 32, 8, 128, 64, 64, scores="wide"),
+             _attention_case(4, 4, 32, 8, 128, 64, 64, rows="zero")]},
     implementations={"torch": paged_attention_torch},
     negative_controls={"rope_before_norm": paged_attention_rope_before_norm,
                        "visibility_off_by_one": paged_attention_visibility_off_by_one,
@@ -190,16 +195,19 @@ PAGED_ATTENTION = OpSpec(
 def split_kv_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     h, d, s = params["heads"], params["d"], params["seq"]
     q = tensor("split_kv", params, "q", (h, d), -2.0, 2.0)
-    if params.get("scores") == "wide":
+    low = {"wide": 1, "low_first": 0}.get(params.get("scores"))
+    if low is not None:
         # q * 32 (exact in bf16): scores spread over ~200, so exp(score - anything but the
         # max) overflows float32: only the max-subtracted softmax stays finite
         q = q * 32
     k = tensor("split_kv", params, "k", (s, h, d), -2.0, 2.0)
-    if params.get("scores") == "wide":
-        # the second chunk's keys opposite to q: every score of that chunk near -360, so a
-        # running max started at 0 (not -inf) underflows its exp to 0 and its sum to 0/0
+    if low is not None:
+        # one chunk's keys opposite to q: every score of that chunk near -360. The second
+        # (wide): a running max started at 0 (not -inf) underflows its exp to 0 and its sum
+        # to 0/0. The first (low_first): a merge that weighs each chunk by exp(lse_c - lse_0),
+        # relative to the first chunk rather than the largest, overflows
         c = params["chunk"]
-        k[c : 2 * c] = -2.0 * torch.sign(q)[None].expand(c, h, d)
+        k[low * c : (low + 1) * c] = -2.0 * torch.sign(q)[None].expand(c, h, d)
     v = tensor("split_kv", params, "v", (s, h, d))
     if params.get("scores") == "nan":
         # a NaN key in head 0 (its every score NaN: out and lse NaN for the head) in the last
@@ -274,12 +282,14 @@ SPLIT_KV = OpSpec(
                     {"heads": 2, "d": 32, "seq": 77, "chunk": 32},
                     # seq a multiple of the chunk: no empty last chunk (0/0)
                     {"heads": 2, "d": 32, "seq": 96, "chunk": 32, "scores": "wide"},
+                    {"heads": 2, "d": 32, "seq": 80, "chunk": 32, "scores": "low_first"},
                     {"heads": 2, "d": 32, "seq": 77, "chunk": 32, "scores": "nan"},
                     {"heads": 4, "d": 64, "seq": 130, "chunk": 64, "scores": "nan"}],
           "nightly": [{"heads": 32, "d": 128, "seq": s, "chunk": 512}
                       for s in (4096, 32768, 131072)]
           + [{"heads": 32, "d": 128, "seq": 4100, "chunk": 512, "scores": "nan"},
-             {"heads": 32, "d": 128, "seq": 4096, "chunk": 512, "scores": "wide"}]},
+             {"heads": 32, "d": 128, "seq": 4096, "chunk": 512, "scores": "wide"},
+             {"heads": 32, "d": 128, "seq": 4000, "chunk": 512, "scores": "low_first"}]},
     implementations={"torch": split_kv_torch},
     negative_controls={"merge_without_rescale": split_kv_merge_without_rescale,
                        "min_shift": split_kv_min_shift,

@@ -45,6 +45,17 @@ def norm_weight(tag: str, params: Mapping[str, Any], name: str, size: int) -> to
     return tensor(tag, params, name, (size,), 0.5, 1.5)
 
 
+def near_eps_rows(x: torch.Tensor, zero: int, tiny: int) -> torch.Tensor:
+    """``x`` with row ``zero`` all zero and row ``tiny`` scaled by 2**-10 (exact), for a
+    norm's eps: 0 * rsqrt(0 + eps) is 0, while without the eps (or with it outside the square
+    root, rsqrt(0) + eps) it is NaN; a row of 1e-3 magnitude has a mean square (~1e-6) the
+    size of eps, where eps added after the square root, or another eps, is off by a third
+    (and by less than a rounding on rows of ordinary size)."""
+    x[zero] = 0
+    x[tiny] = (x[tiny].double() * 2.0**-10).to(x.dtype)
+    return x
+
+
 def linear_bf16_accumulation(x: torch.Tensor, weight: torch.Tensor, k_step: int = 16
                              ) -> torch.Tensor:
     """The bug of a kernel that keeps its K-loop accumulator in bf16: every k_step slice of

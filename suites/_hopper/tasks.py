@@ -18,6 +18,7 @@ from suites._triton import triton_impl
 from .common import (
     GEMM_TOLERANCE,
     linear_bf16_accumulation,
+    near_eps_rows,
     norm_weight,
     tensor,
     weight,
@@ -38,7 +39,8 @@ def embedding_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> d
     b, vocab = params["b"], params["vocab"]
     ids = generate((b, 1), torch.int64, seed=seed_from("embedding", b, vocab), dist="int",
                    low=0, high=vocab - 1)
-    ids[::3] = -1  # padding slots: a zero row
+    if params.get("ids") != "valid":  # valid: every id in the table (a batch of one too)
+        ids[::3] = -1  # padding slots: a zero row
     if params.get("ids") == "edges":
         # the first and last rows of the table, beside padding: a gather off by one reads
         # past the table or a neighbour; an id 0 taken for padding gives a zero row
@@ -76,9 +78,11 @@ EMBEDDING = OpSpec(
     work=lambda p, w: Work(bytes=2.0 * 2 * p["b"] * p["hidden"] + 8 * p["b"]),
     grid={"smoke": [{"b": 7, "vocab": 1000, "hidden": 256}, {"b": 1, "vocab": 17, "hidden": 64},
                     {"b": 9, "vocab": 17, "hidden": 64, "ids": "edges", "values": "special"},
-                    {"b": 9, "vocab": 33, "hidden": 96, "ids": "edges", "values": "special"}],
+                    {"b": 9, "vocab": 33, "hidden": 96, "ids": "edges", "values": "special"},
+                    {"b": 1, "vocab": 1000, "hidden": 128, "ids": "valid"}],
           "nightly": [{"b": b, "vocab": 152064, "hidden": h} for b in BATCHES for h in HIDDENS]
-          + [{"b": 9, "vocab": 152064, "hidden": 5120, "ids": "edges", "values": "special"}]},
+          + [{"b": 9, "vocab": 152064, "hidden": 5120, "ids": "edges", "values": "special"},
+             {"b": 1, "vocab": 152064, "hidden": 7168, "ids": "valid"}]},
     implementations={"torch": embedding_torch, "triton": triton_impl("hopper:embedding")},
     negative_controls={"negative_wraps": embedding_negative_wraps,
                        "zero_id_as_padding": embedding_zero_id_as_padding,
@@ -92,12 +96,7 @@ def rmsnorm_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dic
     b, h = params["b"], params["hidden"]
     x = tensor("rmsnorm", params, "x", (b, h), -2.0, 2.0)
     if params.get("rows") == "zero":
-        # an all-zero row: 0 * rsqrt(0 + eps) is 0; without the eps (or with it outside the
-        # square root, rsqrt(0) + eps) it is NaN. And a row of 1e-3 magnitude, whose mean
-        # square (~1e-6) is the size of eps: eps added after the square root, or another eps,
-        # is off by a third there (and by less than a rounding on rows of ordinary size)
-        x[1] = 0
-        x[2] = (x[2].double() * 2.0**-10).to(x.dtype)
+        near_eps_rows(x, 1, 2)
     return {"x": x, "weight": norm_weight("rmsnorm", params, "w", h)}
 
 
@@ -237,7 +236,10 @@ LINEAR_WITH_RESIDUAL = OpSpec(
 def rmsnorm_linear_inputs(params: Mapping[str, Any], rank: int, world_size: int
                           ) -> dict[str, Any]:
     b, n, k = params["b"], params["n"], params["k"]
-    return {"x": tensor("rmsnorm_linear", params, "x", (b, k), -2.0, 2.0),
+    x = tensor("rmsnorm_linear", params, "x", (b, k), -2.0, 2.0)
+    if params.get("rows") == "zero":
+        near_eps_rows(x, 0, b - 1)
+    return {"x": x,
             "norm_weight": norm_weight("rmsnorm_linear", params, "nw", k),
             "weight": weight("rmsnorm_linear", params, "w", n, k)}
 
@@ -263,8 +265,9 @@ RMSNORM_LINEAR = OpSpec(
         "out": ref.rmsnorm_linear(x, norm_weight, weight, wide=True)},
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"]),
     grid={"smoke": [{"b": 4, "n": 384, "k": 256}, {"b": 3, "n": 200, "k": 768},
-                    {"b": 2, "n": 64, "k": 1280}],
-          "nightly": [{"b": b, "n": 6144, "k": h} for b in BATCHES for h in HIDDENS]},
+                    {"b": 2, "n": 64, "k": 1280}, {"b": 3, "n": 64, "k": 768, "rows": "zero"}],
+          "nightly": [{"b": b, "n": 6144, "k": h} for b in BATCHES for h in HIDDENS]
+          + [{"b": 16, "n": 6144, "k": 5120, "rows": "zero"}]},
     implementations={"torch": rmsnorm_linear_torch},
     negative_controls={"unweighted": rmsnorm_linear_unweighted},
 )
@@ -364,9 +367,28 @@ def argmax_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
         logits[:] = float("-inf")
         logits[1:, -1] = -3.0
         return {"logits": logits, "chunk": chunk}
+    if params.get("values") == "range":
+        return {"logits": argmax_range(logits, chunk), "chunk": chunk}
     where = hash32(torch.arange(b), seed_from("argmax.max", b, vocab)) % vocab
     logits[torch.arange(b), where] = 4.0
     return {"logits": logits, "chunk": chunk}
+
+
+def argmax_range(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Rows whose maximum a comparison in a narrower type loses: row 0 holds 66048 in its
+    first chunk and the maximum 70144 in its last (both +inf in float16), row 1 negative
+    logits and two positive ones below float16's normal range, the larger last (2**-24 and
+    its next bf16 value, one float16 subnormal), so a float16 load ties them and keeps the
+    first."""
+    b, vocab = logits.shape
+    if b < 2 or vocab <= chunk:
+        raise ValueError(f"the range rows need b >= 2 and more than one chunk: b={b}, "
+                         f"vocab={vocab}, chunk={chunk}")
+    x = logits.clone()
+    x[0, 1], x[0, vocab - 2] = 66048.0, 70144.0
+    x[1] = -x[1].abs() - 2.0**-8
+    x[1, 2], x[1, vocab - 1] = 2.0**-24, 2.0**-24 * (1 + 2.0**-7)
+    return x
 
 
 def argmax_ties(logits: torch.Tensor, chunk: int) -> torch.Tensor:
@@ -470,11 +492,13 @@ ARGMAX = OpSpec(
                     {"b": 6, "vocab": 1000, "chunk": 96, "values": "ties"},
                     {"b": 6, "vocab": 200, "chunk": 64, "values": "nan"},
                     {"b": 6, "vocab": 1000, "chunk": 96, "values": "nan"},
-                    {"b": 2, "vocab": 64, "chunk": 16, "values": "neginf"}],
+                    {"b": 2, "vocab": 64, "chunk": 16, "values": "neginf"},
+                    {"b": 2, "vocab": 200, "chunk": 64, "values": "range"}],
           "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
                       for v in (128256, 151936, 152064)]
           + [{"b": 6, "vocab": 151936, "chunk": 4096, "values": v} for v in ("ties", "nan")]
-          + [{"b": 2, "vocab": 131072, "chunk": 4096, "values": "neginf"}]},
+          + [{"b": 2, "vocab": 131072, "chunk": 4096, "values": "neginf"},
+             {"b": 2, "vocab": 151936, "chunk": 4096, "values": "range"}]},
     implementations={"torch": argmax_torch, "triton": triton_impl("hopper:argmax")},
     negative_controls={"no_chunk_offset": argmax_no_chunk_offset,
                        "last_on_ties": argmax_last_on_ties,

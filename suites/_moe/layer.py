@@ -54,15 +54,19 @@ def _args(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- single device
+def _skewed(x: torch.Tensor, params: Mapping[str, Any]) -> torch.Tensor:
+    """With ``skew``, experts 0 and 1 first for every token: each gets every token, past any
+    capacity (a kernel that drops tokens over one loses them; the op drops none)."""
+    if params.get("skew"):
+        x[:, :2] += 16.0
+    return x
+
+
 def layer_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     s = params["tokens"]
-    x = logits("layer", params, s)
-    if params.get("skew"):
-        # experts 0 and 1 first for every token: each gets every token, past any capacity
-        # (a kernel that drops tokens over one loses them; the op drops none)
-        x[:, :2] += 16.0
     return {"hidden": hidden("layer", params, s, params["hidden"]),
-            "logits": x, **expert_weights("layer", params), **_args(params)}
+            "logits": _skewed(logits("layer", params, s), params),
+            **expert_weights("layer", params), **_args(params)}
 
 
 def layer_torch(**kw):
@@ -127,7 +131,8 @@ def _ep_tokens(params: Mapping[str, Any], rank: int, world_size: int) -> dict[st
     rows = rank_tokens(params, rank, world_size)
     total = _global_rows(params, world_size)
     return {"hidden": hidden("layer_ep", params, total, params["hidden"], region=(rows,)),
-            "logits": logits("layer_ep", params, total, region=(rows,)), **_args(params)}
+            "logits": _skewed(logits("layer_ep", params, total, region=(rows,)), params),
+            **_args(params)}
 
 
 def ep_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
@@ -166,9 +171,15 @@ LAYER_EP = OpSpec(
                 "and combine; each rank's output equals the single-device layer's.",
     make_inputs=ep_inputs, expected=ep_expected, tolerance=layer_tolerance, work=_ep_work,
     grid={"smoke": [_case(96, 256, 128, 8, 4, 128, "bf16"),
-                    _case(64, 256, 128, 16, 4, 32, "fp8")],
+                    _case(64, 256, 128, 16, 4, 32, "fp8"),
+                    _case(48, 128, 128, 8, 2, 16, "bf16", renormalize=False),
+                    # every token to the ranks of experts 0 and 1 (whose probs, renormalised
+                    # or not, are nearly the same: the case above is the one without)
+                    _case(48, 128, 128, 8, 2, 16, "bf16", skew=True)],
           "nightly": [_case(5000, 7168, 2048, e, 8, 128, p) for e in (8, 64)
-                      for p in ("bf16", "fp8")]},
+                      for p in ("bf16", "fp8")]
+          + [_case(5000, 7168, 2048, 64, 8, 128, "fp8", renormalize=False),
+             _case(5000, 7168, 2048, 64, 8, 128, "fp8", skew=True)]},
     implementations={"torch": ep_torch},
     negative_controls={"dropped_token": ep_dropped_token},
     distributed=True,

@@ -30,6 +30,10 @@ def router_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
         # every logit past 90 (exp overflows float32 there): only a softmax that subtracts
         # the row's maximum stays finite, as the op's does
         x = x + 96.0
+    if params.get("values") == "spread":
+        # logits spread over more than 88 within a row (x 16, exact): a softmax shifted by
+        # anything but the row's maximum (its first logit, its mean) overflows exp
+        x = x * 16.0
     if params.get("values") == "nan":
         # a NaN logit in every third token, at an expert that moves along: it is chosen
         # first and makes the token's probs NaN (reference_kernels.moe.router); two NaNs in
@@ -135,12 +139,14 @@ ROUTER = OpSpec(
                     _case(48, 64, 8, False, values="nan"), _case(30, 8, 4, True, values="nan"),
                     # 256 experts (DeepSeek-V3: a top-k over more than one 64-wide tile) and
                     # logits past exp's range
-                    _case(40, 256, 8, True, values="shifted")],
+                    _case(40, 256, 8, True, values="shifted"),
+                    _case(64, 60, 4, False, values="spread")],
           "nightly": [_case(16384, e, k, r) for e in (8, 60, 64, 256) for k in (4, 8)
                       for r in (True, False)]
           + [_case(16384, e, 8, False, values="ties") for e in (64, 256)]
           + [_case(16384, 256, 8, True, values="nan"),
-             _case(16384, 256, 8, True, values="shifted")]},
+             _case(16384, 256, 8, True, values="shifted"),
+             _case(16384, 256, 8, False, values="spread")]},
     implementations={"torch": router_torch},
     negative_controls={"softmax_after_topk": router_softmax_after_topk,
                        "ties_higher_first": router_ties_higher_first,

@@ -185,3 +185,13 @@ def product_in_bf16(world, x, out, op):
     for r in range(1, world.size):
         acc = (acc.float() * rows[r].float()).to(torch.bfloat16)
     return out.copy_(acc.to(out.dtype))
+
+
+def vector_tail_unreduced(world, x, out, op):
+    """An aligned fast path (a count of whole 4-element vectors) whose last vector keeps this
+    rank's own values; odd counts take the general path, right."""
+    rows = _rows(world, x)
+    result = _fold(rows, op, list(range(world.size))).to(out.dtype)
+    if x.numel() and x.numel() % 4 == 0:
+        result[-4:] = x[-4:]
+    return out.copy_(result)
