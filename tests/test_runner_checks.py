@@ -54,7 +54,7 @@ def test_a_correct_implementation_passes_every_check(world):
     r = _run(world, doubled)
     assert r.status == "pass", r.reason
     assert r.checks == ["poisoned_outputs", "shifted_buffers", "process_settings",
-                        "after_timing", "reused_buffers", "settled"]
+                        "after_timing", "same_bits", "reused_buffers", "settled"]
     assert r.timing["n"] >= 3 and r.output_hash
 
 
@@ -199,20 +199,70 @@ def _copy_spec(**extra) -> OpSpec:
 @pytest.mark.parametrize("fn", [
     lambda x: (x, x[:4].clone()),                      # the input itself
     lambda x: (x.view(8, 5), x[:4].clone()),           # a view of all of it
-    lambda x: (x.t().contiguous().t(), x[:4]),         # a copy, but the second a slice
+    lambda x: (x.clone(), x[:4]),                      # a copy, but the second a slice
     lambda x: (x.clone(), x.view(-1)[:20].view(4, 5)),  # a view of part of it
 ], ids=["itself", "view", "slice", "part"])
 def test_an_output_that_shares_memory_with_a_read_only_input_is_an_error(world, fn):
     r = run_case(world, Case(_copy_spec(), {}, 1), "aliased", fn, bench=False)
     assert r.status == "error", r.reason
     assert "shares memory with input 'x'" in r.reason and "return a copy" in r.reason
-    # a copy passes whatever its layout (a transposed copy too); an op may allow aliases
     copies = run_case(world, Case(_copy_spec(), {}, 1), "copies",
-                      lambda x: (x.t().contiguous().t(), x[:4].clone()), bench=False)
+                      lambda x: (x.clone(), x[:4].clone()), bench=False)
     assert copies.status == "pass", copies.reason
     allowed = run_case(world, Case(_copy_spec(outputs_may_alias=True), {}, 1), "aliased", fn,
                        bench=False)
     assert allowed.status == "pass", allowed.reason
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: (x.t().contiguous().t(), x[:4].clone()),            # column-major
+    lambda x: (torch.nn.functional.pad(x, (0, 3))[:, :5], x[:4].clone()),  # rows padded to 8
+    lambda x: (x.clone(), x.repeat(1, 2)[:4, :5]),                # the second output padded
+], ids=["column_major", "padded_rows", "second_output"])
+def test_an_output_neither_dense_nor_laid_out_as_its_reference_is_an_error(world, fn):
+    """The right values in a transposed or padded view: a kernel reading the output's pointer
+    as dense rows finds others there."""
+    r = run_case(world, Case(_copy_spec(), {}, 1), "strided", fn, bench=False)
+    assert r.status == "error", r.reason
+    assert "neither contiguous nor the reference's" in r.reason, r.reason
+    assert run_case(world, Case(_copy_spec(any_output_layout=True), {}, 1), "strided", fn,
+                    bench=False).status == "pass"
+
+
+def test_an_output_laid_out_as_its_reference_or_contiguous_passes(world):
+    spec = _copy_spec()
+    spec.reference = lambda x: (x.t().contiguous().t(), x[:4] * 1)   # column-major
+    for fn in (lambda x: (x.t().contiguous().t(), x[:4].clone()),      # as the reference
+               lambda x: (x.clone(), x[:4].clone())):                  # contiguous
+        r = run_case(world, Case(spec, {}, 1), "laid_out", fn, bench=False)
+        assert r.status == "pass", r.reason
+
+
+def _wobbly(first: int):
+    """Doubles, one float32 ulp off from call ``first`` on: within tolerance each time, as
+    a reduction in whatever order atomics land is, but not the same bits for the same
+    inputs."""
+    count = {"n": 0}
+
+    def wobbly(x, out):
+        count["n"] += 1
+        torch.mul(x, 2, out=out)
+        if count["n"] >= first:
+            out.copy_(torch.nextafter(out, torch.full_like(out, float("inf"))))
+        return out
+    return wobbly
+
+
+@pytest.mark.parametrize("first,where", [(2, "the second call, on the same inputs in shifted"),
+                                         (3, "the last timed call gave other bits")],
+                         ids=["second_call", "timed"])
+def test_other_bits_for_the_same_inputs_fail_a_deterministic_op(world, first, where):
+    r = _run(world, _wobbly(first))
+    assert r.status == "fail", r.reason
+    assert "not deterministic" in r.reason and where in r.reason, r.reason
+    loose = _run(world, _wobbly(first), deterministic=False)
+    assert loose.status == "pass", loose.reason
+    assert "same_bits" not in loose.checks
 
 
 @pytest.mark.parametrize("bench", [False, True], ids=["untimed", "timed"])

@@ -123,6 +123,10 @@ class OpSpec:
     #: redistribute returns its input where the layout does not change); otherwise that is
     #: an error: an output is memory of its own
     outputs_may_alias: bool = False
+    #: an output may have any strides; otherwise it must be contiguous or have the strides of
+    #: the reference's output (a transposed or padded view holds the right values where a
+    #: kernel that reads the output as dense rows finds the wrong ones)
+    any_output_layout: bool = False
     #: inputs every call updates in place (a KV cache): writable, never poisoned; the update
     #: must be idempotent (the same call twice leaves the same state)
     readwrite_inputs: tuple[str, ...] = ()

@@ -92,9 +92,11 @@ def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[st
 
 
 def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
-                    guards: Mapping[str, torch.Tensor], zones: Redzones) -> None:
-    """Nothing written outside the buffers given, untouched read-only inputs, outputs in the
-    buffers provided, in-place outputs aliased."""
+                    guards: Mapping[str, torch.Tensor], zones: Redzones,
+                    expected: Mapping[str, Any]) -> None:
+    """Nothing written outside the buffers given, untouched read-only inputs, outputs of
+    their own memory and in a dense layout, outputs in the buffers provided, in-place outputs
+    aliased."""
     spec = case.spec
     outside = zones.damage()
     if outside:
@@ -106,6 +108,9 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
     shared = "" if spec.outputs_may_alias else _shared_memory(outputs, read_only)
     if shared:
         raise CaseError(shared)
+    layout = "" if spec.any_output_layout else _layout(outputs, expected)
+    if layout:
+        raise CaseError(layout)
     for out_name, in_name in spec.out_buffers.items():
         buf, got = inputs[in_name], outputs.get(out_name)
         if buf is None:  # this case has no such output (bf16 data has no fp8 scales)
@@ -122,12 +127,30 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
                             f"{spec.inplace_inputs[0]!r}")
 
 
+def _layout(outputs: Mapping[str, Any], expected: Mapping[str, Any]) -> str:
+    """An output neither contiguous nor laid out as its reference, named ("" when none):
+    the values of a transposed, padded or column-major view compare equal, but a kernel that
+    takes the output's pointer as dense rows (a GEMM's operand, a TMA descriptor) reads
+    others. torch's ``assert_close`` ignores strides; a kernel's consumer does not. Strides
+    of dims of size 1 are free."""
+    for name, got in outputs.items():
+        want = expected.get(name)
+        if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) \
+                or got.is_contiguous() or got.shape != want.shape:
+            continue
+        if any(a != b for a, b, n in zip(got.stride(), want.stride(), got.shape, strict=True)
+               if n > 1):
+            return (f"output {name!r} of shape {tuple(got.shape)} has strides "
+                    f"{tuple(got.stride())}, neither contiguous nor the reference's "
+                    f"{tuple(want.stride())}: a transposed or padded view, which a kernel "
+                    "reading it as dense rows misreads; return it contiguous")
+    return ""
+
+
 def _shared_memory(outputs: Mapping[str, Any], read_only: Mapping[str, torch.Tensor]) -> str:
     """An output that shares memory with an input the case may not write, named ("" when
     none): the input returned, or a view of it, is no output of its own (a copy that copied
-    nothing), and the caller's next write to either changes the other. The layout is free,
-    as in torch's own tests (``assert_close`` ignores strides): an op whose layout matters
-    passes the buffer to write (``OpSpec.out_buffers``)."""
+    nothing), and the caller's next write to either changes the other."""
     for name, got in outputs.items():
         if not isinstance(got, torch.Tensor):
             continue
@@ -168,10 +191,10 @@ def _required_dtype(name: str, expected: torch.Tensor) -> torch.dtype | None:
     return expected.dtype
 
 
-def _hashes(outputs: Mapping[str, torch.Tensor], apart: Collection[str] = ()
+def output_hashes(outputs: Mapping[str, torch.Tensor], apart: Collection[str] = ()
             ) -> tuple[str, dict[str, str]]:
     """The hash of all the outputs, and of each output named in ``apart`` on its own (what
-    ``_hashes({name: t})`` would give), each tensor's bytes brought to the host once."""
+    ``output_hashes({name: t})`` would give), each tensor's bytes brought to the host once."""
     h, each = hashlib.sha256(), {}
     for name in sorted(outputs):
         t = outputs[name]
@@ -213,6 +236,10 @@ class Calls:
     #: the first call's outputs in memory of the implementation's own, each with a copy: a
     #: later call must leave them alone (``changed_since``)
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    #: the hash of the outputs of the last checked call (on ``values``), and which call on
+    #: the same inputs gave other bits ("" if none)
+    same_digest: str = ""
+    repeat: str = ""
 
 
 def checked_calls(world: World, case: Case, impl: Callable[..., Any], interpreter: str | None,
@@ -242,10 +269,11 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         phase("check")
         failed = ""
         try:
-            _check_contract(case, inputs, outputs, guards, zones)
+            _check_contract(case, inputs, outputs, guards, zones, expected)
             calls.stages["call"] = measure(outputs, expected, tols, world.rank, setup.memos,
                                            setup.magnitudes)
-            calls.digest, calls.replicas = _hashes(outputs, spec.replicated)
+            calls.digest, calls.replicas = output_hashes(outputs, spec.replicated)
+            calls.same_digest = calls.digest
             if golden is not None:
                 calls.golden = golden_check(golden, case, outputs, tols, world.rank,
                                             setup.magnitudes)
@@ -330,7 +358,7 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
         return
     if judge:
         phase("check")
-        _check_contract(source.case, inputs, outputs, guards, zones)
+        _check_contract(source.case, inputs, outputs, guards, zones, source.expected)
         stage = "_".join(n for n, on in (("shifted", shift), ("other_values", other_values))
                          if on)
         overwritten = changed_since(calls.held) if other_values else ""
@@ -338,3 +366,9 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
             raise CaseError(overwritten)
         calls.stages[stage] = measure(
             outputs, source.expected, calls.tols, world.rank, source.memos, source.magnitudes)
+        if source.case.spec.deterministic:
+            digest = output_hashes(outputs)[0]
+            if not other_values and calls.same_digest and digest != calls.same_digest:
+                calls.repeat = ("the second call, on the same inputs in shifted memory, gave "
+                                "other bits than the first")
+            calls.same_digest = digest

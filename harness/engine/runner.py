@@ -51,6 +51,7 @@ from harness.engine.checked_calls import (
     changed_since,
     checked_calls,
     measure,
+    output_hashes,
 )
 from harness.engine.verdict import (
     RankNotes,
@@ -166,7 +167,7 @@ def run_case(
         on_failure(calls.error)
     verdict = gather_verdict(world, case, calls.error, calls.stages, RankNotes(
         calls.replicas, process_state.changed(settings), process_state.tainted(),
-        calls.mem.bytes, calls.mem.kind, calls.digest))
+        calls.mem.bytes, calls.mem.kind, calls.digest, calls.repeat))
     _take(result, verdict)
     result.peak_memory_bytes, result.peak_memory_kind = verdict.peak, verdict.peak_kind
     result.output_hash = verdict.output_hash if world.rank == 0 else None
@@ -244,12 +245,19 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     impossible_why = _rates(world, case, result, cfg, calibration, real)
     # every rank takes part in this verdict, so a timing error on one rank reaches them all
     stages: dict[str, dict[str, Any]] = {}
+    repeat = ""
     if recheck and not local_error:
         try:
             outputs = normalize_outputs(last["value"], spec.outputs)
             stages["after_timing"] = measure(outputs, values.expected, tols, world.rank,
                                              values.memos, values.magnitudes)
             checks.append("after_timing")
+            if spec.deterministic and calls.same_digest:
+                checks.append("same_bits")
+            if spec.deterministic and calls.same_digest \
+                    and output_hashes(outputs)[0] != calls.same_digest:
+                repeat = ("the last timed call gave other bits than the checked call on the "
+                          "same inputs")
             if real and nbytes(inputs) <= RELOCATE_CAP_BYTES:
                 _recheck_in_seen_buffers(world, case, impl, slots[0], values.twin(), stages)
                 checks += ["reused_buffers", "settled"]
@@ -261,7 +269,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     if local_error:
         on_failure(local_error)
     verdict = gather_verdict(world, case, local_error, stages,
-                             RankNotes(changed=changed, tainted=process_state.tainted()))
+                             RankNotes(changed=changed, tainted=process_state.tainted(),
+                                       repeat=repeat))
     if verdict.status != "pass":
         _take(result, verdict)
         return

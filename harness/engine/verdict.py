@@ -58,6 +58,8 @@ class RankNotes:
     peak_kind: str = NOT_MEASURED
     #: the hash of the first call's outputs ("" if it made none)
     digest: str = ""
+    #: which calls on the same inputs gave other bits (``OpSpec.deterministic``), or ""
+    repeat: str = ""
 
 
 @dataclass
@@ -89,6 +91,11 @@ def gather_verdict(world: World, case: Case, local_error: str,
         differ = _judge_replicas([n.replicas for n in every], case) if status == "pass" else ""
         if differ:
             status, reason = "fail", differ
+        repeat = _said_by_rank([[n.repeat] if n.repeat else [] for n in every])
+        if status == "pass" and repeat:
+            status, reason = "fail", (f"not deterministic: {repeat} (each within tolerance, "
+                                      "maybe: the op's results are the same bits on the same "
+                                      "inputs, and its history flags changed bits)")
         tainted = any(n.tainted for n in every)
         leaked = _said_by_rank([n.changed for n in every])
         if leaked:
