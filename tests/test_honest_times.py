@@ -69,8 +69,9 @@ def test_cached_late_clock_patching_and_unwritten_implementations_fail_and_torch
     assert "note: this machine has no calibration" in out.stderr  # the impossible check is off
     got = _statuses(tmp_path / "h.db")
     assert {s for (impl, _), (s, _) in got.items() if impl == "torch"} == {"pass"}
-    late = ("buffers it had seen", "after the call returned", "after the timed repeats")
-    why = {"by_address": ("buffers it had seen",), "by_call": ("buffers it had seen",),
+    late = ("buffers an earlier call used", "after the call returned", "after the timed repeats")
+    seen = ("buffers an earlier call used",)
+    why = {"by_address": seen, "by_call": seen,
            "late_thread": late, "patched_clock": ("a clock was replaced",)}
     for cheat, words in why.items():
         results = [v for (impl, _), v in got.items() if impl == f"timing_cheats:{cheat}"]

@@ -457,7 +457,7 @@ def test_inputs_over_the_cap_are_generated_for_every_call(world, monkeypatch):
     assert calls == {"inputs": 6, "reference": 2}
 
 
-def test_a_token_timing_still_checks_its_call_on_a_shifted_copy(world):
+def test_a_token_timing_still_checks_its_call(world):
     calls = {"n": 0}
 
     def breaks_on_third_call(x, out):
@@ -471,8 +471,30 @@ def test_a_token_timing_still_checks_its_call_on_a_shifted_copy(world):
     token = TIMING.for_placement("8 ranks on 2 CPU(s) of vm")
     r = run_case(world, case, "b", breaks_on_third_call, bench=True, timing=token)
     assert calls["n"] == 3 and r.status == "fail"
-    assert r.reason.startswith("after the timed repeats")
+    assert r.reason.startswith("on new input values written into buffers an earlier call used")
     assert r.timing["minimal"] and r.timing["n"] == 1
+
+
+def test_a_result_kept_by_buffer_address_fails_a_token_timing(world):
+    """Ranks that contend for CPUs (or a GPU) get one token call, no real timing: it takes the
+    case's values in the buffers the second call (on the twin's values) used, so a result
+    cached by address returns the twin's."""
+    cache: dict = {}
+
+    def by_address(x, out):
+        if x.data_ptr() not in cache:
+            cache[x.data_ptr()] = x * 2
+        return out.copy_(cache[x.data_ptr()])
+
+    token = TIMING.for_placement("8 ranks on 2 CPU(s) of vm")
+    r = run_case(world, Case(_spec(), {"n": 1031}, 1), "cached", by_address, bench=True,
+                 timing=token)
+    assert r.status == "fail", r.reason
+    assert r.reason.startswith("on new input values written into buffers an earlier"), r.reason
+    assert "reused_buffers" in r.checks and "same_bits" in r.checks
+    r = run_case(world, Case(_spec(), {"n": 1031}, 1), "ok", doubled, bench=True,
+                 timing=token)
+    assert r.status == "pass", r.reason
 
 
 def test_a_set_up_is_never_shared_between_two_specs_of_one_name(world):

@@ -26,7 +26,7 @@ _STAGE_PREFIX = {
     "shifted_other_values": ("on other input values in fresh shifted memory, the old buffers "
                              "poisoned (a result kept by shape or by call count?): "),
     "after_timing": "after the timed repeats (on shifted buffer copies): ",
-    "reused_buffers": ("on new input values written into buffers it had seen while timed "
+    "reused_buffers": ("on new input values written into buffers an earlier call used "
                        "(a result cached by buffer or by call?): "),
     "settled": ("its outputs changed after the call returned (work left running on another "
                 "thread or stream, outside the timed interval): "),
