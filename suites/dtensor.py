@@ -6,7 +6,9 @@ by the reference ``local_shard``; a Partial source's locals then differ by rank,
 twofold: this rank's new local tensor against ``local_shard`` under the target placements,
 and the full tensor gathered back from the result against ``x`` (the round trip). Values are
 multiples of 8 with small magnitudes, so Partial(sum) locals (x / n) and every reduction are
-exact: the checks are bitwise.
+exact: the checks are bitwise. Cases with ``values=random`` hold float32 values of full
+mantissa instead, whose Partial(sum) reductions round: checked within the rounding of the
+mesh's sums (a reduction through bf16, a compressed all-reduce, fails there).
 
 A case runs at the world size its mesh needs. Placements are written ``R``, ``S<d>``,
 ``P[sum|avg|min|max]`` and ``SS<d>sf<k>`` (_StridedShard), one per mesh dim: ``S0,R``.
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from harness.api import OpSpec, Work, dtype_from_name, exact, generate, seed_from
+from harness.api import OpSpec, Work, allclose, dtype_from_name, exact, generate, seed_from
 from reference_kernels import dtensor as ref
 from suites._grid import unique
 
@@ -33,8 +35,12 @@ def mesh_shape(params: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def global_tensor(params: Mapping[str, Any]) -> torch.Tensor:
-    """x: multiples of 8 in [-128, 128], so x / n (n <= 8) and sums over ranks are exact."""
+    """x: multiples of 8 in [-128, 128], so x / n (n <= 8) and sums over ranks are exact; with
+    ``values=random``, uniform in [-1, 1)."""
     seed = seed_from("dtensor", *map(str, params["shape"]), params["dtype"])
+    if params.get("values") == "random":
+        return generate(tuple(params["shape"]), dtype_from_name(params["dtype"]),
+                        seed=seed + 1, dist="uniform", low=-1.0, high=1.0)
     ints = generate(tuple(params["shape"]), torch.int32, seed=seed, dist="int", low=-16,
                     high=16)
     return (ints * 8).to(dtype_from_name(params["dtype"]))
@@ -46,28 +52,30 @@ def redistribute_inputs(params: Mapping[str, Any], rank: int, world_size: int
     x = global_tensor(params)
     coord = ref.coordinate(rank, shape)
     local = uneven_partials(ref.local_shard(x, shape, params["src"], coord), shape,
-                            params["src"], coord)
+                            params["src"], coord,
+                            unit=2.0**-3 if params.get("values") == "random" else 8.0)
     return {"local": local, "global_shape": tuple(x.shape), "mesh_shape": shape,
             "src": params["src"], "dst": params["dst"]}
 
 
 def uneven_partials(local: torch.Tensor, shape: Sequence[int], placements: str,
-                    coord: Sequence[int]) -> torch.Tensor:
+                    coord: Sequence[int], unit: float = 8.0) -> torch.Tensor:
     """``local`` with every Partial mesh dim's locals made to differ by rank, still reducing
-    to the same global value: for sum and avg, plus 8 * s * (2c - (n - 1)) (s in {-1, 0, 1}
-    by element; the terms cancel over the n coordinates c); for max, minus 8 * ((c + i) % n),
-    which is 0 on one coordinate per element i (plus, for min). Identical locals (x / n, or
-    x) would let a kernel pass that reduces nothing, one that multiplies its own local by n,
-    or one that swaps min and max. Multiples of 8 below 64: every sum stays exact."""
+    to the same global value: for sum and avg, plus u * s * (2c - (n - 1)) (s in {-1, 0, 1}
+    by element; the terms cancel over the n coordinates c); for max, minus u * ((c + i) % n),
+    which is 0 on one coordinate per element i (plus, for min), u = ``unit``. Identical
+    locals (x / n, or x) would let a kernel pass that reduces nothing, one that multiplies
+    its own local by n, or one that swaps min and max. Multiples of 8 below 64: every sum
+    stays exact (random values: within their rounding)."""
     t = local.clone()
     index = torch.arange(t.numel()).reshape(t.shape)
     for k, (n, p, c) in enumerate(zip(shape, ref.parse(placements), coord, strict=True)):
         if p.kind != "P" or n == 1:
             continue
         if p.op in ("sum", "avg"):
-            t += (8 * ((index + k) % 3 - 1) * (2 * c - (n - 1))).to(t.dtype)
+            t += (unit * ((index + k) % 3 - 1) * (2 * c - (n - 1))).to(t.dtype)
         else:
-            step = (8 * ((c + index + k) % n)).to(t.dtype)
+            step = (unit * ((c + index + k) % n)).to(t.dtype)
             t += -step if p.op == "max" else step
     return t
 
@@ -187,6 +195,16 @@ def redistribute_floor_chunks(world, local, global_shape, mesh_shape, src, dst):
     return t.contiguous(), full
 
 
+def redistribute_partial_in_bf16(world, local, global_shape, mesh_shape, src, dst):
+    """Bug: a float32 Partial source reduced through bf16 (a compressed all-reduce): exact on
+    the integer-valued cases (multiples of 8 below 2048), off on random values."""
+    if any(p.kind == "P" for p in ref.parse(src)) and local.dtype == torch.float32:
+        res, full = _redistribute(world, local.to(torch.bfloat16), global_shape, mesh_shape,
+                                  src, dst, graph=False)
+        return res.float(), full.float()
+    return _redistribute(world, local, global_shape, mesh_shape, src, dst, graph=False)
+
+
 def redistribute_strided_as_plain(world, local, global_shape, mesh_shape, src, dst):
     """Bug: a _StridedShard source is taken for a plain Shard of the same dim, so its pieces
     are stitched back in the wrong order."""
@@ -240,8 +258,24 @@ def dtensor_refusal(params: Mapping[str, Any], world_size: int, device: Any, *,
 
 
 # ---------------------------------------------------------------- grids
-def _case(mesh: str, src: str, dst: str, shape: Sequence[int], dtype: str = "f32") -> dict:
-    return {"mesh": mesh, "src": src, "dst": dst, "shape": tuple(shape), "dtype": dtype}
+def _case(mesh: str, src: str, dst: str, shape: Sequence[int], dtype: str = "f32",
+          values: str | None = None) -> dict:
+    case = {"mesh": mesh, "src": src, "dst": dst, "shape": tuple(shape), "dtype": dtype}
+    return {**case, "values": values} if values else case
+
+
+def tolerance(params: Mapping[str, Any], world_size: int) -> Any:
+    """Bitwise; for random values, the rounding of sums over the mesh: each of W partials of
+    magnitude below 1 + u (W - 1) adds one float32 rounding of a sum up to W of them."""
+    if params.get("values") != "random":
+        return exact()
+    eps = 2.0**-24
+    return allclose(rtol=world_size * eps, atol=world_size**2 * eps)
+
+
+#: Partial(sum) sources of random values: reductions that round
+RANDOM = [_case("4", "P", "R", (13, 5), values="random"),
+          _case("2x2", "P,P", "S0,R", (9, 7), values="random")]
 
 
 def _one_d(n: int, lengths: Sequence[int] | None = None) -> list[dict]:
@@ -295,7 +329,7 @@ def _smoke() -> list[dict]:
         # a spread of the 144 (16 sources x 9 targets): 17 is prime to both, so the 9 cases
         # take 9 sources and every target
         cases += exhaustive[::17]
-    return unique(cases + _special())
+    return unique(cases + _special() + RANDOM)
 
 
 def _nightly() -> list[dict]:
@@ -306,7 +340,9 @@ def _nightly() -> list[dict]:
     cases += [_case("8", s, d, big) for s, d in (("S0", "R"), ("P", "S1"), ("R", "S0"))]
     cases += [_case("4x2", s, d, big) for s, d in (("S0,R", "R,R"), ("P,R", "S1,S0"),
                                                    ("R,R", "S0,S1"))]
-    return unique(cases + _special())
+    cases += [_case("8", "P", "S1", big, values="random"),
+              _case("4x2", "P,P", "R,S0", big, values="random")]
+    return unique(cases + _special() + RANDOM)
 
 
 def _work(params: Mapping[str, Any], world_size: int) -> Work:
@@ -319,11 +355,12 @@ REDISTRIBUTE = OpSpec(
     description="DTensor.redistribute(src -> dst placements): every rank's local tensor and "
                 "the gathered full tensor, bitwise.",
     make_inputs=redistribute_inputs, expected=redistribute_expected,
-    tolerance=exact(), work=_work, outputs=("local", "full"),
+    tolerance=tolerance, work=_work, outputs=("local", "full"),
     grid={"smoke": _smoke(), "nightly": _nightly()},
     implementations={"torch": redistribute_torch, "torch-graph": redistribute_torch_graph},
     negative_controls={"floor_chunks": redistribute_floor_chunks,
-                       "strided_as_plain": redistribute_strided_as_plain},
+                       "strided_as_plain": redistribute_strided_as_plain,
+                       "partial_in_bf16": redistribute_partial_in_bf16},
     distributed=True, replicated=("full",),
     # redistributing to the placements a tensor has (or on a mesh of one) returns its input
     outputs_may_alias=True,

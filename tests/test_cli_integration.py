@@ -540,7 +540,7 @@ def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(controls_
     results = rows(tmp_path / "h.db", query) + rows(smoke_run[0] / "h.db", query)
     assert {r["world_size"] for r in results} == {1, 4, 8}
     assert {r["impl"] for r in results} == {"torch", "torch-graph", "floor_chunks",
-                                            "strided_as_plain"}
+                                            "strided_as_plain", "partial_in_bf16"}
     by = {}
     for r in results:
         by.setdefault(r["impl"], []).append(r)
@@ -550,6 +550,9 @@ def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(controls_
     for r in by["strided_as_plain"]:  # exactly the _StridedShard sources (on one rank a
         shows = "src=SS" in r["case_id"] and r["world_size"] > 1  # strided shard is plain)
         assert r["status"] == ("fail" if shows else "pass"), r
+    for r in by["partial_in_bf16"]:  # a bf16 reduction is exact on the integer values
+        assert r["status"] == ("fail" if "values=random" in r["case_id"] else "pass"), r
+    assert any(r["status"] == "fail" for r in by["partial_in_bf16"])
     floor = by["floor_chunks"]
     for r in floor:
         dst = _params(r["case_id"])["dst"]

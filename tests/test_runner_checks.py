@@ -829,3 +829,63 @@ def test_a_function_wrapped_in_place_is_not_a_replacement(world):
         assert process_state.changed(before) == []
     finally:
         torch.nn.functional.gelu = original
+
+
+class _Liar(torch.Tensor):
+    """A subclass that overrides what compares it: every element equal, nothing unequal."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.equal, torch.allclose):
+            return True
+        if func in (torch.Tensor.ne, torch.Tensor.__ne__, torch.ne):
+            return torch.zeros(args[0].shape, dtype=torch.bool)
+        if func is torch.Tensor.as_subclass:
+            return args[0]
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_tensor_subclass_is_judged_by_the_values_it_holds(world):
+    """An output that lies in its comparisons (it holds zeros) fails as zeros do; one that
+    holds the right values passes."""
+    lying = _run(world, lambda x, out: out.zero_().as_subclass(_Liar), bench=False)
+    assert lying.status == "fail", lying.reason
+    honest = _run(world, lambda x, out: doubled(x, out).as_subclass(_Liar), bench=False)
+    assert honest.status == "pass", honest.reason
+
+
+@pytest.mark.parametrize("fn,why", [
+    (lambda x: (x.to_sparse(), x[:4].clone()), "is a sparse_coo tensor: return a dense one"),
+    (lambda x: (torch.empty_like(x, device="meta"), x[:4].clone()), "on the meta device"),
+    (lambda x: {"out": x.clone(), "head": x[:4].clone(), "debug": x.sum()},
+     "returned outputs ['debug'] that the op does not have"),
+], ids=["sparse", "meta", "extra_key"])
+def test_outputs_without_dense_values_or_the_ops_names_are_errors_saying_so(world, fn, why):
+    r = run_case(world, Case(_copy_spec(), {}, 1), "odd", fn, bench=False)
+    assert r.status == "error" and why in r.reason, r.reason
+    assert "harness error" not in r.reason
+
+
+class _Custom(BaseException):
+    pass
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no")
+
+
+@pytest.mark.parametrize("exc,words", [
+    (_Custom("a library's own"), "implementation raised _Custom: a library's own"),
+    (GeneratorExit("gone"), "implementation raised GeneratorExit: gone"),
+    (_Unprintable(), "implementation raised _Unprintable: <its message could not be read"),
+    (ValueError("x" * 100_000), "(98000 more characters)"),
+], ids=["base_exception", "generator_exit", "unprintable", "huge"])
+def test_whatever_an_implementation_raises_is_its_case_error_in_a_bounded_line(world, exc,
+                                                                               words):
+    def raises(x, out):
+        raise exc
+
+    r = _run(world, raises, bench=False)
+    assert r.status == "error" and words in r.reason, r.reason[:300]
+    assert len(r.reason) < 3000 and "harness error" not in r.reason

@@ -28,10 +28,26 @@ from harness.device.pyfile import import_file
 TIERS = ("smoke", "nightly", "stress")
 DEFAULT_WORLD_SIZES = (1, 4, 8)
 ENTRY_POINT_GROUP = "harness.implementations"
-#: what an implementation may raise that its case records against it: any Exception, and
-#: SystemExit (a ``sys.exit`` in a kernel's wrapper must not end a rank mid-case). Not
-#: KeyboardInterrupt: that is someone stopping the run
-IMPL_RAISES: tuple[type[BaseException], ...] = (Exception, SystemExit)
+#: what an implementation may raise that its case records against it: anything but
+#: KeyboardInterrupt (someone stopping the run), which every site that catches these lets
+#: through first. A ``sys.exit`` in a kernel's wrapper, a GeneratorExit, a ``pytest.skip``'s
+#: outcome or a library's own BaseException must not end a rank mid-case
+IMPL_RAISES: tuple[type[BaseException], ...] = (BaseException,)
+#: how much of an exception's message a reason keeps (a 10 MB message would be stored whole
+#: in the results, the junit file and the DB, and printed)
+RAISED_CHARS = 2000
+
+
+def raised(exc: BaseException) -> str:
+    """``Type: message`` of an implementation's exception for a reason, the message cut to
+    RAISED_CHARS characters; one whose ``str()`` raises is named so."""
+    try:
+        text = str(exc)
+    except Exception as inner:  # noqa: BLE001 (a user's __str__ may raise anything)
+        text = f"<its message could not be read: str() raised {type(inner).__name__}>"
+    if len(text) > RAISED_CHARS:
+        text = f"{text[:RAISED_CHARS]}... ({len(text) - RAISED_CHARS} more characters)"
+    return f"{type(exc).__name__}: {text}"
 
 
 class SpecError(ValueError):

@@ -348,6 +348,8 @@ def capture_graph(fn: Callable[[], Any], device: torch.device,
             return None, f"capture could not begin ({first_line(exc)})"
         try:
             fn()
+        except KeyboardInterrupt:
+            raise
         except IMPL_RAISES as exc:
             error = exc
         try:

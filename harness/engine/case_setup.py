@@ -21,16 +21,46 @@ class CaseError(Exception):
 
 
 def normalize_outputs(value: Any, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """An implementation's return value as {output name: tensor}."""
+    """An implementation's return value as {output name: plain tensor} (``plain``)."""
     if isinstance(value, torch.Tensor):
-        return {names[0]: value}
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, (tuple, list)):
+        outputs = {names[0]: value}
+    elif isinstance(value, Mapping):
+        outputs = dict(value)
+        extra = sorted(set(outputs) - set(names), key=str)
+        if extra:
+            raise CaseError(f"returned outputs {extra} that the op does not have; its outputs "
+                            f"are {names}")
+    elif isinstance(value, (tuple, list)):
         if len(value) != len(names):
             raise CaseError(f"returned {len(value)} outputs, expected {len(names)} {names}")
-        return dict(zip(names, value, strict=True))
-    raise CaseError(f"returned a {type(value).__name__}; expected a tensor, tuple or dict")
+        outputs = dict(zip(names, value, strict=True))
+    else:
+        raise CaseError(f"returned a {type(value).__name__}; expected a tensor, tuple or dict")
+    return {name: plain(name, t) for name, t in outputs.items()}
+
+
+def plain(name: str, t: Any) -> Any:
+    """Output ``t`` as a plain dense tensor, the same memory: a torch.Tensor subclass may
+    override the very operations that compare it (``__eq__``, ``torch.equal``), so it is
+    judged as the tensor it holds, read with its overrides off. A subclass whose operations
+    run in Python (``__torch_dispatch__``: DTensor, a wrapper), a sparse, nested or meta
+    tensor has no dense values of its own to judge: a CaseError says what to return."""
+    if not isinstance(t, torch.Tensor):
+        return t  # compare says it is no tensor
+    kind = type(t).__name__
+    if type(t).__torch_dispatch__ is not torch.Tensor.__torch_dispatch__:
+        raise CaseError(f"output {name!r} is a {kind}, a tensor subclass whose operations "
+                        "run in Python (__torch_dispatch__): return the plain tensor it holds "
+                        "(a DTensor's to_local())")
+    if t.is_nested or t.layout != torch.strided:
+        layout = "nested" if t.is_nested else str(t.layout).replace("torch.", "")
+        raise CaseError(f"output {name!r} is a {layout} tensor: return a dense one")
+    if t.is_meta:
+        raise CaseError(f"output {name!r} is on the meta device: it holds no values")
+    if type(t) is torch.Tensor:
+        return t
+    with torch._C.DisableTorchFunctionSubclass():  # as_subclass itself may be overridden
+        return t.as_subclass(torch.Tensor)
 
 
 #: the parameter that reseeds a case's inputs for the check after timing (CaseSetup.twin)

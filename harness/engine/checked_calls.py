@@ -39,7 +39,7 @@ from harness.core.buffers import (
     tensors,
 )
 from harness.core.golden import GoldenShelf, GoldenStore
-from harness.core.spec import IMPL_RAISES, Case
+from harness.core.spec import IMPL_RAISES, Case, raised
 from harness.device.memory import PeakMemory
 from harness.device.runtime import World
 from harness.engine.case_setup import (
@@ -86,8 +86,10 @@ def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[st
               else contextlib.nullcontext()):
             raw = impl(world, **inputs) if case.spec.distributed else impl(**inputs)
             world.synchronize()
+    except KeyboardInterrupt:
+        raise
     except IMPL_RAISES as exc:
-        raise CaseError(f"implementation raised {type(exc).__name__}: {exc}") from exc
+        raise CaseError(f"implementation raised {raised(exc)}") from exc
     return normalize_outputs(raw, case.spec.outputs)
 
 

@@ -31,7 +31,7 @@ from harness.core import compare
 from harness.core.buffers import nbytes, poison_, relocate
 from harness.core.golden import GoldenShelf, GoldenStore
 from harness.core.results import CaseResult
-from harness.core.spec import IMPL_RAISES, Case, OpSpec
+from harness.core.spec import IMPL_RAISES, Case, OpSpec, raised
 from harness.core.timing import (
     TimingConfig,
     clock_tampering,
@@ -110,9 +110,10 @@ def _skip_or_error(world: World, case: Case, impl: Callable[..., Any]) -> tuple[
     case."""
     try:
         local = ("skip", _local_skip_reason(world, case, impl))
+    except KeyboardInterrupt:
+        raise
     except IMPL_RAISES as exc:
-        local = ("error", f"asking whether the case can run raised {type(exc).__name__}: "
-                          f"{exc}")
+        local = ("error", f"asking whether the case can run raised {raised(exc)}")
     everyone = world.comm.allgather(local) if world.size > 1 else [local]
     for rank, (kind, why) in enumerate(everyone):
         if kind == "error":
@@ -254,8 +255,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
     try:
         result.timing = time_call(call, world, spec.distributed, cfg)
+    except KeyboardInterrupt:
+        raise
     except IMPL_RAISES as exc:
-        local_error = f"failed while timing: {type(exc).__name__}: {exc}"
+        local_error = f"failed while timing: {raised(exc)}"
     tampered += clock_tampering()
     real = bool(result.timing) and cfg.full
     impossible_why = _rates(world, case, result, cfg, calibration, real)
@@ -280,8 +283,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
                 checks += ["reused_buffers", "settled"]
                 tampered += clock_tampering()
                 local_error = changed_since(calls.held)
+        except KeyboardInterrupt:
+            raise
         except IMPL_RAISES as exc:
-            local_error = f"after timing: {type(exc).__name__}: {exc}"
+            local_error = f"after timing: {raised(exc)}"
     changed = process_state.changed(settings) if settings is not None else []
     if local_error:
         on_failure(local_error)
