@@ -225,24 +225,12 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     not below the calibrated limits, no clock replaced, right on new values in buffers seen
     before (a cache), the first call's outputs untouched by them (a workspace it returns),
     and outputs that stay put after the call returns (work left running)."""
-    inputs, writable, tols = calls.inputs, calls.writable, calls.tols
-    values = calls.values  # whose values the last call's inputs hold
-    assert values is not None and calls.setup is not None
-    spec = case.spec
+    inputs, spec = calls.inputs, case.spec
     out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
     # in-place cases change their inputs on every repeat: their last output is not checkable
-    recheck = writable <= out_names | set(spec.readwrite_inputs)
-    same_digest, after = calls.same_digest, "after_timing"
-    if not cfg.full and recheck and values is not calls.setup:
-        # a token call (one, untimed in effect): it takes the case's own values written into
-        # the buffers of the last checked call, which held the twin's, so that a result kept
-        # by buffer address is the twin's and fails, as the real timing's last call shows
-        values, after, same_digest = calls.setup, "reused_buffers", calls.digest
-        slots = [_refill(inputs, values, spec, world.device)]
-        tols = tolerances(case, values.expected)
-        tols = interpreted_lens(tols) if cfg.interpreter else tols
-    else:
-        slots = _timing_slots(inputs, spec, cfg, out_names if recheck else set())
+    recheck = calls.writable <= out_names | set(spec.readwrite_inputs)
+    slots, values, tols, after, same_digest = _timed_inputs(world, case, calls, cfg, recheck,
+                                                            out_names)
     # the first call takes a new copy (the inputs of the shifted check have been used)
     rotation = itertools.cycle(slots[1:] + slots[:1])
     last: dict[str, Any] = {}
@@ -297,6 +285,26 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
         _take(result, verdict)
         return
     _judge_honesty(world, result, tampered, impossible_why)
+
+
+def _timed_inputs(world: World, case: Case, calls: Calls, cfg: TimingConfig, recheck: bool,
+                  out_names: set[str]
+                  ) -> tuple[list[dict[str, Any]], CaseSetup, dict[str, compare.Tolerance],
+                             str, str]:
+    """The input slots the timed calls rotate over, whose values they hold, their
+    tolerances, the stage the last call's check is, and the hash its outputs must have."""
+    values = calls.values  # whose values the last call's inputs hold
+    assert values is not None and calls.setup is not None
+    if not cfg.full and recheck and values is not calls.setup:
+        # a token call (one, untimed in effect): it takes the case's own values written into
+        # the buffers of the last checked call, which held the twin's, so that a result kept
+        # by buffer address is the twin's and fails, as the real timing's last call shows
+        tols = tolerances(case, calls.setup.expected)
+        return ([_refill(calls.inputs, calls.setup, case.spec, world.device)], calls.setup,
+                interpreted_lens(tols) if cfg.interpreter else tols, "reused_buffers",
+                calls.digest)
+    slots = _timing_slots(calls.inputs, case.spec, cfg, out_names if recheck else set())
+    return slots, values, calls.tols, "after_timing", calls.same_digest
 
 
 def _timing_slots(inputs: dict[str, Any], spec: OpSpec, cfg: TimingConfig,
