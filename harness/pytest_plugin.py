@@ -27,7 +27,7 @@ from harness.core.golden import GoldenShelf
 from harness.core.results import CaseResult, RunInfo
 from harness.core.spec import PlannedItem, Registry, SpecError
 from harness.core.timing import TimingConfig
-from harness.device import process_state, triton_impl
+from harness.device import children, process_state, triton_impl
 from harness.device.envinfo import env_id
 from harness.engine import alive
 from harness.engine.options import (
@@ -279,6 +279,7 @@ def _wait_for(path: Path) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    children.mark()
     session = HarnessSession(config)
     config.stash[_SESSION] = session
     if session.world.rank != 0:
@@ -299,6 +300,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     hs = session.config.stash.get(_SESSION, None)
     if hs is not None:
         hs.exitstatus = int(exitstatus)
+        left = children.end_leftovers()
+        if left:  # they would hold the launcher's pipes open, and outlive the run
+            print(f"harness: rank {hs.world.rank} killed {len(left)} process(es) its "
+                  f"implementations started and left running: pids {left}", file=sys.stderr,
+                  flush=True)
         # the end can hang in C holding the GIL (MPI_Finalize), where no Python thread runs
         alive.watch_quiet()
         hs.world.close()

@@ -16,6 +16,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -649,6 +650,42 @@ def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
     # the other counts are odd: only the aligned one takes the fast path
     assert set(failed("vector_tail_unreduced")) == {
         "allreduce[dtype=f16,inplace=false,mode=special,n=1024,op=sum]"}
+
+
+def _sleepers() -> list[int]:
+    """Processes running with harness_test_impls.SLEEPER in their command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"harness-test-sleeper" in (entry / "cmdline"
+                                                                    ).read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc")
+def test_processes_an_implementation_starts_stay_inside_its_rank(tmp_path):
+    """A forked child that returns into the harness ends there (it would run the rank's cases
+    as a second rank); a forked sleeper and a daemon in a session of its own are killed when
+    the job ends (they held its output pipes open until the 300 s stall limit, and outlived
+    the run); files written by relative path land in the ranks' work folder, not over the
+    run's own results. Every result stays right."""
+    impls = ("forks_and_returns", "forks_a_sleeper", "detaches_a_daemon", "writes_run_files")
+    args = [a for i in impls for a in ("--impl", f"harness_test_impls:{i}")]
+    started = time.monotonic()
+    out = harness(tmp_path, "run", "allreduce[*dtype=f32*mode=exact*op=max*]", "--world-sizes",
+                  "2", "--no-bench", "--impl", "torch", *args, timeout=280)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert time.monotonic() - started < 200  # no job waited for the stall limit
+    got = _results(tmp_path)
+    assert {r["impl"].split(":")[-1] for r in got} == {"torch", *impls}
+    assert {r["status"] for r in got} == {"pass"}
+    assert not _sleepers()
+    logs = "".join(p.read_text() for p in tmp_path.glob("**/w2.launch*.log"))
+    assert "killed" in logs and "its implementations started and left running" in logs
+    assert any(p.name == "results.jsonl" for p in tmp_path.glob("**/work/*"))
 
 
 # one launch for the faults and a wrong user callable: the hang's and the crash's

@@ -311,6 +311,39 @@ def _put_functions(before: _Functions) -> None:
             setattr(obj, name, f)
 
 
+#: a duplicate of each file that fd 1 or 2 was seen to be, by (device, inode): what puts the
+#: stream back once an implementation closed or redirected it
+_STREAM_FILES: dict[tuple[int, int], int] = {}
+
+
+def _streams() -> tuple[tuple[int, int] | None, ...]:
+    """The files fds 1 and 2 are (device, inode), None where closed. The ranks' output (a
+    kernel's printf, the watchdog's stacks) goes through them to the launch log; a rank
+    whose fd 1 is closed fails on its next write and its job never ends."""
+    seen: list[tuple[int, int] | None] = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            seen.append(None)
+            continue
+        seen.append((st.st_dev, st.st_ino))
+        if seen[-1] not in _STREAM_FILES:
+            _STREAM_FILES[seen[-1]] = os.dup(fd)
+    return tuple(seen)
+
+
+def _put_streams(value: tuple[tuple[int, int] | None, ...]) -> None:
+    for fd, file in zip((1, 2), value, strict=True):
+        if file is not None:
+            os.dup2(_STREAM_FILES[file], fd)
+
+
+def _streams_change(before: tuple, now: tuple) -> str:
+    return ", ".join(f"fd {fd} {'closed' if n is None else 'pointed elsewhere'}"
+                     for fd, b, n in zip((1, 2), before, now, strict=True) if b != n)
+
+
 def _no_setter(value: Any) -> None:
     # inference mode is left on by an InferenceMode guard the implementation holds; only that
     # guard can end it, so the process is tainted (per_thread) and its job ends
@@ -349,6 +382,8 @@ def host_settings() -> tuple[Setting, ...]:
               _autocast("cpu"), _autocast("cuda"),
               Setting("environment", _environment, _put_environment,
                       describe=_environment_change),
+              Setting("standard output and error", _streams, _put_streams,
+                      describe=_streams_change),
               Setting("torch functions", _Functions, _put_functions, describe=_replaced)]
     return tuple(s for s in every if _readable(s.get))
 

@@ -40,6 +40,7 @@ from harness.core.buffers import (
 )
 from harness.core.golden import GoldenShelf, GoldenStore
 from harness.core.spec import IMPL_RAISES, Case, raised
+from harness.device import children
 from harness.device.memory import PeakMemory
 from harness.device.runtime import World
 from harness.engine.case_setup import (
@@ -90,7 +91,9 @@ def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[st
         raise
     except IMPL_RAISES as exc:
         raise CaseError(f"implementation raised {raised(exc)}") from exc
-    return normalize_outputs(raw, case.spec.outputs)
+    finally:
+        children.leave_if_forked()
+    return normalize_outputs(raw, case.spec.outputs, implementation=True)
 
 
 def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],

@@ -111,7 +111,8 @@ class WorldOutcome:
 
 def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
     """The ranks' environment: ``base`` plus the run id, where harness was started (relative
-    ``--impl`` paths resolve there; ranks run in the run directory), unbuffered output, and
+    ``--impl`` paths resolve there; ranks run in the run directory's ``work`` folder),
+    unbuffered output, and
     ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it. A GPU-enabled MPICH initialises CUDA in
     every rank at MPI_Init (MPICH 4.0's yaksa makes a context on every visible GPU, which an
     exclusive compute mode refuses); the harness never hands MPI device memory (its ``mpi``
@@ -426,15 +427,18 @@ def _launches_before(files: RunDir, world_size: int) -> int:
 def start_job(cfg: LaunchConfig, world_size: int, attempt: int, log: Any,
               go: Path | None = None) -> subprocess.Popen:
     """One job of the ranks, its output to ``log`` after its command line. The ranks run in
-    the run directory; relative --impl paths (kernel.cu:launch) are the user's, so they
-    resolve against the directory harness was started in."""
+    the run directory's ``work`` folder (what an implementation writes by a relative path
+    stays out of the run's files); relative --impl paths (kernel.cu:launch) are the user's,
+    so they resolve against the directory harness was started in."""
     env = {**job_environment(cfg, world_size), LAUNCH_LOG_ENV: str(log.name)}
+    work = cfg.files.work
+    work.mkdir(exist_ok=True)
     cmd = build_command(cfg, world_size, attempt, go)
     log.write("$ " + " ".join(cmd) + "\n")
     log.flush()
     try:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=cfg.run_dir, start_new_session=True,
+                                cwd=work, start_new_session=True,
                                 preexec_fn=_stop_with_harness())
     except OSError as exc:
         raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc

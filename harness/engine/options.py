@@ -185,6 +185,12 @@ class RunDir:
         return self.path / "results.jsonl"
 
     @property
+    def work(self) -> Path:
+        """The ranks' working directory: a file an implementation writes by a relative path
+        lands here, never over the run's own (results.jsonl, run.json)."""
+        return self.path / "work"
+
+    @property
     def calibrations(self) -> Path:
         """This machine's calibrations, written at start when it has any."""
         return self.path / "calibrations.json"

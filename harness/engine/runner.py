@@ -41,7 +41,7 @@ from harness.core.timing import (
     percent_of_peak,
     time_call,
 )
-from harness.device import process_state, triton_impl
+from harness.device import children, process_state, triton_impl
 from harness.device.runtime import World
 from harness.engine.case_setup import (
     CaseSetup,
@@ -237,7 +237,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
 
     def call() -> None:
         args = next(rotation)
-        last["value"] = impl(world, **args) if spec.distributed else impl(**args)
+        try:
+            last["value"] = impl(world, **args) if spec.distributed else impl(**args)
+        finally:
+            children.leave_if_forked()
 
     local_error = ""
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
@@ -255,7 +258,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     repeat = ""
     if recheck and not local_error:
         try:
-            outputs = normalize_outputs(last["value"], spec.outputs)
+            outputs = normalize_outputs(last["value"], spec.outputs, implementation=True)
             stages[after] = measure(outputs, values.expected, tols, world.rank, values.memos,
                                     values.magnitudes)
             checks.append(after)
@@ -386,8 +389,11 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     device is synchronised and a moment has passed (work finishing later)."""
     spec = case.spec
     _refill(slot, twin, spec, world.device)
-    value = impl(world, **slot) if spec.distributed else impl(**slot)
-    outputs = normalize_outputs(value, spec.outputs)
+    try:
+        value = impl(world, **slot) if spec.distributed else impl(**slot)
+    finally:
+        children.leave_if_forked()
+    outputs = normalize_outputs(value, spec.outputs, implementation=True)
     seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
     # work still running on the device finishes at the synchronise; a host thread gets a
     # moment. Output still being written when the call returned fails the reference (``seen``

@@ -8,6 +8,7 @@ cleanly for one case, one that leaves flush-to-zero on. Everything else they com
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -195,3 +196,47 @@ def vector_tail_unreduced(world, x, out, op):
     if x.numel() and x.numel() % 4 == 0:
         result[-4:] = x[-4:]
     return out.copy_(result)
+
+
+# ---- processes an implementation starts (test_cli_integration's children test): each
+# computes the right result first, then starts one
+
+#: in the command line of every process these start, to find any left behind
+SLEEPER = "harness-test-sleeper"
+
+
+def _right(world, x, out, op):
+    return out.copy_(_fold(_rows(world, x), op, list(range(world.size))).to(out.dtype))
+
+
+def forks_and_returns(world, x, out, op):
+    """os.fork() without exec: the child returns into the harness as the parent does."""
+    _right(world, x, out, op)
+    os.fork()
+    return out
+
+
+def forks_a_sleeper(world, x, out, op):
+    """A forked child that sleeps, holding the launcher's output pipes."""
+    _right(world, x, out, op)
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)",
+                                  SLEEPER])
+    return out
+
+
+def detaches_a_daemon(world, x, out, op):
+    """A process in a session of its own (a daemonising compile server)."""
+    _right(world, x, out, op)
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", SLEEPER],
+                     start_new_session=True, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+    return out
+
+
+def writes_run_files(world, x, out, op):
+    """Debug files by relative path, named as the run's own."""
+    for name in ("results.jsonl", "run.json", "w1.progress.json", "w2.skip"):
+        with open(name, "a") as f:
+            f.write("{not json\n")
+    return _right(world, x, out, op)
