@@ -42,8 +42,10 @@ STEPS = [
     # (the device layer split, the ranks reading their options from run.json), which no GPU
     # has run; smoke1 and rerun4 also hold every implementation to the process-settings
     # check on CUDA (the current device and stream among them: no built-in may change one),
-    # to outputs of their own memory and, where timing is a token, to a second checked call
-    # on other values.
+    # to outputs of their own memory, dense or laid out as the reference's, to the same bits
+    # for the same inputs (cuBLAS, NCCL and the kernels in shifted memory), and, where
+    # timing is a token, to a second checked call on other values and a token call on the
+    # case's values in the buffers the call before used.
     # The peaks smoke1's impossible-time check divides by, so they run before it
     Step("calibrate", "rerun", 15, "5-8 s (H200)", "copy and matmul peaks for % of peak"),
     # strided_copy.cu rewritten since (torch's elementwise scheme, 16-byte units, 32-bit

@@ -108,8 +108,10 @@ def test_smoke_tier_passes_at_1_4_8_ranks_and_lands_in_one_run(smoke_run):
         contended = rec["world_size"] > cpus
         assert t["minimal"] is contended and bool(t["contention"]) is contended, rec["case_id"]
         assert (t["n"] == 1) if contended else (t["n"] >= 5)
-        assert "after_timing" in rec["checks"] or rec["params"].get("inplace") or \
-            not rec["checks"], rec["case_id"]
+        # a token call is made on the case's values in the buffers the call before used
+        last = "reused_buffers" if contended else "after_timing"
+        assert last in rec["checks"] or rec["params"].get("inplace") or not rec["checks"], \
+            rec["case_id"]
         if contended:
             assert t["contention"] == f"{rec['world_size']} ranks on {cpus} CPU(s) of " \
                                       f"{os.uname().nodename}"
@@ -242,16 +244,16 @@ _COLLECTIVE_CONTROLS = {
     ("allreduce", "drop_rank"): {1: "none", 4: "all"},
     ("allreduce", "low_precision"): {1: "some", 4: "some"},
     ("allgather", "rank_order"): {1: "none", 4: "all"},
-    ("allgather", "no_tail"): {1: "some", 4: "all"},
+    ("allgather", "no_tail"): {1: "some", 4: "unaligned"},
     ("allgather", "stale_buffer"): {1: "all", 4: "all"},
     ("reduce_scatter", "wrong_piece"): {1: "none", 4: "all"},
     ("reduce_scatter", "low_precision"): {1: "all", 4: "all"},
-    ("reduce_scatter", "no_tail"): {1: "some", 4: "all"},
+    ("reduce_scatter", "no_tail"): {1: "some", 4: "unaligned"},
     ("all_to_all", "rank_order"): {1: "none", 4: "all"},
-    ("all_to_all", "no_tail"): {1: "all", 4: "all"},
+    ("all_to_all", "no_tail"): {1: "unaligned", 4: "unaligned"},
     ("all_to_all", "splits_transposed"): {1: "none", 4: "splits=uneven"},
     ("broadcast", "root_zero"): {1: "none", 4: "root!=0"},
-    ("broadcast", "no_tail"): {1: "some", 4: "all"},
+    ("broadcast", "no_tail"): {1: "some", 4: "unaligned"},
     ("broadcast", "root_out_unwritten"): {1: "inplace=false", 4: "inplace=false"},
 }
 
@@ -263,6 +265,8 @@ def _must_fail(rule: str, case_id: str) -> bool | None:
         return None
     if rule == "root!=0":
         return "root=0" not in case_id
+    if rule == "unaligned":  # a count 4 divides has no tail (its pieces may, or not)
+        return True if int(re.search(r"\bn=(\d+)", case_id).group(1)) % 4 else None
     return any(part in case_id for part in rule.split("|"))  # "a|b": either marker
 
 
@@ -308,7 +312,7 @@ def test_collective_controls_fail_where_their_bug_shows_with_exit_1(controls_run
 # every negative control of the Hopper tasks: (op, control) -> where it must fail, and for
 # the decoder layer the stage its report must name as the first divergence
 _HOPPER_CONTROLS = {
-    ("embedding", "negative_wraps"): {1: "all"},
+    ("embedding", "negative_wraps"): {1: "some"},  # not where every id is valid
     ("embedding", "zero_id_as_padding"): {1: "some"},
     ("rmsnorm", "rms_of_weighted"): {1: "all"},
     ("linear", "bf16_accumulation"): {1: "all"},
@@ -363,11 +367,12 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(cont
                    for r in got), (op, impl)
     # controls that only the case built for their bug catches: ties decide only the argmax
     # case of ties (the others plant a unique maximum); only the embedding case of edge ids
-    # holds an id 0; only the split-KV case of wide scores overflows a min-shifted softmax
-    # (the NaN rows hold two NaNs a row, whose order ties decide too, and an all -inf row
-    # ties every logit)
+    # holds an id 0; only the split-KV cases of wide scores (one chunk very negative)
+    # overflow a min-shifted softmax (the NaN rows hold two NaNs a row, whose order ties
+    # decide too, and an all -inf row ties every logit)
     for control, marker in (("last_on_ties", "values=ties|values=nan|values=neginf"),
-                            ("zero_id_as_padding", "ids=edges"), ("min_shift", "scores=wide")):
+                            ("zero_id_as_padding", "ids=edges"),
+                            ("min_shift", "scores=wide|scores=low_first")):
         got = {r["case_id"]: r["status"] for r in _family_rows(
             tmp_path / "h.db", "hopper_tasks", "case_id, impl, status", (control,))}
         assert {c for c, s in got.items() if s == "fail"} == {

@@ -159,7 +159,7 @@ def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_pa
     # the case in progress is not the case's failure: nothing recorded for it
     assert RecordedKeys(config.results_path, 4).update() == {first.key}
     # the resumed launch numbers its log after the lost one's, which keeps srun's line
-    srun.write_text(_HEALTHY_SRUN)
+    stand_ins.launcher(tmp_path, _HEALTHY_SRUN, "srun")
     monkeypatch.setenv("FAKE_RESULT", json.dumps(CaseResult(
         run_id="r", case_id=second.case.id, op="allreduce", family="collectives", impl="mpi",
         world_size=4, params={}, status="pass").to_dict()))

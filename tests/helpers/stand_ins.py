@@ -11,9 +11,13 @@ CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]"
 
 
 def launcher(directory: Path, script: str, name: str = "mpiexec") -> Path:
-    """``script`` as an executable named ``name`` in ``directory``."""
+    """``script`` as an executable named ``name`` in ``directory``. Started as the ranks are,
+    in the run folder's ``work/``, it first steps up into the run folder, where it writes the
+    run's files by relative path (the ranks use the run folder's absolute path)."""
+    shebang, _, body = script.partition("\n")
+    up = 'import os; os.chdir("..")' if "python" in shebang else "cd .."
     path = directory / name
-    path.write_text(script)
+    path.write_text(f"{shebang}\n{up}\n{body}")
     path.chmod(0o755)
     return path
 
