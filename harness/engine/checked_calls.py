@@ -197,7 +197,7 @@ def _required_dtype(name: str, expected: torch.Tensor) -> torch.dtype | None:
 
 
 def output_hashes(outputs: Mapping[str, torch.Tensor], apart: Collection[str] = ()
-            ) -> tuple[str, dict[str, str]]:
+                  ) -> tuple[str, dict[str, str]]:
     """The hash of all the outputs, and of each output named in ``apart`` on its own (what
     ``output_hashes({name: t})`` would give), each tensor's bytes brought to the host once."""
     h, each = hashlib.sha256(), {}

@@ -112,12 +112,12 @@ class WorldOutcome:
 def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
     """The ranks' environment: ``base`` plus the run id, where harness was started (relative
     ``--impl`` paths resolve there; ranks run in the run directory's ``work`` folder),
-    unbuffered output, and
-    ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it. A GPU-enabled MPICH initialises CUDA in
-    every rank at MPI_Init (MPICH 4.0's yaksa makes a context on every visible GPU, which an
-    exclusive compute mode refuses); the harness never hands MPI device memory (its ``mpi``
-    implementations stage through the host), so it turns that off. An implementation that
-    passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set by its user.
+    unbuffered output, and ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it. A GPU-enabled
+    MPICH initialises CUDA in every rank at MPI_Init (MPICH 4.0's yaksa makes a context on
+    every visible GPU, which an exclusive compute mode refuses); the harness never hands MPI
+    device memory (its ``mpi`` implementations stage through the host), so it turns that off.
+    An implementation that passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set
+    by its user.
 
     And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the ranks' pytest loads the harness's plugin
     (``-p``) and no other installed one. A plugin that reorders items (pytest-randomly
