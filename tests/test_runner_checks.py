@@ -253,14 +253,16 @@ def _wobbly(first: int):
     return wobbly
 
 
-@pytest.mark.parametrize("first,where", [(2, "the second call, on the same inputs in shifted"),
-                                         (3, "the last timed call gave other bits")],
-                         ids=["second_call", "timed"])
-def test_other_bits_for_the_same_inputs_fail_a_deterministic_op(world, first, where):
-    r = _run(world, _wobbly(first))
+@pytest.mark.parametrize("first,bench,where", [
+    (2, True, "the second call, on the same inputs in shifted"),
+    (3, True, "the last timed call gave other bits"),
+    (3, False, "the third call, on the first one's values again, gave other bits"),
+], ids=["second_call", "timed", "untimed"])
+def test_other_bits_for_the_same_inputs_fail_a_deterministic_op(world, first, bench, where):
+    r = _run(world, _wobbly(first), bench=bench)
     assert r.status == "fail", r.reason
     assert "not deterministic" in r.reason and where in r.reason, r.reason
-    loose = _run(world, _wobbly(first), deterministic=False)
+    loose = _run(world, _wobbly(first), bench=bench, deterministic=False)
     assert loose.status == "pass", loose.reason
     assert "same_bits" not in loose.checks
 
@@ -317,7 +319,8 @@ def test_without_the_proc_files_peak_memory_is_labelled_not_measured(tmp_path):
 def test_shift_buffers_off_skips_the_move_but_not_the_call_on_other_values(world):
     r = _run(world, doubled, bench=False, shift_buffers=False)
     assert r.status == "pass"
-    assert r.checks == ["poisoned_outputs", "other_values", "process_settings"]
+    assert r.checks == ["poisoned_outputs", "other_values", "process_settings", "reused_buffers",
+                        "same_bits"]
 
 
 def test_an_out_buffer_passed_as_none_is_an_output_the_case_lacks(world):
@@ -399,16 +402,16 @@ def test_the_implementations_of_a_case_share_one_set_up_but_never_its_tensors(wo
         sizes.append(99)  # mutating a plain list input must not reach the next call either
         return torch.mul(x, 2, out=out)
 
-    for _ in range(3):  # three implementations, two checked calls each: the second on the
-        # twin case's values (made once too), untimed
+    for _ in range(3):  # three implementations, three calls each, untimed: the second on
+        # the twin case's values (made once too), the third on the case's again
         r = run_case(world, case, "ok", ok, bench=False, setups=setups)
         assert r.status == "pass", r.reason
-    assert len(seen) == 6 and calls == {"inputs": 2, "reference": 2}
+    assert len(seen) == 9 and calls == {"inputs": 2, "reference": 2}
     fresh = _inputs({"n": 1031}, 0, 1)["x"]
     with reseeded(setups.get(case, 0).twin().salt):  # other values from the same generator
         twin = _inputs({"n": 1031}, 0, 1)["x"]
     assert not torch.equal(fresh, twin)
-    assert all(torch.equal(x, fresh if i % 2 == 0 else twin) and sizes == [1, 2, 3]
+    assert all(torch.equal(x, twin if i % 3 == 1 else fresh) and sizes == [1, 2, 3]
                for i, (_, x, sizes) in enumerate(seen))
     pristine = setups.get(case, 0).pristine
     assert pristine is not None  # never handed out: every call got a copy
@@ -451,10 +454,11 @@ def test_inputs_over_the_cap_are_generated_for_every_call(world, monkeypatch):
                      bench=False, setups=setups)
         assert r.status == "pass", r.reason
     # the first implementation: the setup's (its first call's) and the reference's own, the
-    # same two for the twin case (the second call's values, untimed); the second
-    # implementation: its call's and its second call's. Each reference is made once for both
-    # (a stress case's 2**31-element reference took most of its time per impl)
-    assert calls == {"inputs": 6, "reference": 2}
+    # same two for the twin case (the second call's values, untimed), one more for its third
+    # call (the case's values again); the second implementation: one for each of its three
+    # calls. Each reference is made once for both (a stress case's 2**31-element reference
+    # took most of its time per impl)
+    assert calls == {"inputs": 8, "reference": 2}
 
 
 def test_a_token_timing_still_checks_its_call(world):
@@ -475,10 +479,11 @@ def test_a_token_timing_still_checks_its_call(world):
     assert r.timing["minimal"] and r.timing["n"] == 1
 
 
-def test_a_result_kept_by_buffer_address_fails_a_token_timing(world):
-    """Ranks that contend for CPUs (or a GPU) get one token call, no real timing: it takes the
-    case's values in the buffers the second call (on the twin's values) used, so a result
-    cached by address returns the twin's."""
+@pytest.mark.parametrize("bench", [True, False], ids=["token", "untimed"])
+def test_a_result_kept_by_buffer_address_fails_a_token_timing_and_untimed(world, bench):
+    """Ranks that contend for CPUs (or a GPU) get one token call, no real timing; --no-bench
+    none: that call, or a third one, takes the case's values in the buffers the second call
+    (on the twin's values) used, so a result cached by address returns the twin's."""
     cache: dict = {}
 
     def by_address(x, out):
@@ -487,12 +492,12 @@ def test_a_result_kept_by_buffer_address_fails_a_token_timing(world):
         return out.copy_(cache[x.data_ptr()])
 
     token = TIMING.for_placement("8 ranks on 2 CPU(s) of vm")
-    r = run_case(world, Case(_spec(), {"n": 1031}, 1), "cached", by_address, bench=True,
+    r = run_case(world, Case(_spec(), {"n": 1031}, 1), "cached", by_address, bench=bench,
                  timing=token)
     assert r.status == "fail", r.reason
     assert r.reason.startswith("on new input values written into buffers an earlier"), r.reason
     assert "reused_buffers" in r.checks and "same_bits" in r.checks
-    r = run_case(world, Case(_spec(), {"n": 1031}, 1), "ok", doubled, bench=True,
+    r = run_case(world, Case(_spec(), {"n": 1031}, 1), "ok", doubled, bench=bench,
                  timing=token)
     assert r.status == "pass", r.reason
 
@@ -808,7 +813,7 @@ def test_in_process_cases_after_one_that_tainted_the_process_are_not_run(monkeyp
     results = run_cases(spec, taints_on_second)
     assert [r.status for r in results] == ["pass", "pass", "skip"]
     assert results[2].reason == TAINTED and results[2].case_id.endswith("n=64]")
-    assert len(calls) == 2 * 2  # each run case's call and shifted call; none for the skip
+    assert len(calls) == 2 * 3  # each run case's three calls (untimed); none for the skip
     assert {r.status for r in run_cases(spec, "ok")} == {"skip"}  # nor in a later call
     # and a control's skipped cases are no catch (harness tolerance)
     from harness.engine.tolerance_use import controls_caught, uses
