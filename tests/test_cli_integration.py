@@ -16,7 +16,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -679,11 +678,11 @@ def test_processes_an_implementation_starts_stay_inside_its_rank(tmp_path):
     run's own results. Every result stays right."""
     impls = ("forks_and_returns", "forks_a_sleeper", "detaches_a_daemon", "writes_run_files")
     args = [a for i in impls for a in ("--impl", f"harness_test_impls:{i}")]
-    started = time.monotonic()
+    # a job held open waits for the stall limit (300 s), past this test's own timeout
     out = harness(tmp_path, "run", "allreduce[*dtype=f32*mode=exact*op=max*]", "--world-sizes",
                   "2", "--no-bench", "--impl", "torch", *args, timeout=280)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert time.monotonic() - started < 200  # no job waited for the stall limit
+    assert "did not end" not in out.stdout + out.stderr
     got = _results(tmp_path)
     assert {r["impl"].split(":")[-1] for r in got} == {"torch", *impls}
     assert {r["status"] for r in got} == {"pass"}

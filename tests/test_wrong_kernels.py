@@ -240,11 +240,7 @@ def quantize_tensor_amax_without_nan(x, fmt, granularity, ue8m0, scale):
 def contiguous_group_per_64_rows(a, scale_a, b, scale_b, group_index, out):
     """One group per 64-row M tile, read from the tile's first row (any row when it is
     padding)."""
-    tiles = group_index.view(-1, 64) if group_index.numel() % 64 == 0 else None
-    if tiles is None:
-        padded = torch.nn.functional.pad(group_index, (0, (-group_index.numel()) % 64),
-                                         value=-1)
-        tiles = padded.view(-1, 64)
+    tiles = F.pad(group_index, (0, (-group_index.numel()) % 64), value=-1).view(-1, 64)
     first = tiles.max(dim=1).values.repeat_interleave(64)[: group_index.numel()]
     return contiguous_torch(a, scale_a, b, scale_b, torch.where(group_index < 0, -1, first),
                             out)

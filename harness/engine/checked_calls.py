@@ -241,9 +241,7 @@ class Calls:
     #: the first call's outputs in memory of the implementation's own, each with a copy: a
     #: later call must leave them alone (``changed_since``)
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
-    #: the hash of the outputs of the last checked call (on ``values``), and which call on
-    #: the same inputs gave other bits ("" if none)
-    same_digest: str = ""
+    #: which call on the same inputs as the first gave other bits ("" if none)
     repeat: str = ""
 
 
@@ -278,7 +276,6 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
             calls.stages["call"] = measure(outputs, expected, tols, world.rank, setup.memos,
                                            setup.magnitudes)
             calls.digest, calls.replicas = output_hashes(outputs, spec.replicated)
-            calls.same_digest = calls.digest
             if golden is not None:
                 calls.golden = golden_check(golden, case, outputs, tols, world.rank,
                                             setup.magnitudes)
@@ -371,9 +368,8 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
             raise CaseError(overwritten)
         calls.stages[stage] = measure(
             outputs, source.expected, calls.tols, world.rank, source.memos, source.magnitudes)
-        if source.case.spec.deterministic:
-            digest = output_hashes(outputs)[0]
-            if not other_values and calls.same_digest and digest != calls.same_digest:
-                calls.repeat = ("the second call, on the same inputs in shifted memory, gave "
-                                "other bits than the first")
-            calls.same_digest = digest
+        # on the first call's values (the twin's are another case), the same bits as it
+        if source.case.spec.deterministic and not other_values and calls.digest \
+                and output_hashes(outputs)[0] != calls.digest:
+            calls.repeat = ("the second call, on the same inputs in shifted memory, gave "
+                            "other bits than the first")

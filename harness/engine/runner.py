@@ -237,8 +237,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     out_names = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
     # in-place cases change their inputs on every repeat: their last output is not checkable
     recheck = calls.writable <= out_names | set(spec.readwrite_inputs)
-    slots, values, tols, after, same_digest = _timed_inputs(world, case, calls, cfg, recheck,
-                                                            out_names)
+    slots, values, tols, after = _timed_inputs(world, case, calls, cfg, recheck, out_names)
     # the first call takes a new copy (the inputs of the shifted check have been used)
     rotation = itertools.cycle(slots[1:] + slots[:1])
     last: dict[str, Any] = {}
@@ -273,9 +272,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
             stages[after] = measure(outputs, values.expected, tols, world.rank, values.memos,
                                     values.magnitudes)
             checks.append(after)
-            if spec.deterministic and same_digest:
+            # every timed call is on the first call's values (the token one put them back)
+            if spec.deterministic and calls.digest:
                 checks.append("same_bits")
-                if output_hashes(outputs)[0] != same_digest:
+                if output_hashes(outputs)[0] != calls.digest:
                     repeat = ("the third call, on the first one's values again, gave other "
                               "bits than the first" if untimed else "the last timed call gave "
                               "other bits than the checked call on the same inputs")
@@ -305,9 +305,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
 def _timed_inputs(world: World, case: Case, calls: Calls, cfg: TimingConfig, recheck: bool,
                   out_names: set[str]
                   ) -> tuple[list[dict[str, Any]], CaseSetup, dict[str, compare.Tolerance],
-                             str, str]:
-    """The input slots the timed calls rotate over, whose values they hold, their
-    tolerances, the stage the last call's check is, and the hash its outputs must have."""
+                             str]:
+    """The input slots the timed calls rotate over, whose values they hold (the first call's,
+    always, where the last call is checked), their tolerances, and the stage that check
+    is."""
     values = calls.values  # whose values the last call's inputs hold
     assert values is not None and calls.setup is not None
     if not cfg.full and recheck and values is not calls.setup:
@@ -316,10 +317,9 @@ def _timed_inputs(world: World, case: Case, calls: Calls, cfg: TimingConfig, rec
         # by buffer address is the twin's and fails, as the real timing's last call shows
         tols = tolerances(case, calls.setup.expected)
         return ([_refill(calls.inputs, calls.setup, case.spec, world.device)], calls.setup,
-                interpreted_lens(tols) if cfg.interpreter else tols, "reused_buffers",
-                calls.digest)
+                interpreted_lens(tols) if cfg.interpreter else tols, "reused_buffers")
     slots = _timing_slots(calls.inputs, case.spec, cfg, out_names if recheck else set())
-    return slots, values, calls.tols, "after_timing", calls.same_digest
+    return slots, values, calls.tols, "after_timing"
 
 
 def _timing_slots(inputs: dict[str, Any], spec: OpSpec, cfg: TimingConfig,
