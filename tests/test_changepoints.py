@@ -660,6 +660,28 @@ def test_a_night_between_the_two_levels_is_not_the_new_levels_first(nights):
     assert p.to_dict()["earliest_index"] == 3
 
 
+#: a CI demo's nights, view=step, as the low quantiles of 20 samples 0.2% apart: night 3 4% up
+#: (six sigmas of so tight a series), night 4 slow, the step at night 5, seven nights
+LOW_NOISE_NIGHTS = [4866.0, 4847.0, 5042.0, 25783.0, 2089540.0, 2086476.0, 2086854.0]
+
+
+def _sampled(values, spread=0.002):
+    return [[v * (1 + spread * i) for i in range(20)] for v in values]
+
+
+def test_a_level_of_no_runs_between_two_steps_is_one_step():
+    # segmented as three levels, [night 3, night 4] the middle one, dating gave night 3 to
+    # the old level's edge and night 4 to the next step's range: a +430% change point resting
+    # on night 4 alone (reported at night 7, a second regression of the one step)
+    for nights in (5, 6, 7):
+        [p] = cp.find(_sampled(LOW_NOISE_NIGHTS[:nights]), log=True, quantile=0.1)
+        assert p.index == 4 and p.first_possible in (2, 3) and p.direction == "up"
+    # the control: a middle level with runs of its own stays two steps
+    two = [4866.0, 4847.0, 4900.0, 25783.0, 26000.0, 25900.0, 2089540.0, 2086476.0, 2086854.0]
+    assert [(q.index, q.direction) for q in cp.find(_sampled(two), log=True, quantile=0.1)] \
+        == [(3, "up"), (6, "up")]
+
+
 def test_a_night_at_either_level_leaves_no_range():
     # the control: night 4 at the old level, or at the new one a little slowed: it is where
     # the step began, or not in it, and the runs leave nothing open

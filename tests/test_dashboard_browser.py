@@ -153,8 +153,10 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
         db, "SELECT run_id, kind, case_id FROM findings WHERE impl = ?", kernel)}
     # night 4, slowed a little (the planted slow night), is between the two levels: the
     # slowdown is found once, by night 5 (night 4 and 5 both off the old level), 6 or 7, in each
-    # case, dated at night 5 where it began, with night 4 as the earliest it may have begun
-    # (against the middle of nights 1-3: a loaded machine once made night 1 alone 2x the others)
+    # case, dated at night 5 where it began, with night 4 as the earliest it may have begun, or
+    # night 3 or 2 where those were already off the level before them by the series' own noise
+    # (a CI run's night 3 was 4% up on 0.2%-tight samples) (against the middle of nights 1-3: a
+    # loaded machine once made night 1 alone 2x the others)
     assert step[3]["median_ns"] > 1.5 * sorted(r["median_ns"] for r in step[:3])[1], medians
     regressions = sorted((f[2], f[0]) for f in findings if f[1] == "regression")
     assert [c for c, _ in regressions] == sorted([step[4]["case_id"],
@@ -167,11 +169,13 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
     # the start (a CI run had 8613, 8612, 5313, 5273 ns) are a level of their own, left as an
     # improvement
     ups = sorted((p for p in points if p["direction"] == "up"), key=lambda p: p["case_id"])
+    earliest = {p["case_id"]: p.pop("earliest_run_id") for p in ups}
     assert ups == sorted([
-        {"case_id": case[4]["case_id"], "run_id": case[4]["run_id"],
-         "earliest_run_id": case[3]["run_id"], "direction": "up", "state": "open",
-         "triage": None} for case in (step, contiguous)], key=lambda p: p["case_id"]), (
-        points, medians)
+        {"case_id": case[4]["case_id"], "run_id": case[4]["run_id"], "direction": "up",
+         "state": "open", "triage": None} for case in (step, contiguous)],
+        key=lambda p: p["case_id"]), (points, medians)
+    for case in (step, contiguous):
+        assert earliest[case[4]["case_id"]] in {r["run_id"] for r in case[1:4]}, (points, medians)
     assert (contiguous[6]["run_id"], "new_failure", contiguous[6]["case_id"]) in findings
     assert "site: " in out.stdout and (tmp / "site" / "index.html").is_file()
 

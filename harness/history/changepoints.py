@@ -443,9 +443,30 @@ def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: flo
                 use[bounds[-1]:] = False
         failing = [(badness, j) for j, (cp, badness) in enumerate(judged)
                    if badness > alpha or not moved(cp.before, cp.after, min_change_pct)]
+        if not failing and model == "level":
+            failing = _levelless(values, shown, bounds, sigma, use, judged)
         if not failing:
             return judged
         del bounds[max(failing)[1]]
+
+
+def _levelless(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: float,
+               use: np.ndarray, judged: list[tuple[ChangePoint, float]]
+               ) -> list[tuple[float, int]]:
+    """The weaker boundary of each stretch between two change points that keeps no run at a
+    level of its own once both are dated (``_dated``): the first one's new level begins at or
+    after where the second may have begun. [L, L, L+4%, slow, H, H, H] segments as three
+    levels when the noise is low (the +4% run is past the old level), and dating leaves the
+    middle level the slow run alone, that the next step also takes as between its levels: two
+    change points, the first resting on one run, where one step with a run between is what
+    the runs show. Failing as an odd run beside a boundary does (2.0); the weaker one (the
+    larger p-value) goes."""
+    dated = [_dated(values, shown, bounds, j, sigma, use, cp) for j, (cp, _) in enumerate(judged)]
+    out = []
+    for j in range(1, len(bounds)):
+        if dated[j - 1].index >= dated[j].first_possible:
+            out.append((2.0, max((j - 1, j), key=lambda k: (judged[k][0].p_value, k))))
+    return out
 
 
 def _change_pct(before: float, after: float) -> float:
