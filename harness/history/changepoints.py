@@ -453,19 +453,25 @@ def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: flo
 def _levelless(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: float,
                use: np.ndarray, judged: list[tuple[ChangePoint, float]]
                ) -> list[tuple[float, int]]:
-    """The weaker boundary of each stretch between two change points that keeps no run at a
-    level of its own once both are dated (``_dated``): the first one's new level begins at or
-    after where the second may have begun. [L, L, L+4%, slow, H, H, H] segments as three
-    levels when the noise is low (the +4% run is past the old level), and dating leaves the
-    middle level the slow run alone, that the next step also takes as between its levels: two
-    change points, the first resting on one run, where one step with a run between is what
-    the runs show. Failing as an odd run beside a boundary does (2.0); the weaker one (the
-    larger p-value) goes."""
+    """The weaker boundary beside each stretch that keeps fewer than MIN_SIZE runs at a level
+    of its own once its change points are dated (``_dated`` sets aside the runs between two
+    levels and the excursions beside a step): a level resting on one run is one odd run, as a
+    segment of one run would be. [L, L, L+4%, slow, H, H, H] segments as three levels when the
+    noise is low (the +4% run is past the old level), and dating leaves the middle level the
+    slow run alone, which the next step also takes as between its levels: two change points
+    where one step with a run between is what the runs show. [L x 8, L+4%, 2L], the newest run
+    slow: a +100% step on that run alone, where it is an outlier until the next run says.
+    Failing as an odd run beside a boundary does (2.0); of two, the weaker (the larger
+    p-value) goes."""
     dated = [_dated(values, shown, bounds, j, sigma, use, cp) for j, (cp, _) in enumerate(judged)]
+    starts = [0, *(cp.index for cp in dated)]
+    ends = [*(cp.first_possible for cp in dated), values.size]
     out = []
-    for j in range(1, len(bounds)):
-        if dated[j - 1].index >= dated[j].first_possible:
-            out.append((2.0, max((j - 1, j), key=lambda k: (judged[k][0].p_value, k))))
+    for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
+        if int(use[start:end].sum()) >= MIN_SIZE:
+            continue
+        beside = [j for j in (k - 1, k) if 0 <= j < len(bounds)]
+        out.append((2.0, max(beside, key=lambda j: (judged[j][0].p_value, j))))
     return out
 
 
@@ -541,8 +547,9 @@ class Outlier:
 
 def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
                    alpha: float = ALPHA, log: bool = False,
-                   quantile: float = 0.5) -> Outlier | None:
-    """Whether the newest run left the level of the runs since the last change point before it:
+                   quantile: float = 0.5, since: int | None = None) -> Outlier | None:
+    """Whether the newest run left the level of the runs since the last change point before it
+    (the later of the one the runs before it show and ``since``, a run index):
     the same p-value as ``find`` (one run against the level, the series' run-to-run sigma) and
     the same ``min_change_pct``; where both sides have raw samples, a one-sided Mann-Whitney U
     test of the newest run's samples against the level's 5 newest runs must agree too (a run
@@ -556,6 +563,8 @@ def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: f
     earlier = values[:-1]
     bounds = [b.index for b in find([float(v) for v in earlier], alpha=alpha)]
     start = bounds[-1] if bounds else 0
+    if since is not None:
+        start = max(start, int(np.searchsorted(keep, since)))
     level_runs = earlier[start:][-WINDOW:]
     if level_runs.size < MIN_SIZE:
         return None

@@ -148,16 +148,25 @@ def _carried(stored: dict[str, Any]) -> bool:
 
 
 def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint,
-             threshold_pct: float) -> list[dict[str, Any]]:
+             threshold_pct: float, position: dict[str, int] | None = None,
+             analysed_started_at: float | None = None) -> list[dict[str, Any]]:
     """The stored slower change points that a new faster one (``recovery``) takes the series
     back from: still open or only acknowledged, and ``recovery.after`` at most RETURN_SHARE of
     their step above the level before them and less than ``threshold_pct`` percent above it
-    (a +40% step back to +8% is not fixed: +8% is a regression by the harness's own bar)."""
+    (a +40% step back to +8% is not fixed: +8% is a regression by the harness's own bar).
+    Only steps before it: ``position`` (run id -> index in the analysed runs) places those in
+    view, and one found by a run that started after the analysed one (``analysed_started_at``)
+    is a later step (a run ingested late is analysed again with the runs after it: a -3% drift
+    found then took back a 2x step that came later and stays)."""
     if recovery.direction != "down":
         return []
+    position = position or {}
     return [s for s in stored
             if s["direction"] == "up" and s.get("triage") in _STILL_OPEN
             and isinstance(s.get("before"), float) and isinstance(s.get("after"), float)
+            and position.get(s["run_id"], -1) < recovery.first_possible
+            and (analysed_started_at is None
+                 or (s.get("found_started_at") or 0.0) <= analysed_started_at)
             and _takes_back(s["before"], s["after"], recovery, threshold_pct)]
 
 
@@ -263,8 +272,13 @@ def judge_series(runs: Sequence[Sequence[float] | float], run_ids: Sequence[str]
     # a change point that may have begun at the previous run was confirmed by the newest: it
     # is no outlier (nor is the newest run, where it is the first of the new level)
     confirmed = any(cp.first_possible >= len(runs) - 2 for cp in found)
+    # and against the level since the last change point found now, where that is later than
+    # what the runs before the newest show: a step found tonight whose new level holds the
+    # newest run is not also a suspicious run off the old level
+    since = max((cp.index for cp in found if cp.index < len(runs) - 1), default=None)
     outlier = None if confirmed else newest_outlier(runs, min_change_pct=threshold_pct,
-                                                          log=log, quantile=quantile)
+                                                          log=log, quantile=quantile,
+                                                          since=since)
     by_id = {s["id"]: s for s in stored}
     grown = [cp_id for cp_id, cp in rec.matched.items()
              if moved(cp.before, cp.after, threshold_pct)

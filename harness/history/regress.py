@@ -367,6 +367,20 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
                                    log=TIMINGS_IN_LOG, quantile=TIMING_QUANTILE)
     rec = verdict.reconciled
     position = {p.run_id: i for i, p in enumerate(series)}
+    open_points = [s for s in stored if s["state"] == "open"]
+    fixed: set[int] = set()
+
+    def mark_fixed(recovery: changepoints.ChangePoint) -> None:
+        """The stored slower steps ``recovery`` takes the series back from, marked fixed."""
+        for old in changes.returned(open_points, recovery, 100.0 * threshold, position,
+                                    float(run.started_at or 0.0)):
+            if old["id"] not in fixed:
+                fixed.add(old["id"])
+                out.updates.append((old["id"], {
+                    "triage": "fixed", "triage_by": "harness", "triaged_at": time.time(),
+                    "triage_note": f"back to {_fmt_time(recovery.after)} from run "
+                                   f"{_short(series[recovery.index].run_id)}"}))
+
     for cp_id, cp in rec.matched.items():
         # its figures refreshed, and where it began re-dated as the runs now in view say: a
         # night between the two levels is no longer blamed once the new level's runs came
@@ -374,6 +388,9 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
         out.updates.append((cp_id, columns))
         if cp_id in verdict.grown:
             out.findings.append(_change_finding(cur, series[cp.index], cp, cp_id, columns))
+        # a return found while a slow night still held its new level up: judged again as
+        # its level settles
+        mark_fixed(cp)
     out.updates.extend((cp_id, {"state": "withdrawn"}) for cp_id in rec.withdrawn)
     own = {i: cp_id for cp_id, i in rec.refound.items()}
     for i, cp in enumerate(rec.new):
@@ -396,12 +413,7 @@ def _series_changes(conn: sqlite3.Connection, out: Analysis, run: Any, cur: Case
         if changepoints.moved(cp.before, cp.after, 100.0 * threshold) and carried is None:
             out.findings.append(_change_finding(cur, series[cp.index], cp, ref, columns,
                                                 back))
-        open_points = [s for s in stored if s["state"] == "open"]
-        for old in changes.returned(open_points, cp, 100.0 * threshold):
-            out.updates.append((old["id"], {
-                "triage": "fixed", "triage_by": "harness", "triaged_at": time.time(),
-                "triage_note": f"back to {_fmt_time(cp.after)} from run "
-                               f"{_short(series[cp.index].run_id)}"}))
+        mark_fixed(cp)
         if back is not None and (back[0].get("triage") == "invalid"
                                  or changes.reopened(back[0], cur.run_id)):
             _reopen(out, cur, series, position, cp, *back)
