@@ -886,6 +886,18 @@ def test_entry_point_implementations_are_discovered(tmp_path):
     assert impls == [{"impl": "vendor_ar"}]
 
 
+def test_a_module_beside_the_user_is_importable_in_the_ranks(tmp_path):
+    # `python -m harness` imports from where it was started; the ranks run in the run's work
+    # folder and once failed every case of `--impl mine:fn` with mine.py in that directory
+    (tmp_path / "mine.py").write_text(
+        "from suites._collectives.allreduce import allreduce_torch as fn  # noqa: F401\n")
+    out = harness(tmp_path, "run", "allreduce[dtype=f32,inplace=false,mode=exact,n=1,op=sum]",
+                  "--world-sizes", "1", "--no-bench", "--impl", "mine:fn", timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert rows(tmp_path / "h.db", "SELECT impl, status FROM results") == [
+        {"impl": "mine:fn", "status": "pass"}]
+
+
 def test_a_pytest_plugin_the_user_has_installed_does_not_reach_the_ranks(tmp_path):
     # a plugin that reorders the items (as pytest-randomly does, with a seed of its own in
     # every process): loaded in the ranks, they would run their cases in different orders and

@@ -123,11 +123,24 @@ def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
     (``-p``) and no other installed one. A plugin that reorders items (pytest-randomly
     shuffles with a seed of its own in every process) would have the ranks run their cases in
     different orders and meet in the wrong collectives: wrong results, or a hang."""
+    invoked_from = base.get("HARNESS_INVOKED_FROM", os.getcwd())
     env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
-           "HARNESS_INVOKED_FROM": base.get("HARNESS_INVOKED_FROM", os.getcwd()),
-           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+           "HARNESS_INVOKED_FROM": invoked_from, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
+    if _importable_from_cwd(invoked_from):
+        # `python -m harness` imports modules from where it was started (sys.path[0]); the
+        # ranks, started in the run's work folder, must too: `--impl my_kernels:fn` with
+        # my_kernels.py beside the user passed the launcher's check, then failed every rank
+        env["PYTHONPATH"] = os.pathsep.join(
+            [invoked_from, *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]])
     return env
+
+
+def _importable_from_cwd(directory: str) -> bool:
+    """Whether this process imports from ``directory`` as its working directory ('' on
+    sys.path, as ``python -m`` puts it, or the directory itself)."""
+    here = os.path.realpath(directory)
+    return any(os.path.realpath(p or os.getcwd()) == here for p in sys.path)
 
 
 #: MPICH: ranks waiting in MPI sleep briefly between polls instead of calling sched_yield.
