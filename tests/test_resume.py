@@ -66,6 +66,13 @@ def test_a_run_killed_with_sigkill_is_finished_by_resume_once(request, tmp_path,
             break
         time.sleep(0.05)
     assert results is not None and proc.poll() is None, "the run ended before it was killed"
+    # resumed while it still runs: refused, and its ranks are left alone (they were killed,
+    # a passing case recorded as a crash, two processes appending to one file)
+    early = subprocess.run([sys.executable, "-m", "harness", "run", "--resume",
+                            results.parent.name], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert early.returncode == 2 and "is still running" in early.stderr, early.stderr[-2000:]
+    assert f"kill {proc.pid}" in early.stderr and proc.poll() is None
     proc.send_signal(signal.SIGKILL)  # the harness alone: its job's ranks go on without it
     proc.wait()
     killed_at = _lines(results)
@@ -117,7 +124,7 @@ def _run_dir(tmp_path: Path, run_id: str, **changes) -> Path:
 @pytest.mark.parametrize("args, needle", [
     (("allreduce",), "drop SELECTORS"),
     (("--tier", "nightly", "--world-sizes", "4"), "drop --tier, --world-sizes"),
-    (("--impl", "torch"), "drop --impls"),
+    (("--impl", "torch"), "drop --impl"),
 ])
 def test_resume_keeps_the_runs_selection(tmp_path, monkeypatch, capsys, args, needle):
     monkeypatch.setenv("HARNESS_DB", str(tmp_path / "h.db"))

@@ -42,6 +42,10 @@ def _fail(message: str, code: int) -> None:
     raise HarnessExit(message, code)
 
 
+#: the most ranks one job may have (MPI counts ranks in a C int; past this, a typing error)
+MAX_WORLD_SIZE = 1 << 20
+
+
 def parse_world_sizes(text: str) -> list[int]:
     """``1,4,8`` -> [1, 4, 8]; anything else is a usage error."""
     try:
@@ -51,6 +55,9 @@ def parse_world_sizes(text: str) -> list[int]:
     if not sizes or any(s < 1 for s in sizes):
         _fail(f"--world-sizes {text!r} is not a comma-separated list of positive integers "
               "(e.g. 1,4,8)", EXIT_USAGE)
+    if max(sizes) > MAX_WORLD_SIZE:
+        _fail(f"--world-sizes {text!r}: {max(sizes)} ranks is past the {MAX_WORLD_SIZE} a "
+              "launch takes; give the world sizes your machines hold (e.g. 1,4,8)", EXIT_USAGE)
     return sorted(dict.fromkeys(sizes))
 
 

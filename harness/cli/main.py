@@ -90,7 +90,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "confirmed performance regression; 'never' always exits 0.")
 @click.option("--launcher", default=None, help="mpiexec, mpirun or srun (path or name).")
 @click.option("--launcher-args", default="", help="Extra launcher arguments (quoted string).",
-              callback=lambda ctx, param, value: tuple(shlex.split(value)))
+              callback=lambda ctx, param, value: _launcher_args(value))
 @click.option("--hostfile", default=None, type=click.Path(exists=True, dir_okay=False))
 @click.option("--grace", type=float, default=30.0, show_default=True,
               help="Seconds past a case's deadline before the launcher kills a hung job.")
@@ -148,8 +148,8 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     if resume_id is not None:
         given = [n for n in RunOptions.kept_names() if n in params and _given(ctx, n)]
         if given:
-            flags = ", ".join("SELECTORS" if n == "selectors" else "--" + n.replace("_", "-")
-                              for n in given)
+            flags = ", ".join("SELECTORS" if n == "selectors" else "--impl" if n == "impls"
+                              else "--" + n.replace("_", "-") for n in given)
             _fail(f"--resume finishes a run with the selection and options it was started "
                   f"with: drop {flags}", EXIT_USAGE)
         try:
@@ -163,6 +163,12 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
                               f"{info.run_id}", highlight=False)
         resumed = (run_dir, info)
     report_cmd = command_named(ctx, "report") if options.report_dir else None  # fail early
+    if options.report_dir:
+        try:  # before the run, not after an hour of it
+            Path(options.report_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(f"cannot make the --report folder {options.report_dir} "
+                  f"({exc.strerror or exc}): pass another --report", EXIT_USAGE)
     try:
         with ProgressReporter() as reporter:
             outcome = session.execute(options, reporter, resumed)
@@ -173,16 +179,29 @@ def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     print_outcome(outcome)
     for msg in outcome.infra_errors:
         err_console.print(f"[red]infrastructure error:[/red] {escape(msg)}", soft_wrap=True)
+    report_failed = None
     if report_cmd is not None:
         try:  # the report's own exit (never: 0) must not replace the run's verdict
             ctx.invoke(report_cmd, db=str(outcome.db_path), out_dir=Path(options.report_dir),
                        fail_on="never")
         except click.exceptions.Exit:
             pass
+        except HarnessExit as exc:  # nor its error: said, and the run's failure comes first
+            err_console.print(f"error: the dashboard was not made: {escape(str(exc))}",
+                              soft_wrap=True, highlight=False)
+            report_failed = exc.code
     if outcome.placement_error:  # after what ran before it is stored and shown
         _fail(f"{outcome.placement_error} (the ranks found no placement; nothing ran at this "
               "world size)", EXIT_USAGE)
-    ctx.exit(exit_code(outcome, options.fail_on))
+    ctx.exit(exit_code(outcome, options.fail_on) or report_failed or EXIT_OK)
+
+
+def _launcher_args(text: str) -> tuple[str, ...]:
+    try:
+        return tuple(shlex.split(text))
+    except ValueError as exc:
+        raise HarnessExit(f"--launcher-args {text!r} cannot be split as a shell would "
+                          f"({exc}): quote it as you would on a command line", EXIT_USAGE) from exc
 
 
 def exit_code(outcome: Any, fail_on: str) -> int:

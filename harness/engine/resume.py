@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.core.results import ResultsError, RunInfo
+from harness.engine import runlock
 from harness.engine.options import RunOptions
 
 #: seconds to wait for the killed run's processes to go
@@ -160,6 +161,13 @@ def prepare(now: RunOptions, text: str, given: Collection[str] = ()
     options = options_of(info).resumed_with(now, given)
     check_same_machine(info, envinfo.machine())
     check_same_commit(info, envinfo.git_commit())
+    try:  # held until the resumed run ends (session.execute)
+        runlock.hold(run_dir)
+    except runlock.RunBusy as exc:
+        who = f"harness pid {exc.pid}" if exc.pid else "another harness"
+        stop = f"stop it (kill {exc.pid})" if exc.pid else "stop it"
+        raise ResumeError(f"run {info.run_id[:8]} is still running ({who} holds {run_dir}): "
+                          f"wait for it to end, or {stop} and resume it then") from None
     stopped = stop_leftovers(info.run_id)
     cut_torn_line(run_dir / "results.jsonl")
     return run_dir, info, options, stopped

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.core.results import CaseResult, RunInfo
+from harness.engine import runlock
 from harness.engine.options import RunDir, RunOptions
 
 
@@ -167,13 +168,24 @@ def _not_run_notes(specs: Sequence[Any], device_type: str) -> list[str]:
     return notes
 
 
+#: the longest deadline, grace or stall limit a run takes: longer ones are typing errors
+#: (nan, inf and 1e300 passed once and failed every case in the timer's arithmetic)
+MAX_SECONDS = 7 * 24 * 3600.0
+
+
 def preflight(options: RunOptions, device_type: str) -> tuple[str, str | None]:
     """The MPI launcher and compute-sanitizer (or None) the run starts its ranks with;
     refuses what would break the ranks, before any starts."""
     from harness.device import envinfo
 
-    if options.timeout is not None and options.timeout <= 0:
-        raise RunRefused(f"--timeout {options.timeout} must be a positive number of seconds")
+    for flag, value, least in (("--timeout", options.timeout, None),
+                               ("--grace", options.grace, 0.0),
+                               ("--stall-timeout", options.stall_timeout, 0.0)):
+        if value is not None and not (
+                (value > 0 if least is None else value >= least) and value <= MAX_SECONDS):
+            raise RunRefused(f"{flag} {value} must be a number of seconds "
+                             f"{'above 0' if least is None else 'from 0'} up to {MAX_SECONDS:.0f}"
+                             " (a week)")
     if options.timing_mode == "graph" and device_type != "cuda":
         raise RunRefused("--timing-mode graph replays CUDA graphs and needs a GPU: drop it (CPU "
                          "timing uses perf_counter) or run with --device cuda on a machine "
@@ -290,6 +302,7 @@ def execute(options: RunOptions, reporter: Reporter,
     try:
         return _execute(options, reporter, resumed, db_path, warm)
     finally:
+        runlock.release_all()  # the run's folder (held from when it is known)
         if warm is not None:
             warm.cancel()  # nothing once its world size's launch has let it go
 
@@ -314,6 +327,7 @@ def _execute(options: RunOptions, reporter: Reporter, resumed: tuple[Path, RunIn
     reachable = check_db(db_path, reporter)
     run_dir, info = resumed if resumed is not None else new_run(
         options, mpiexec, db_path, warm and warm.cfg.run_id)
+    runlock.hold(run_dir)  # a resumed run's was taken by resume.prepare
     info.status, info.options = "running", options.to_json()
     files = RunDir(run_dir)
     info.write(files.run_json)
