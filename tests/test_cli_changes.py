@@ -159,6 +159,7 @@ def test_several_ids_are_marked_together_or_not_at_all(busy_night_db, capsys):
     (("triage", "1", "--run", "r07", "invalid"), "not both"),
     (("triage", "invalid"), "say which change point is invalid"),
     (("triage", "x1", "invalid"), "'x1' is not a change point id"),
+    (("triage", "99999999999999999999", "invalid"), "is not a change point id"),
     (("triage", "--run", "nosuchrun", "invalid"), "unknown run id 'nosuchrun'"),
     (("triage", "--run", "r03", "invalid"), "run r03 found no change point that is open"),
 ])

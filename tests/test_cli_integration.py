@@ -858,6 +858,35 @@ def test_bad_input_is_one_clear_line_and_a_documented_exit_code(tmp_path, args, 
     assert not (tmp_path / "h.db").exists()
 
 
+@pytest.mark.parametrize("source, impl, needle", [
+    ('raise RuntimeError("boom")\n', "mod:f", "importing 'mod' failed (RuntimeError: boom)"),
+    ("def f(:\n", "mod:f", "importing 'mod' failed (SyntaxError"),
+    ("import sys\nsys.exit(3)\n", "mod:f", "it called sys.exit(3) while being imported"),
+    ("import sys\nsys.exit(3)\n", "mod.py:f", "it called sys.exit(3) while being imported"),
+])
+def test_a_user_module_that_fails_at_import_is_one_line_and_exit_2(tmp_path, source, impl,
+                                                                    needle):
+    # once exit 4 with a generic line, or harness ending with the module's own code (3 reads
+    # as "regression") and no word
+    (tmp_path / "mod.py").write_text(source)
+    out = harness(tmp_path, "run", "allreduce", "--world-sizes", "1", "--impl", impl,
+                  timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "allreduce[dtype=f32,inplace=false,mode=exact,n=1,op=sum]", "--world-sizes", "1",
+     "--out-dir", "/dev/null/runs"],
+    ["new-op", "a" * 300],
+])
+def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, args):
+    # once exit 4, "infrastructure error", with a bare OSError
+    out = harness(tmp_path, *args, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "cannot write" in lines[0], out.stderr
+
+
 def test_pytest_by_hand_under_mpiexec(tmp_path):
     """DESIGN.md: `mpiexec -n 4 python -m pytest --pyargs suites -p harness.pytest_plugin -k ...`
     is a valid way to run by hand."""

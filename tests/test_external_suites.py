@@ -466,8 +466,10 @@ def test_new_op_writes_a_gitignore_or_adds_only_the_lines_it_lacks(monkeypatch, 
     assert "the history DB is history/h.db" in out.output and "history/runs/" in out.output
 
 
-def test_new_op_refuses_a_name_that_is_not_an_identifier(monkeypatch, tmp_path):
-    code, said = refused(monkeypatch, tmp_path, "new-op", "fused-softmax")
+@pytest.mark.parametrize("name", ["fused-softmax", "class", "import"])
+def test_new_op_refuses_a_name_that_is_not_an_identifier(monkeypatch, tmp_path, name):
+    # a keyword made ops/class/, and every later command of the repository a SyntaxError
+    code, said = refused(monkeypatch, tmp_path, "new-op", name)
     assert code == 2 and "must be a Python identifier" in said and not any(tmp_path.iterdir())
 
 

@@ -220,8 +220,10 @@ def test_foreign_sqlite_db_without_version_is_refused(tmp_path: Path) -> None:
     raw.execute("INSERT INTO todo (what) VALUES ('buy milk')")
     raw.commit()
     raw.close()
+    before = path.read_bytes()
     with pytest.raises(StoreError, match="some other database"):
         store.connect(path)
+    assert path.read_bytes() == before  # not a byte written (WAL rewrote its header once)
     raw = sqlite3.connect(path)
     assert raw.execute("SELECT what FROM todo").fetchall() == [("buy milk",)]
     assert raw.execute("PRAGMA user_version").fetchone()[0] == 0

@@ -147,7 +147,8 @@ def _triage_words(words: tuple[str, ...], run: str | None) -> tuple[list[int], s
     if run is None and not head:
         raise HarnessExit(f"say which change point is {last}: {usage} (`harness triage` "
                           "lists them), or --run RUN for all a run found", EXIT_USAGE)
-    bad = [w for w in head if not w.lstrip("#").isdigit()]
+    # (an id past SQLite's 64-bit integers is none: OverflowError when bound)
+    bad = [w for w in head if not w.lstrip("#").isdigit() or int(w.lstrip("#")) >= 1 << 63]
     if bad:
         raise HarnessExit(f"{bad[0]!r} is not a change point id (a number, as `harness "
                           f"triage` lists them): {usage}", EXIT_USAGE)

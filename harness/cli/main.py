@@ -204,6 +204,12 @@ def _launcher_args(text: str) -> tuple[str, ...]:
                           f"({exc}): quote it as you would on a command line", EXIT_USAGE) from exc
 
 
+#: OSErrors of a path given that cannot be written (a read-only place, a file where a folder
+#: must be, a name too long): the user's input, exit 2
+_PATH_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR,
+                errno.ENAMETOOLONG, errno.EEXIST)
+
+
 def exit_code(outcome: Any, fail_on: str) -> int:
     """A finished run's exit code (the module docstring's table)."""
     if outcome.infra_errors:
@@ -506,6 +512,13 @@ def _main(argv: Sequence[str] | None) -> None:
                               f"({escape(exc.strerror or '')}): free space and retry{rest}",
                               soft_wrap=True)
             sys.exit(EXIT_INFRA)
+        if isinstance(exc, OSError) and exc.errno in _PATH_ERRORS:
+            # a path the user gave that cannot be written: theirs to change
+            where = f" {exc.filename}" if exc.filename else ""
+            err_console.print(f"[red]error:[/red] cannot write{escape(where)} "
+                              f"({escape(exc.strerror or str(exc))}): pass a path you can "
+                              "write to", soft_wrap=True)
+            sys.exit(EXIT_USAGE)
         found = translate_any(exc) or exc
         code = EXIT_USAGE if isinstance(found, (StoreError, ResultsError, SpecError)) \
             and not isinstance(found, Unavailable) else EXIT_INFRA

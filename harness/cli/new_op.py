@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import keyword
 from pathlib import Path
 
 import click
@@ -25,9 +26,10 @@ def new_op(ctx: click.Context, name: str, into: str | None, distributed: bool) -
     into your op. Also a .gitignore for what runs write (or the lines it lacks)."""
     from harness.cli import scaffold
 
-    if not name.isidentifier() or name.startswith("_"):
-        raise HarnessExit(f"op name {name!r} must be a Python identifier not starting with _ "
-                          "(it names the op's package): e.g. fused_rmsnorm", EXIT_USAGE)
+    if not name.isidentifier() or name.startswith("_") or keyword.iskeyword(name):
+        raise HarnessExit(f"op name {name!r} must be a Python identifier, not a keyword, not "
+                          "starting with _ (it names the op's package): e.g. fused_rmsnorm",
+                          EXIT_USAGE)
     project = project_of(ctx)
     root = project.root if project is not None else Path.cwd()
     if into is None:
@@ -36,7 +38,7 @@ def new_op(ctx: click.Context, name: str, into: str | None, distributed: bool) -
     else:
         suite_dir = Path(into).resolve()
     package = suite_dir.name
-    if not package.isidentifier():
+    if not package.isidentifier() or keyword.iskeyword(package):
         raise HarnessExit(f"suite directory {suite_dir} is not a Python package name: pass "
                           "--into a directory named like one", EXIT_USAGE)
     op = f"{package}.{name}"

@@ -28,7 +28,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness.core.spec import OpSpec, Registry, SpecError, add_entry_point_impls
+from harness.core.spec import (
+    OpSpec,
+    Registry,
+    SpecError,
+    add_entry_point_impls,
+    import_failure,
+)
 
 BUILTIN_SUITE = "kernel-harness"
 SUITES_PACKAGE = "suites"
@@ -131,8 +137,8 @@ def load_suite(source: str, golden_dir: Path | None = None, how: str = "--suite"
         specs = [s for m in modules for s in _specs_of(m, origin, required=False)]
     except SpecError:
         raise
-    except Exception as exc:  # the user's code: name the suite, keep its message
-        raise SpecError(f"{origin} failed to import: {type(exc).__name__}: {exc}") from exc
+    except (Exception, SystemExit) as exc:  # the user's code: name the suite, keep its message
+        raise SpecError(f"{origin} failed to import: {import_failure(exc)}") from exc
     if not specs:
         raise SpecError(f"{origin}: no module there defines SPECS (a list of OpSpec)")
     return Suite(path.name, origin, _golden_dir_of(None, golden_dir, path), specs)

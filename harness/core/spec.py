@@ -475,6 +475,11 @@ def load_callable(ref: str) -> Callable[..., Any]:
             return MissingTriton(ref)
         raise SpecError(f"--impl {ref!r}: cannot import {module_name!r} ({exc}); "
                         "is it installed or on PYTHONPATH?") from exc
+    except SpecError:
+        raise
+    except (Exception, SystemExit) as exc:  # the user's module: name it, keep its message
+        raise SpecError(f"--impl {ref!r}: importing {module_name!r} failed "
+                        f"({import_failure(exc)})") from exc
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
@@ -498,9 +503,18 @@ def _import_path(ref: str, path_text: str) -> Any:
         return import_file(path.resolve())
     except ModuleNotFoundError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise SpecError(f"--impl {ref!r}: {path} failed to import "
-                        f"({type(exc).__name__}: {exc})") from exc
+                        f"({import_failure(exc)})") from exc
+
+
+def import_failure(exc: BaseException) -> str:
+    """What a user's module raised while imported, in words (``sys.exit`` named as such: it
+    would end harness with the module's code, and no word of why)."""
+    if isinstance(exc, SystemExit):
+        return f"it called sys.exit({exc.code!r}) while being imported"
+    return f"{type(exc).__name__}: {exc}"
+
 
 
 def add_entry_point_impls(registry: Registry) -> None:

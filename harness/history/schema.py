@@ -260,14 +260,25 @@ def migrate(conn: sqlite3.Connection, migrations: list[Migration] = MIGRATIONS) 
             if current >= target:
                 break  # another process finished the job while we waited for the lock
             if current == 0 and _has_user_tables(conn):
-                raise StoreError(
-                    f"history DB {label} holds tables but no kernel-harness schema version: "
-                    "it is some other database; move it away or pass another --db"
-                )
+                raise _foreign(label)
             migrations[current](conn)
             current += 1
             _set_schema_version(conn, current)
     return current
+
+
+def _foreign(label: str) -> StoreError:
+    return StoreError(f"history DB {label} holds tables but no kernel-harness schema version: "
+                      "it is some other database; move it away or pass another --db")
+
+
+def refuse_foreign(conn: Any) -> None:
+    """Raise StoreError for a database that holds tables and no kernel-harness schema: before
+    anything is written to it (switching a SQLite file to WAL rewrites its header)."""
+    # tables first, then the version: a migration commits its tables with its version, so a
+    # version read after seeing them is theirs (the other order raced one opening the file)
+    if _has_user_tables(conn) and _schema_version(conn) == 0:
+        raise _foreign(db_label_of(conn))
 
 
 def _check_not_newer(label: str, current: int, target: int) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 from harness.core import results as results_mod
 from harness.core.results import CaseResult, ResultsError, RunInfo
 from harness.history import pg
-from harness.history.schema import MIGRATIONS, Migration, migrate
+from harness.history.schema import MIGRATIONS, Migration, migrate, refuse_foreign
 from harness.history.sql import (
     BUSY_TIMEOUT_S,
     SQLITE_DAMAGE,
@@ -155,6 +155,7 @@ def connect(
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         conn.execute("PRAGMA foreign_keys = ON")
+        refuse_foreign(conn)  # before WAL, which rewrites the file's header
         _enable_wal(conn)
         migrate(conn, migrations)
 
