@@ -842,6 +842,7 @@ def test_a_wrong_user_callable_fails_every_case_with_exit_1(faults_run):
     (["run", "--launcher-args", "'abc"], 2, "cannot be split as a shell would"),
     (["run", "--report", "/dev/null/site"], 2, "cannot make the --report folder"),
     (["run", "--launcher", "/nonexistent/mpiexec"], 4, "no MPI launcher found"),
+    (["run", "allreduce", "--tier", "stress"], 2, "none of its ops has cases there"),
     (["run", "--device", "cuda"], 2, "no CUDA device"),
     (["demo", "--slow-night", "--nights", "6"], 2, "--slow-night needs --nights 7 or more"),
 ])
@@ -972,6 +973,9 @@ def test_env_reports_without_initialising_cuda(tmp_path):
         "import mpi4py.MPI as M; assert not M.Is_initialized()\n")],
         capture_output=True, text=True, timeout=120)
     assert check.returncode == 0, check.stderr
+    # a machine name with a terminal escape is printed as text, not obeyed
+    shown = harness(tmp_path, "env", env={"HARNESS_MACHINE": "box\x1b[31mred"}, timeout=120)
+    assert "\x1b" not in shown.stdout and "box\\x1b[31mred" in shown.stdout, shown.stdout
 
 
 def test_a_launcher_that_runs_nothing_is_an_infrastructure_error_not_a_pass(tmp_path):

@@ -37,6 +37,7 @@ from harness.cli.common import (  # noqa: F401 - re-exported for callers
     fmt_us,
     load_project,
     parse_world_sizes,
+    printable,
     suite_option,
 )
 from harness.cli.show import print_outcome
@@ -377,7 +378,9 @@ def _print_environment(data: dict[str, Any]) -> None:
         elif key == "machine":
             value = (f"{value['name']} ({value['cpu_model']}, {value['cpu_count']} CPUs, "
                      f"{value['memory_gb']} GB; fingerprint {value['fingerprint']})")
-        table.add_row(f"[bold]{key}[/bold]", escape("-" if value in (None, "") else str(value)))
+        # printable: HARNESS_MACHINE and paths are the user's text (an escape would recolour)
+        table.add_row(f"[bold]{key}[/bold]",
+                      escape(printable("-" if value in (None, "") else str(value))))
     console.print(table)
 
 

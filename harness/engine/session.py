@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -203,7 +204,13 @@ def preflight(options: RunOptions, device_type: str) -> tuple[str, str | None]:
                              "put its bin directory on PATH or set CUDA_HOME")
     mpiexec = envinfo.find_launcher(options.launcher)
     if mpiexec is None:
-        named = f" ({options.launcher!r})" if options.launcher else ""
+        if options.launcher:
+            named = f" ({options.launcher!r})"
+        elif os.environ.get("HARNESS_MPIEXEC"):
+            named = (f" ($HARNESS_MPIEXEC is {os.environ['HARNESS_MPIEXEC']!r}: unset it or "
+                     "point it at one)")
+        else:
+            named = ""
         raise RunRefused(f"no MPI launcher found{named}: `pip install mpich` (or install MPI), "
                          "or pass --launcher PATH", infra=True)
     if options.device != "cpu":
@@ -316,7 +323,8 @@ def _execute(options: RunOptions, reporter: Reporter, resumed: tuple[Path, RunIn
                     options.device)
     if not any(the_plan.items.values()):
         specs = the_plan.specs
-        where = "; ".join(f"{s.name} runs at {s.world_sizes_of(options.tier)}" for s in specs[:4])
+        where = "; ".join(f"{s.name} runs at {s.world_sizes_of(options.tier)}" for s in specs[:4]
+                          if s.world_sizes_of(options.tier)) or "none of its ops has cases there"
         more = f" (and {len(specs) - 4} more ops)" if len(specs) > 4 else ""
         sizes = ",".join(map(str, options.world_sizes))
         raise RunRefused(f"the selection has no case in tier {options.tier!r} at world sizes "
