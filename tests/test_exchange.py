@@ -490,3 +490,187 @@ def test_export_names_runs_by_id_or_unique_prefix(db: Path, tmp_path: Path) -> N
     missing = harness("export", RUN_A, "--db", str(tmp_path / "nope.db"), cwd=tmp_path)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
     assert not (tmp_path / "nope.db").exists()  # export never creates an empty DB
+
+
+# ------------------------------------------- malformed input: one line each, the rest stored
+
+
+def run_dir_of(root: Path, run_id: str = RUN_A, started_at: float = 1_700_000_000.0) -> Path:
+    """A run folder as `harness run` leaves it: run.json and results.jsonl."""
+    run_dir = root / run_id
+    run_dir.mkdir(parents=True)
+    make_run(run_id, started_at).write(run_dir / "run.json")
+    for r in make_results(run_id):
+        results_mod.append(run_dir / "results.jsonl", r)
+    return run_dir
+
+
+def _set_line(run_dir: Path, lineno: int, text: str) -> None:
+    path = run_dir / "results.jsonl"
+    lines = path.read_text().splitlines()
+    lines[lineno - 1] = text
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _edit_result(run_dir: Path, lineno: int, **fields: object) -> None:
+    line = json.loads((run_dir / "results.jsonl").read_text().splitlines()[lineno - 1])
+    _set_line(run_dir, lineno, json.dumps({**line, **fields}))
+
+
+def _edit_run(run_dir: Path, **fields: object) -> None:
+    doc = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**doc, **fields}))
+
+
+def _non_utf8(path: Path) -> None:
+    path.write_bytes(path.read_bytes().replace(b"ci-runner-3", b"ci-r\xe9nner-3", 1)
+                     .replace(b'"torch"', b'"t\xe9rch"', 1))
+
+
+@pytest.mark.parametrize("damage, file, expected", [
+    (lambda d: _set_line(d, 2, "[1, 2]"), "results.jsonl:2", "it is a list ([1, 2]), not a"),
+    (lambda d: _non_utf8(d / "run.json"), "run.json", "not UTF-8 text"),
+    (lambda d: _non_utf8(d / "results.jsonl"), "results.jsonl:1", "not UTF-8 text"),
+    (lambda d: (d / "run.json").write_text("[1, 2]"), "run.json", "it is a list"),
+    (lambda d: _edit_result(d, 3, world_size="four"), "results.jsonl:3",
+     "field 'world_size' is 'four', not a positive integer"),
+    (lambda d: _edit_result(d, 4, timing={"median": "fast"}), "results.jsonl:4",
+     "field 'timing.median' is 'fast', not a number"),
+    (lambda d: _set_line(d, 5, "[" * 100_000), "results.jsonl:5", "not JSON"),
+], ids=["line-a-list", "run.json-not-utf8", "line-not-utf8", "run.json-a-list",
+        "world_size-a-string", "median-a-string", "line-nested-too-deep"])
+def test_each_malformed_run_folder_is_one_line_and_the_next_is_still_stored(
+        tmp_path: Path, damage, file: str, expected: str) -> None:
+    bad = run_dir_of(tmp_path / "bad")
+    damage(bad)
+    good = run_dir_of(tmp_path / "good", RUN_B)
+    h = tmp_path / "h.db"
+    proc = harness("ingest", "--db", str(h), str(bad), str(good), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{bad / file}: " in lines[0] and expected in lines[0], lines[0]
+    assert f"{RUN_B}  7 results  new" in proc.stdout and "1 file(s) skipped" in proc.stdout
+    assert [r["run_id"] for r in db_rows(h, "SELECT run_id FROM runs")] == [RUN_B]
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("started_at", "yesterday", "'started_at' is 'yesterday', not a Unix time in seconds"),
+    ("world_sizes", "abc", "'world_sizes' is 'abc', not a list of positive integers"),
+    ("tier", 5, "'tier' is 5, not a string"),
+    ("machine", {"fingerprint": ["fp"]}, "'machine.fingerprint' is ['fp'], not a non-empty"),
+    ("argv", None, "'argv' is None, not a list of strings"),
+])
+def test_run_json_fields_of_the_wrong_kind_are_refused_before_the_db(
+        tmp_path: Path, field: str, value: object, expected: str) -> None:
+    bad = run_dir_of(tmp_path / "runs")
+    _edit_run(bad, **{field: value})
+    exported = tmp_path / "bad.json"
+    doc = json.loads(exchange.export_run(make_run(RUN_B), make_results(RUN_B), "json"))
+    doc["run"][field] = value
+    exported.write_text(json.dumps(doc))
+    h = tmp_path / "h.db"
+    for path in (bad, exported):
+        proc = harness("ingest", "--db", str(h), str(path), cwd=tmp_path)
+        assert proc.returncode == 2, (path, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(path) in lines[0] and expected in lines[0], lines
+    assert db_rows(h, "SELECT run_id FROM runs") == []
+
+
+def test_nulls_the_harness_allows_stay_accepted_and_later_commands_read_them(
+        tmp_path: Path) -> None:
+    run_dir = run_dir_of(tmp_path / "runs")
+    _edit_run(run_dir, finished_at=None, git_commit=None)
+    _edit_result(run_dir, 1, peak_memory_bytes=None, output_hash=None, backend=None,
+                 golden=None, peak_memory_kind=None)
+    _edit_result(run_dir, 2, timing={"median": None, "n": None, "samples": []})
+    h = tmp_path / "h.db"
+    proc = harness("ingest", "--db", str(h), str(run_dir), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for fmt in ("json", "csv", "pytest-benchmark"):
+        out = harness("export", RUN_A, "--format", fmt, "--db", str(h), cwd=tmp_path)
+        assert out.returncode == 0, (fmt, out.stderr)
+
+
+def test_a_run_folder_written_by_harness_run_ingests(tmp_path: Path) -> None:
+    runs, first = tmp_path / "runs", tmp_path / "first.db"
+    proc = harness("run", "allreduce[dtype=f32,inplace=false,mode=exact,*op=sum]",
+                   "--world-sizes", "1", "--no-bench", "--db", str(first), "--out-dir",
+                   str(runs), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    [run_dir] = [p for p in runs.iterdir() if (p / "run.json").is_file()]
+    h = tmp_path / "h.db"
+    ingested = harness("ingest", "--db", str(h), str(run_dir), cwd=tmp_path)
+    assert ingested.returncode == 0, ingested.stderr
+    assert f"{run_dir.name}  " in ingested.stdout and "  new  " in ingested.stdout
+    out = harness("export", run_dir.name, "--format", "pytest-benchmark", "--db", str(h),
+                  cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+
+
+# ------------------------------------------------------------ export: whole or not at all
+
+
+def test_export_on_a_full_disk_leaves_the_old_file_and_no_temporary(
+        db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import errno
+
+    from harness.cli.main import main
+
+    out_dir = tmp_path / "exports"
+    out_dir.mkdir()
+    out = out_dir / "run.json"
+    out.write_text("the export of last week\n")
+    real_open = Path.open
+
+    class Full:
+        """A file on a disk that fills up half-way through the write."""
+
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def __getattr__(self, name):
+            return getattr(self.fh, name)
+
+        def write(self, text):
+            self.fh.write(text[: len(text) // 2])
+            self.fh.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def open_on_full_disk(self, mode="r", *args, **kwargs):
+        fh = real_open(self, mode, *args, **kwargs)
+        return Full(fh) if "w" in mode and self.parent == out_dir else fh
+
+    monkeypatch.setattr(Path, "open", open_on_full_disk)
+    with pytest.raises(SystemExit) as exc:
+        main(["export", RUN_A, "--out", str(out), "--db", str(db)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 4, err
+    assert len(err.strip().splitlines()) == 1 and "full" in err and str(out) in err
+    assert out.read_text() == "the export of last week\n"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["run.json"]
+
+    monkeypatch.setattr(Path, "open", real_open)
+    with pytest.raises(SystemExit) as exc:
+        main(["export", RUN_A, "--out", str(out), "--db", str(db)])
+    assert exc.value.code == 0
+    assert json.loads(out.read_text())["run"]["run_id"] == RUN_A
+    assert sorted(p.name for p in out_dir.iterdir()) == ["run.json"]
+    new = out_dir / "new.csv"  # a new file gets the mode the umask allows, not mkstemp's 0600
+    with pytest.raises(SystemExit) as exc:
+        main(["export", RUN_A, "--format", "csv", "--out", str(new), "--db", str(db)])
+    assert exc.value.code == 0 and new.stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -161,6 +161,18 @@ def test_resume_refuses_another_machine_another_commit_and_an_unrecorded_run(tmp
         resume.options_of(bare)
 
 
+def test_a_corrupt_result_line_is_refused_before_any_case_runs(tmp_path, monkeypatch, capsys):
+    # once every missing case ran first, then the run was refused at the store, pointing at an
+    # ingest that failed on the same line
+    monkeypatch.setenv("HARNESS_DB", str(tmp_path / "h.db"))
+    run_dir = _run_dir(tmp_path, "bad123")
+    (run_dir / "results.jsonl").write_text('[1, 2]\n{"case_id": "x"}\n')
+    code, _, err = cli(capsys, "run", "--resume", "bad123")
+    assert code == 2 and "results.jsonl:1" in err and "cannot be stored" in err, err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["harness.lock", "results.jsonl",
+                                                        "run.json"]
+
+
 def test_a_half_written_last_line_is_cut_before_more_are_appended(tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_bytes(b'{"a": 1}\n{"b": 2}\n{"c": ')

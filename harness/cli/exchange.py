@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import tempfile
 from pathlib import Path
 
 import click
@@ -14,6 +18,7 @@ from harness.cli.common import (
     console,
     err_console,
     open_history,
+    printable,
 )
 
 #: shortest run id prefix `harness export` accepts; shorter ones match too much by accident
@@ -28,8 +33,9 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
     --format json`) or pytest-benchmark JSON files (`pytest --benchmark-json`).
 
     Each FILE is its own transaction and ingesting again updates instead of duplicating. A
-    file that cannot be read is reported (one line each) and skipped, the others are still
-    ingested, and the command exits 2; a DB error stops at once.
+    file that cannot be read, or holds a field of the wrong kind, is reported (one line each,
+    naming the file and the line) and skipped, the others are still ingested, and the command
+    exits 2; a DB error stops at once.
     """
     from harness.core.results import ResultsError
     from harness.history import exchange, regress, sql, store
@@ -66,7 +72,7 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
         raise HarnessExit(str(exc), EXIT_INFRA if isinstance(exc, sql.Unavailable)
                           else EXIT_USAGE) from exc
     for line in lines:
-        click.echo(line)
+        click.echo(printable(line))
     if len(analysed) > len(ingested):
         click.echo(f"{len(analysed) - len(ingested)} later run(s) re-analysed against the "
                    "history that now includes the ingested ones")
@@ -79,7 +85,7 @@ def ingest(files: tuple[Path, ...], db: str | None) -> None:
 
 def _report(messages: list[str]) -> None:
     for msg in messages:
-        err_console.print(f"[red]error:[/red] {escape(msg)}", soft_wrap=True)
+        err_console.print(f"[red]error:[/red] {escape(printable(msg))}", soft_wrap=True)
 
 
 @click.command("export")
@@ -111,9 +117,12 @@ def export(run_id: str, fmt: str, out: Path | None, db: str | None) -> None:
         click.echo(text, nl=False)
         return
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
+        write_whole(out, text)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise HarnessExit(f"cannot write {out}: the disk is full ({exc.strerror}); {out} "
+                              "is as it was: free space and retry, or pass another --out",
+                              EXIT_INFRA) from exc
         raise HarnessExit(f"cannot write {out} ({exc.strerror}): pass another --out",
                           EXIT_USAGE) from exc
     note = ""
@@ -123,3 +132,35 @@ def export(run_id: str, fmt: str, out: Path | None, db: str | None) -> None:
             note = f" ({left_out} without timing left out)"
     console.print(escape(f"run {full_id}: {len(results)} results as {fmt} -> {out}{note}"),
                   soft_wrap=True)
+
+
+def write_whole(out: Path, text: str) -> None:
+    """``text`` into ``out`` whole or not at all: written to a temporary file in its folder,
+    then renamed over it, so that a full disk or a crash leaves ``out`` as it was (and no
+    temporary file behind). A new file gets the mode the umask allows, an old one keeps its;
+    what is no regular file (/dev/stdout, a pipe) is written to as it is."""
+    if out.exists() and not out.is_file():
+        out.write_text(text, encoding="utf-8")
+        return
+    target = Path(os.path.realpath(out))  # a link stays a link to the written file
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = target.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp = Path(name)
+    try:
+        os.close(fd)
+        os.chmod(tmp, mode)
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise

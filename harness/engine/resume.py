@@ -170,4 +170,11 @@ def prepare(now: RunOptions, text: str, given: Collection[str] = ()
                           f"wait for it to end, or {stop} and resume it then") from None
     stopped = stop_leftovers(info.run_id)
     cut_torn_line(run_dir / "results.jsonl")
+    from harness.history import exchange
+
+    try:  # before a case runs: the run is stored whole at its end, or not at all
+        exchange.load(run_dir)
+    except exchange.ExchangeError as exc:
+        raise ResumeError(f"{exc} (the run cannot be stored as it is; a deleted line's case "
+                          "runs again)") from exc
     return run_dir, info, options, stopped

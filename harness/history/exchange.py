@@ -15,6 +15,7 @@ pytest-benchmark JSON (``pytest --benchmark-json``), which becomes one run of it
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -23,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.core import results as results_mod
+from harness.core import fields
 from harness.core.results import CaseResult, ResultsError, RunInfo, result_key
 from harness.device import envinfo
 
@@ -222,7 +223,7 @@ def _pb_stats_from_summary(timing: dict[str, Any], iterations: int) -> dict[str,
     median = float(timing["median"]) / 1e9
     known = [float(timing[k]) / 1e9 for k in ("min", "median", "mean", "p90", "max")
              if timing.get(k) is not None]
-    mean = float(timing.get("mean", timing["median"])) / 1e9
+    mean = float(timing["median"] if timing.get("mean") is None else timing["mean"]) / 1e9
     rounds = int(timing.get("n") or 0)
     return {
         "min": min(known), "max": max(known), "mean": mean,
@@ -240,29 +241,76 @@ def _pb_stats_from_summary(timing: dict[str, Any], iterations: int) -> dict[str,
 def load(path: str | os.PathLike[str]) -> list[tuple[RunInfo, list[CaseResult]]]:
     """The runs in ``path``: a run directory, a run JSON or a pytest-benchmark JSON.
 
-    Raises ExchangeError (one line naming ``path``) for anything else, and for files whose
-    runs the store would reject (no machine fingerprint, results of another run).
+    Raises ExchangeError (one line naming ``path``, and a results.jsonl's line) for anything
+    else, for a field of a kind the store, reports and exports cannot use (``fields.problem``), and
+    for runs the store would reject (no machine fingerprint, results of another run).
     """
     p = Path(path)
-    if p.is_dir():
-        runs = [_load_run_dir(p)]
-    elif p.is_file():
-        runs = [_load_json_file(p)]
-    else:
+    if not p.is_dir() and not p.is_file():
         raise ExchangeError(f"{p} does not exist: pass a run directory, a run JSON "
                             "(harness export --format json) or a pytest-benchmark JSON")
+    try:
+        runs = [_load_run_dir(p) if p.is_dir() else _load_json_file(p)]
+    except ExchangeError:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, OverflowError,
+            RecursionError) as exc:  # what the checks here missed: still this file's fault
+        raise ExchangeError(f"{p} cannot be ingested ({type(exc).__name__}: {_one_line(exc)}): "
+                            "check the file") from exc
     for run, results in runs:
         _check_run(p, run, results)
     return runs
 
 
+_RUN_DIR_FIX = "fix it (harness run writes it) or leave the run out, then ingest again"
+_RUN_JSON_FIX = "export it again with `harness export --format json`"
+_PB_FIX = "write the file again with pytest --benchmark-json"
+_LINE_FIX = "fix or delete the line, then ingest again"
+
+
 def _load_run_dir(p: Path) -> tuple[RunInfo, list[CaseResult]]:
+    """A run directory's run.json and results.jsonl, each field checked (``fields.problem``); a torn
+    last line of results.jsonl (its writer died mid-line) is left out (``results.read``)."""
+    run_json = p / "run.json"
+    if not run_json.is_file():
+        raise ExchangeError(f"{p} is a directory without run.json ({run_json} not found): "
+                            "pass a run directory (one holding run.json and results.jsonl)")
+    run = _built(RunInfo, _json_of(_read(run_json), run_json, _RUN_DIR_FIX), f"{run_json}: ",
+                 _RUN_DIR_FIX)
+    path = p / "results.jsonl"
+    lines = _read(path).splitlines() if path.exists() else []
+    results = []
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            data = _json_of(raw, where, _LINE_FIX)
+        except ExchangeError:
+            if lineno == len(lines):
+                break  # a torn last line (its last character may be cut too)
+            raise
+        results.append(_built(CaseResult, data, f"{where}: ", _LINE_FIX))
+    return run, results
+
+
+def _read(path: Path) -> bytes:
     try:
-        return results_mod.read_run_dir(p)
-    except ResultsError as exc:  # its message names the file
-        raise ExchangeError(_one_line(exc)) from exc
-    except TypeError as exc:  # run.json with fields of the wrong kind
-        raise ExchangeError(f"{p}: {_one_line(exc)}") from exc
+        return path.read_bytes()
+    except OSError as exc:
+        raise ExchangeError(f"{path} cannot be read ({exc.strerror}): check the file and its "
+                            "permissions") from exc
+
+
+def _json_of(raw: bytes, where: str | Path, fix: str) -> Any:
+    """``raw``, UTF-8 JSON text, parsed; else ExchangeError naming ``where``, then ``fix``."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ExchangeError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start}): "
+                            f"{fix}") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, an int of 5000 digits
+        raise ExchangeError(f"{where}: not JSON ({_one_line(exc)}): {fix}") from exc
 
 
 def _one_line(exc: BaseException) -> str:
@@ -272,13 +320,7 @@ def _one_line(exc: BaseException) -> str:
 def _load_json_file(p: Path) -> tuple[RunInfo, list[CaseResult]]:
     what = ("is not a run directory, a run JSON (harness export --format json) or a "
             "pytest-benchmark JSON (pytest --benchmark-json)")
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ExchangeError(f"{p} cannot be read ({_one_line(exc)}): check the file") from exc
-    except json.JSONDecodeError as exc:
-        raise ExchangeError(f"{p} {what}: it is not JSON ({exc.msg} at line {exc.lineno})"
-                            ) from exc
+    data = _json_of(_read(p), p, f"it {what}")
     if isinstance(data, dict) and data.get("format") == RUN_FORMAT:
         return _from_run_json(p, data)
     if isinstance(data, dict) and "benchmarks" in data and "machine_info" in data:
@@ -291,19 +333,42 @@ def _load_json_file(p: Path) -> tuple[RunInfo, list[CaseResult]]:
 
 def _from_run_json(p: Path, data: dict[str, Any]) -> tuple[RunInfo, list[CaseResult]]:
     schema = data.get("schema")
-    if not isinstance(schema, int) or schema > RUN_FORMAT_SCHEMA:
-        raise ExchangeError(f"{p} is run JSON schema {schema!r}, newer than this harness "
+    if not fields.is_int(schema):
+        raise ExchangeError(f"{p}: field 'schema' is {fields.shown(schema)}, not an integer: "
+                            f"{_RUN_JSON_FIX}")
+    if schema > RUN_FORMAT_SCHEMA:
+        raise ExchangeError(f"{p} is run JSON schema {schema}, newer than this harness "
                             f"(v{RUN_FORMAT_SCHEMA}) reads: upgrade kernel-harness")
     if not isinstance(data.get("run"), dict) or not isinstance(data.get("results"), list):
         raise ExchangeError(f"{p} is a run JSON without its 'run' object or 'results' list: "
-                            "export it again with `harness export --format json`")
-    try:
-        run = RunInfo.from_dict(data["run"])
-        results = [CaseResult.from_dict(r) for r in data["results"]]
-    except (ResultsError, TypeError, AttributeError, ValueError) as exc:
-        raise ExchangeError(f"{p}: a malformed run or result ({_one_line(exc)}): "
-                            "export it again with `harness export --format json`") from exc
+                            f"{_RUN_JSON_FIX}")
+    run = _built(RunInfo, data["run"], f"{p}: a malformed run or result (the run: ",
+                 _RUN_JSON_FIX, ")")
+    results = [_built(CaseResult, r, f"{p}: a malformed run or result (result #{i}: ",
+                      _RUN_JSON_FIX, ")") for i, r in enumerate(data["results"])]
     return run, results
+
+
+def _built(cls: Any, data: Any, where: str, fix: str, close: str = "") -> Any:
+    """``cls.from_dict(data)`` once ``data`` passed ``fields.problem``; else ExchangeError,
+    one line: ``where`` (the file, a line), the problem, ``fix``."""
+    problem = fields.problem(data, cls)
+    if problem is None:
+        try:
+            return cls.from_dict(data)
+        except ResultsError as exc:  # a newer schema: its message says what to do
+            raise ExchangeError(f"{where}{_one_line(exc)}{close}") from exc
+    raise ExchangeError(f"{where}{problem}{close}: {fix}")
+
+
+def _check_built(p: Path, run: RunInfo, results: list[CaseResult]) -> None:
+    """ExchangeError where a pytest-benchmark file made a run or result the store cannot use."""
+    for i, obj in enumerate([run, *results]):
+        problem = fields.problem({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)},
+                           type(obj))
+        if problem is not None:
+            raise ExchangeError(f"{p}: {f'benchmark #{i - 1}' if i else 'the run'}: {problem}: "
+                                f"{_PB_FIX}")
 
 
 def _check_run(p: Path, run: RunInfo, results: list[CaseResult]) -> None:
@@ -345,7 +410,7 @@ def _from_pytest_benchmark(p: Path, data: dict[str, Any]) -> tuple[RunInfo, list
         "arch": info.get("machine"), "source": PYTEST_BENCHMARK, "machine_info": trimmed,
     }  # fmt: skip
     commit = data.get("commit_info") if isinstance(data.get("commit_info"), dict) else {}
-    commit_id = commit.get("id")
+    commit_id = _text(commit.get("id"))
     env = {
         "python": info.get("python_version"),
         "python_implementation": info.get("python_implementation"),
@@ -362,7 +427,7 @@ def _from_pytest_benchmark(p: Path, data: dict[str, Any]) -> tuple[RunInfo, list
         run_id=run_id, started_at=started_at, finished_at=started_at, tier=PYTEST_BENCHMARK,
         world_sizes=[1], machine=machine, env=env, impls=[PYTEST_BENCHMARK],
         # pytest-benchmark writes "unversioned"/"unknown" when there was no usable VCS
-        git_commit=commit_id if commit_id not in (None, "", "unversioned", "unknown") else None,
+        git_commit=commit_id if commit_id not in ("", "unversioned", "unknown") else None,
         status="complete",
     )  # fmt: skip
     results: list[CaseResult] = []
@@ -374,6 +439,7 @@ def _from_pytest_benchmark(p: Path, data: dict[str, Any]) -> tuple[RunInfo, list
                                 "merge files with distinct test ids")
         seen.add(result.case_id)
         results.append(result)
+    _check_built(p, run, results)
     return run, results
 
 
@@ -418,9 +484,10 @@ def _pb_result(p: Path, i: int, bench: Any, run_id: str, started_at: float,
                 "pytest_benchmark_stats": {k: v for k, v in stats.items()
                                            if k not in ("data", "iterations")},
             }  # fmt: skip
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ExchangeError(f"{p}: {label} ({fullname}) has no usable stats ({exc!r}): "
-                            "write the file again with pytest --benchmark-json") from exc
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # int(inf): Overflow
+        raise ExchangeError(f"{p}: {label} ({fields.shown(fullname)}) has no usable stats "
+                            f"({exc!r}): write the file again with pytest --benchmark-json"
+                            ) from exc
     if iterations != 1:
         timing["iterations"] = iterations
     params = bench.get("params") if isinstance(bench.get("params"), dict) else {}
