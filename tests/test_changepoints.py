@@ -644,21 +644,10 @@ def test_an_excursion_of_up_to_three_runs_is_set_aside_and_a_step_beside_it_is_f
 # ------------------------------------------------- the run a change began at (its range)
 
 #: issue 49's demo medians (ns), view=step: night 4 slow by chance, the step at night 5
-STEP_NIGHTS = [8681.5, 8716.5, 8892.0, 21294.5, 2241438.0, 2257002.0, 2249000.0]
+STEP_NIGHTS = [8681.5, 8716.5, 8892.0, 21294.5, 2241438.0, 2257002.0]
 
 
-def test_a_new_level_of_one_run_after_a_night_between_waits_for_the_next():
-    # night 5 alone at the new level once night 4 is dated between: one odd run, as a segment
-    # of one run would be (the newest run alone is ``newest_outlier``'s)
-    assert cp.find(STEP_NIGHTS[:5], log=True, min_change_pct=2.0) == []
-    assert cp.newest_outlier(STEP_NIGHTS[:5], log=True) is not None
-    # the control: a night 4 at the old level leaves night 5 a step's first run, not held
-    # by this rule (held only as a run as high as the series' own excursions would be)
-    assert cp.find(STEP_NIGHTS[:3] + [8800.0, 2241438.0, 2257002.0], log=True,
-                   min_change_pct=2.0) != []
-
-
-@pytest.mark.parametrize("nights", [6, 7])
+@pytest.mark.parametrize("nights", [5, 6])
 def test_a_night_between_the_two_levels_is_not_the_new_levels_first(nights):
     runs = STEP_NIGHTS[:nights]
     [p] = cp.find(runs, log=True, min_change_pct=2.0)
@@ -684,9 +673,7 @@ def test_a_level_of_no_runs_between_two_steps_is_one_step():
     # segmented as three levels, [night 3, night 4] the middle one, dating gave night 3 to
     # the old level's edge and night 4 to the next step's range: a +430% change point resting
     # on night 4 alone (reported at night 7, a second regression of the one step)
-    # (night 5 alone at the new level, night 4 between: no level yet, an outlier)
-    assert cp.find(_sampled(LOW_NOISE_NIGHTS[:5]), log=True, quantile=0.1) == []
-    for nights in (6, 7):
+    for nights in (5, 6, 7):
         [p] = cp.find(_sampled(LOW_NOISE_NIGHTS[:nights]), log=True, quantile=0.1)
         assert p.index == 4 and p.first_possible in (2, 3) and p.direction == "up"
     # the control: a middle level with runs of its own stays two steps

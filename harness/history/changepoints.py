@@ -453,25 +453,23 @@ def _pruned(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: flo
 def _levelless(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: float,
                use: np.ndarray, judged: list[tuple[ChangePoint, float]]
                ) -> list[tuple[float, int]]:
-    """The weaker boundary beside each stretch that keeps fewer than MIN_SIZE runs at a level
-    of its own once its change points are dated (``_dated`` sets aside the runs between two
-    levels and the excursions beside a step): a level resting on one run is one odd run, as a
-    segment of one run would be. [L, L, L+4%, slow, H, H, H] segments as three levels when the
-    noise is low (the +4% run is past the old level), and dating leaves the middle level the
-    slow run alone, which the next step also takes as between its levels: two change points
-    where one step with a run between is what the runs show. [L x 8, L+4%, 2L], the newest run
-    slow: a +100% step on that run alone, where it is an outlier until the next run says.
-    Failing as an odd run beside a boundary does (2.0); of two, the weaker (the larger
-    p-value) goes."""
+    """The weaker boundary beside each stretch between two change points that keeps fewer
+    than MIN_SIZE runs at a level of its own once both are dated (``_dated`` sets aside the
+    runs between two levels): a level resting on one run is one odd run, as a segment of one
+    run would be. [L, L, L+4%, slow, H, H, H] segments as three levels when the noise is low
+    (the +4% run is past the old level), and dating leaves the middle level the slow run
+    alone, which the next step also takes as between its levels: two change points where one
+    step with a run between is what the runs show. Failing as an odd run beside a boundary
+    does (2.0); of the two, the weaker (the larger p-value) goes.
+
+    The newest stretch is not held so (its level may rest on its newest run once a run
+    between is dated out): a night's wait there cost 3.5 points of recall at +10% in
+    benchmarks/regression_detection.py and no false alarm fewer."""
     dated = [_dated(values, shown, bounds, j, sigma, use, cp) for j, (cp, _) in enumerate(judged)]
-    starts = [0, *(cp.index for cp in dated)]
-    ends = [*(cp.first_possible for cp in dated), values.size]
     out = []
-    for k, (start, end) in enumerate(zip(starts, ends, strict=True)):
-        if int(use[start:end].sum()) >= MIN_SIZE:
-            continue
-        beside = [j for j in (k - 1, k) if 0 <= j < len(bounds)]
-        out.append((2.0, max(beside, key=lambda j: (judged[j][0].p_value, j))))
+    for k in range(1, len(bounds)):
+        if int(use[dated[k - 1].index:dated[k].first_possible].sum()) < MIN_SIZE:
+            out.append((2.0, max((k - 1, k), key=lambda j: (judged[j][0].p_value, j))))
     return out
 
 
