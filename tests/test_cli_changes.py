@@ -315,6 +315,14 @@ def test_detect_bad_csv_is_one_line_and_exit_2(tmp_path, capsys, content, messag
     assert code == 2 and message in " ".join(err.split()) and len(err.strip().splitlines()) <= 2
 
 
+@pytest.mark.parametrize("pct", ["nan", "inf"])
+def test_detect_refuses_a_min_change_that_is_no_percent(tmp_path, capsys, pct):
+    # nan passed click's FloatRange(min=0) and every change was silently dropped
+    path = write_csv(tmp_path / "s.csv", [f"s,{i},{1 if i < 10 else 2}," for i in range(20)])
+    code, _, err = cli(capsys, "detect", str(path), "--min-change", pct)
+    assert code == 2 and f"--min-change {pct}: give a percent" in err
+
+
 def test_a_series_longer_than_detect_analyses_is_one_line(tmp_path, capsys, monkeypatch):
     from harness.cli import changes
 

@@ -261,9 +261,18 @@ def read_db(path: str | Path) -> dict[str, list[tuple[str, list[float], str | No
         conn.close()
 
 
+def _finite_pct(value: float | None) -> float | None:
+    """--min-change as given; nan (which every comparison passes) is an error."""
+    if value is not None and not math.isfinite(value):
+        raise HarnessExit(f"--min-change {value}: give a percent, 0 or more (e.g. 2)",
+                          EXIT_USAGE)
+    return value
+
+
 @click.command("detect")
 @click.argument("target", metavar="PATH")
 @click.option("--min-change", default=None, type=click.FloatRange(min=0),
+              callback=lambda ctx, param, value: _finite_pct(value),
               help="Report only changes of at least this many percent of the level before "
                    "them (0 keeps every significant one; a move off a level of 0 is larger "
                    "than any).  [default: 2, the change `harness run` stores]")
