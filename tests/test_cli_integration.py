@@ -656,6 +656,15 @@ def test_wrong_reductions_fail_the_cases_made_for_them(tmp_path):
         "allreduce[dtype=f16,inplace=false,mode=special,n=1024,op=sum]"}
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, killed and not yet reaped by init, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
+
+
 def _sleepers() -> list[int]:
     """Processes running with harness_test_impls.SLEEPER in their command line."""
     found = []
@@ -672,11 +681,12 @@ def _sleepers() -> list[int]:
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc")
 def test_processes_an_implementation_starts_stay_inside_its_rank(tmp_path):
     """A forked child that returns into the harness ends there (it would run the rank's cases
-    as a second rank); a forked sleeper and a daemon in a session of its own are killed when
-    the job ends (they held its output pipes open until the 300 s stall limit, and outlived
-    the run); files written by relative path land in the ranks' work folder, not over the
-    run's own results. Every result stays right."""
-    impls = ("forks_and_returns", "forks_a_sleeper", "detaches_a_daemon", "writes_run_files")
+    as a second rank); a forked sleeper, a daemon in a session of its own and a double fork's
+    grandchild are killed when the job ends (they held its output pipes open until the 300 s
+    stall limit, and outlived the run); files written by relative path land in the ranks'
+    work folder, not over the run's own results. Every result stays right."""
+    impls = ("forks_and_returns", "forks_a_sleeper", "detaches_a_daemon", "writes_run_files",
+             "double_forks_a_sleeper")
     args = [a for i in impls for a in ("--impl", f"harness_test_impls:{i}")]
     # a job held open waits for the stall limit (300 s), past this test's own timeout
     out = harness(tmp_path, "run", "allreduce[*dtype=f32*mode=exact*op=max*]", "--world-sizes",
@@ -687,6 +697,9 @@ def test_processes_an_implementation_starts_stay_inside_its_rank(tmp_path):
     assert {r["impl"].split(":")[-1] for r in got} == {"torch", *impls}
     assert {r["status"] for r in got} == {"pass"}
     assert not _sleepers()
+    # the double fork's grandchildren (no exec, no mark): adopted by their rank, killed
+    grandchildren = [int(p.read_text()) for p in tmp_path.glob("**/work/harness-test-*.pid")]
+    assert grandchildren and not [p for p in grandchildren if _running(p)]
     logs = "".join(p.read_text() for p in tmp_path.glob("**/w2.launch*.log"))
     assert "killed" in logs and "its implementations started and left running" in logs
     assert any(p.name == "results.jsonl" for p in tmp_path.glob("**/work/*"))

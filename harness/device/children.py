@@ -7,13 +7,17 @@ rank (its collectives meeting the wrong peers); one that lives on holds the laun
 pipes open, so the job cannot end until the stall limit stops it, and outlives the run.
 
 ``mark`` puts this rank's pid in its environment, which every descendant inherits whatever
-its session; ``leave_if_forked`` ends a forked child the moment it is back in the harness;
-``end_leftovers``, at the job's end, kills the marked processes still running and names
-them. Linux only (``/proc``); elsewhere nothing is found.
+its session, and makes the rank its descendants' subreaper, so that a process whose parent
+exits (a daemon's double fork, which without exec keeps the rank's environment as it was at
+the rank's start) is the rank's child, not init's; ``leave_if_forked`` ends a forked child
+the moment it is back in the harness; ``end_leftovers``, at the job's end, kills the marked
+processes still running and names them. Linux only (``/proc``, ``prctl``); elsewhere nothing
+is found.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 from pathlib import Path
@@ -24,11 +28,20 @@ MARK_ENV = "HARNESS_RANK_PID"
 _RANK_PID = os.getpid()
 
 
+#: prctl's PR_SET_CHILD_SUBREAPER (linux/prctl.h, Linux 3.4)
+_PR_SET_CHILD_SUBREAPER = 36
+
+
 def mark() -> None:
-    """Mark this process as a rank: its descendants carry its pid in their environment."""
+    """Mark this process as a rank: its descendants carry its pid in their environment, and
+    those orphaned are adopted by it (``prctl(PR_SET_CHILD_SUBREAPER)``)."""
     global _RANK_PID
     _RANK_PID = os.getpid()
     os.environ[MARK_ENV] = str(_RANK_PID)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the environment mark alone
+        pass
 
 
 def leave_if_forked() -> None:
@@ -44,11 +57,18 @@ def _parent(stat: bytes) -> int:
     return int(stat[stat.rindex(b")") + 2 :].split()[1])
 
 
+def _zombie(stat: bytes) -> bool:
+    """Whether a /proc/PID/stat line is an exited process not yet reaped (state Z): nothing
+    runs and no pipe is held; an orphan the rank adopted stays so until the rank ends."""
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"Z"
+
+
 def marked(proc: Path = Path("/proc")) -> list[int]:
     """The pids of the running processes, other than this one, that descend from this rank,
     of this user: its children's tree (a forked child, whose /proc environ is still the
-    rank's own as it was at exec), and every process whose environment carries the rank's
-    mark (one that detached and was adopted by init, once it exec'd)."""
+    rank's own as it was at exec, and an orphan the rank adopted), and every process whose
+    environment carries the rank's mark (one that detached and was adopted by init, once it
+    exec'd). Zombies are left out."""
     me = os.getpid()
     needle = f"{MARK_ENV}={_RANK_PID}".encode()
     try:
@@ -59,7 +79,10 @@ def marked(proc: Path = Path("/proc")) -> list[int]:
     found = set()
     for entry in entries:
         try:
-            parents[int(entry.name)] = _parent((entry / "stat").read_bytes())
+            stat = (entry / "stat").read_bytes()
+            if _zombie(stat):
+                continue
+            parents[int(entry.name)] = _parent(stat)
             if needle in (entry / "environ").read_bytes().split(b"\0"):
                 found.add(int(entry.name))
         except (OSError, ValueError, IndexError):  # gone, or another user's

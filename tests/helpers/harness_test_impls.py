@@ -225,6 +225,23 @@ def forks_a_sleeper(world, x, out, op):
     return out
 
 
+def double_forks_a_sleeper(world, x, out, op):
+    """A daemon's double fork without exec: the first child exits at once, the grandchild
+    sleeps (holding the launcher's output pipes) with the rank's environment as it was at
+    the rank's start, which carries no mark. Its pid goes to a file in the working folder."""
+    _right(world, x, out, op)
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(f"{SLEEPER}.{os.getpid()}.pid", "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(600)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return out
+
+
 def detaches_a_daemon(world, x, out, op):
     """A process in a session of its own (a daemonising compile server)."""
     _right(world, x, out, op)
