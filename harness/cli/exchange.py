@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
-import tempfile
 from pathlib import Path
 
 import click
@@ -20,6 +18,7 @@ from harness.cli.common import (
     open_history,
     printable,
 )
+from harness.core.results import scratch_beside
 
 #: shortest run id prefix `harness export` accepts; shorter ones match too much by accident
 _DB_HELP = "History DB (default $HARNESS_DB or harness-results/history.db)."
@@ -150,17 +149,9 @@ def write_whole(out: Path, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    tmp = Path(name)
-    try:
-        os.close(fd)
-        os.chmod(tmp, mode)
+    with scratch_beside(target, mode) as tmp:
         with tmp.open("w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise

@@ -16,15 +16,13 @@ that chunk (``_sum_bound``), plus float64 summation slack.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import fcntl
 import hashlib
 import json
 import math
 import os
-import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from harness.core import compare
 from harness.core.buffers import same_bits as same_bits_tensor
 from harness.core.discovery import builtin_suite_dir
 from harness.core.metrics import Metrics
+from harness.core.results import scratch_beside
 
 SCHEMA = 2  # 2: fingerprints count NaN/inf per chunk and sum finite elements only
 MANIFEST = "manifest.json"
@@ -405,19 +404,6 @@ def _well_formed(entry: object) -> bool:
             and isinstance(entry.get("sha256"), str) and isinstance(entry.get("outputs"), dict))
 
 
-@contextlib.contextmanager
-def _scratch_beside(path: Path) -> Iterator[Path]:
-    """A new, unique file name in ``path``'s directory (same file system: ``os.replace`` onto
-    ``path`` is atomic), removed afterwards unless it was moved."""
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    os.chmod(name, 0o644)  # mkstemp's 0600 would make a committed golden the owner's alone
-    try:
-        yield Path(name)
-    finally:
-        Path(name).unlink(missing_ok=True)
-
-
 class GoldenStore:
     """A golden directory: its manifest and files. Reads are lazy and cached."""
 
@@ -527,7 +513,7 @@ class GoldenStore:
 
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        with _scratch_beside(path) as tmp:  # a name of its own: another writer has another
+        with scratch_beside(path) as tmp:  # a name of its own: another writer has another
             save_file(dict(tensors), str(tmp), metadata={"entry": key})
             os.replace(tmp, path)
         entry = dict(entry, file=rel, sha256=file_sha256(path))
@@ -555,7 +541,7 @@ class GoldenStore:
             merged = {**data["entries"], **changed}
             data["entries"] = dict(sorted((k, e) for k, e in merged.items() if k not in removed))
             data["schema"] = SCHEMA
-            with _scratch_beside(self.manifest_path) as tmp:
+            with scratch_beside(self.manifest_path) as tmp:
                 with open(tmp, "w", encoding="utf-8") as fh:
                     fh.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
                     fh.flush()

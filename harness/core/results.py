@@ -7,9 +7,11 @@ readers accept every version up to ``SCHEMA`` and reject newer ones with a clear
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,21 @@ def write_whole(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def scratch_beside(path: Path, mode: int = 0o644) -> Iterator[Path]:
+    """A new, unique file name in ``path``'s directory (same file system: ``os.replace`` onto
+    ``path`` is atomic) with ``mode``, removed afterwards unless it was moved. Where writers
+    may meet (goldens, an export) or a failure must leave nothing behind; ``write_whole`` is
+    the single writer's short form."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    os.chmod(name, mode)  # mkstemp's 0600 would make a committed golden the owner's alone
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
 
 
 SCHEMA = 1

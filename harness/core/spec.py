@@ -516,7 +516,6 @@ def import_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-
 def add_entry_point_impls(registry: Registry) -> None:
     """Entry points in ``harness.implementations``: the name is the implementation's name and
     the object a mapping {op name: callable} (or a function returning one)."""

@@ -10,10 +10,8 @@ mounts), nothing is held and nothing refused.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 LOCK_NAME = "harness.lock"
@@ -64,12 +62,3 @@ def release_all() -> None:
     for run_dir in list(_held):
         release(run_dir)
 
-
-@contextlib.contextmanager
-def holding(run_dir: Path) -> Iterator[None]:
-    """``hold`` for the block, then ``release``."""
-    hold(run_dir)
-    try:
-        yield
-    finally:
-        release(run_dir)

@@ -148,8 +148,8 @@ def _carried(stored: dict[str, Any]) -> bool:
 
 
 def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint,
-             threshold_pct: float, position: dict[str, int] | None = None,
-             analysed_started_at: float | None = None) -> list[dict[str, Any]]:
+             threshold_pct: float, position: dict[str, int],
+             analysed_started_at: float) -> list[dict[str, Any]]:
     """The stored slower change points that a new faster one (``recovery``) takes the series
     back from: still open or only acknowledged, and ``recovery.after`` at most RETURN_SHARE of
     their step above the level before them and less than ``threshold_pct`` percent above it
@@ -160,13 +160,11 @@ def returned(stored: Sequence[dict[str, Any]], recovery: ChangePoint,
     found then took back a 2x step that came later and stays)."""
     if recovery.direction != "down":
         return []
-    position = position or {}
     return [s for s in stored
             if s["direction"] == "up" and s.get("triage") in _STILL_OPEN
             and isinstance(s.get("before"), float) and isinstance(s.get("after"), float)
             and position.get(s["run_id"], -1) < recovery.first_possible
-            and (analysed_started_at is None
-                 or (s.get("found_started_at") or 0.0) <= analysed_started_at)
+            and (s.get("found_started_at") or 0.0) <= analysed_started_at
             and _takes_back(s["before"], s["after"], recovery, threshold_pct)]
 
 
