@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from harness.history import changepoints as cp
-from harness.history import excursions, segmentation
+from harness.history import excursions, outlier, segmentation
 from harness.history import noise as noise_mod
 
 
@@ -67,9 +67,9 @@ def test_one_odd_run_is_never_a_change_point_and_the_newest_alone_is_an_outlier(
     spiked = values[:15] + [150.0] + values[16:]
     assert cp.find(spiked) == []
     assert cp.find(values + [150.0]) == []
-    out = cp.newest_outlier(values + [150.0])
+    out = outlier.newest_outlier(values + [150.0])
     assert out is not None and out.direction == "up" and out.level == pytest.approx(100, abs=1)
-    assert cp.newest_outlier(values + [100.5]) is None
+    assert outlier.newest_outlier(values + [100.5]) is None
     # two runs at the new level: now it is a change point, at the first of them
     assert [c.index for c in cp.find(values + [150.0, 151.0])] == [30]
 
@@ -246,6 +246,10 @@ def test_slow_runs_where_a_step_happened_are_left_out_of_its_figures():
     # placed at the first slow run (the earliest run the step can have come from), its
     # figures resting on the runs after them
     assert (point.index, point.settled, point.n_before, point.n_after) == (20, 22, 20, 4)
+    # yet the slow runs cannot say which level they are of: the step may have come with
+    # either of them or with the first run after them, the range to bisect
+    assert (point.earliest, point.latest, point.last_possible) == (None, 22, 22)
+    assert point.to_dict()["latest_index"] == 22
     # the same slow runs between two runs of one level: set aside, no change point at all
     assert cp.find(base + [190.0, 175.0] + list(100 + noise(32, 4)), log=True) == []
 
@@ -258,13 +262,30 @@ def test_slow_runs_before_a_step_ending_a_little_above_its_level_are_no_level_of
     base = list(100 + noise(34, 20))
     runs = base + [128.0, 136.0, 117.0] + list(110 + noise(35, 3))
     [point] = cp.find(runs, log=True)
-    assert (point.index, point.direction, point.settled) == (20, "up", 23)
+    assert (point.index, point.direction, point.settled, point.latest) == (20, "up", 23, 23)
     assert point.change_pct == pytest.approx(10, abs=2)
     # a first run 4.5% above the new level (past the noise, but less than 0.6 of the step)
     # is that level's, high by its own noise: not set aside
     first_high = base + [115.0] + list(110 + noise(35, 3))
     [point] = cp.find(first_high, log=True)
-    assert (point.index, point.settled, point.n_after) == (20, 20, 4)
+    assert (point.index, point.settled, point.n_after, point.latest) == (20, 20, 4, None)
+
+
+@pytest.mark.parametrize("slow", [1.6, 2.0, 3.0])
+def test_a_slow_night_beside_a_step_widens_the_range_to_bisect(slow):
+    base = list(100 + noise(36, 20))
+    after = noise(37, 6)
+    # before a step up: dated at the slow night (the new level's first), the next the latest
+    [up] = cp.find(base + [100 * slow] + list(120 + after), log=True)
+    assert (up.direction, up.index, up.earliest, up.latest) == ("up", 20, None, 21)
+    # before a step down: dated after it (the old level's last), the slow night the earliest
+    [down] = cp.find(base + [100 * slow] + list(80 + after), log=True)
+    assert (down.direction, down.index, down.earliest, down.latest) == ("down", 21, 20, None)
+    # the control: a slow night with an ordinary run between it and the step is the old
+    # level's, and leaves the range alone
+    for new in (120, 80):
+        [p] = cp.find(base[:-1] + [100 * slow, base[-1]] + list(new + after), log=True)
+        assert (p.index, p.earliest, p.latest) == (21, None, None)
 
 
 def test_ordinary_runs_among_many_slow_ones_are_no_spikes_down():
@@ -325,7 +346,7 @@ def test_two_newest_runs_as_high_as_the_series_past_excursions_wait_for_a_third(
     # two slow runs at the end: like its excursions, so no change point yet, but the newest
     # run is still suspicious
     assert cp.find(base + [165.0, 172.0], log=True) == []
-    assert cp.newest_outlier(base + [165.0, 172.0], log=True) is not None
+    assert outlier.newest_outlier(base + [165.0, 172.0], log=True) is not None
     # a third run at that level: a change point, dated at the first of them
     [point] = cp.find(base + [165.0, 172.0, 168.0], log=True)
     assert (point.index, point.direction) == (30, "up")

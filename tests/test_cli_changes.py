@@ -387,3 +387,18 @@ def test_triage_and_detect_give_the_range_a_change_may_have_begun_in(tmp_path, c
         4, "n5", 3, "n4")
     code, out, _ = cli(capsys, "detect", str(path))
     assert "index 4 (run n5" in out and "may have begun at index 3 (run n4" in out, out
+
+
+def test_detect_names_the_last_run_a_step_after_a_slow_run_may_have_begun_at(tmp_path, capsys):
+    # run 20 twice as slow as any (a busy machine), the +20% step at it or at run 21
+    noise = np.random.default_rng(5).normal(0.0, 0.5, 26).round(2)
+    values = list(100 + noise[:20]) + [200.0] + list(120 + noise[20:])
+    rows = [f"copy,{i},{v},c{i:02d}" for i, v in enumerate(values)]
+    path = write_csv(tmp_path / "h.csv", rows)
+    code, out, _ = cli(capsys, "detect", str(path), "--model", "level", "--log", "--json")
+    (found,) = json.loads(out)
+    assert code == 0 and (found["index"], found["earliest_index"], found["latest_index"]) == (
+        20, 20, 21)
+    assert (found["commit"], found["latest_order"], found["latest_commit"]) == ("c20", "21", "c21")
+    code, out, _ = cli(capsys, "detect", str(path), "--model", "level", "--log")
+    assert "index 20 (order 20 commit c20; or as late as index 21 (order 21 commit c21))" in out

@@ -804,6 +804,31 @@ def replay(conn, nights: list[tuple[float, float]]) -> dict[str, list]:
     return out
 
 
+@pytest.mark.parametrize("direction", ["up", "down"])
+def test_a_step_beside_a_night_slowed_2x_names_both_runs_to_bisect(tmp_path, direction):
+    # night 9 twice as slow as any night (a busy machine), the step at night 9 or night 10:
+    # no run can tell which, and the commit of either may be the one
+    step = 1.2 if direction == "up" else 0.8
+    nights = ([(8700 + 30 * (i % 3), 8450 + 20 * (i % 2)) for i in range(8)] + [(17500, 16000)]
+              + [(8700 * step + 25 * (i % 2), 8450 * step) for i in range(4)])
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        found = replay(conn, nights)
+        [cp] = triage.change_points(conn)
+    finally:
+        conn.close()
+    kind = "regression" if direction == "up" else "improvement"
+    [(run, finding)] = [(r, f) for r, fs in found.items() for f in fs if f.kind == kind]
+    # a step up is dated at the slow night (the new level's first run), one down after it
+    # (the old level's last): either way both nights are the range
+    first, other = ("n9", "n10") if direction == "up" else ("n10", "n9")
+    word = "late" if direction == "up" else "early"
+    assert f"from run {first}, or as {word} as run {other}:" in finding.detail
+    assert "bisect that range" in finding.detail
+    assert (cp["run_id"], cp["earliest_run_id"], cp["latest_run_id"]) == (
+        ("n9", None, "n10") if direction == "up" else ("n10", "n9", None))
+
+
 @pytest.mark.parametrize("name", sorted(DEMO_NIGHTS))
 def test_a_step_after_a_slow_night_is_dated_where_its_level_starts(tmp_path, name):
     nights = DEMO_NIGHTS[name]

@@ -129,7 +129,7 @@ def test_fresh_db_has_the_current_schema_and_all_tables(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "dir" / "history.db"  # parent directories are created
     conn = store.connect(path)
     assert path.is_file()
-    assert user_version(conn) == schema.SCHEMA_VERSION == len(schema.MIGRATIONS) == 5
+    assert user_version(conn) == schema.SCHEMA_VERSION == len(schema.MIGRATIONS) == 6
     assert TABLES | {"findings", "change_points"} <= tables(conn)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1

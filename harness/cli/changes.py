@@ -269,6 +269,24 @@ def _finite_pct(value: float | None) -> float | None:
     return value
 
 
+def _found_line(d: dict[str, Any], series: dict[str, Any], from_db: bool) -> str:
+    """One change point ``detect`` found, in words: where it began and may have."""
+    where = f"run {d['run'][:8]}" if from_db else f"order {series[d['series']][d['index']][0]}"
+    if d.get("commit"):
+        where += f" commit {str(d['commit'])[:10]}"
+    for end, words in (("earliest", "may have begun at"), ("latest", "or as late as")):
+        if d[f"{end}_index"] == d["index"]:
+            continue
+        run = f"run {d[f'{end}_run'][:8]}" if from_db else f"order {d[f'{end}_order']}"
+        if d.get(f"{end}_commit"):
+            run += f" commit {str(d[f'{end}_commit'])[:10]}"
+        where += f"; {words} index {d[f'{end}_index']} ({run})"
+    pct = d["change_pct"]
+    shown = "?" if pct is None or not math.isfinite(pct) else f"{pct:+.1f}"
+    return (f"{d['series']}  index {d['index']} ({where}): {d['before']:.6g} -> "
+            f"{d['after']:.6g} ({shown}%, p={d['p_value']:.1g}) {d['direction']}")
+
+
 @click.command("detect")
 @click.argument("target", metavar="PATH")
 @click.option("--min-change", default=None, type=click.FloatRange(min=0),
@@ -287,8 +305,9 @@ def _finite_pct(value: float | None) -> float | None:
                    "series; a drift or a wander is not a change, a jump or a turn is).  "
                    "[default: level for a history DB, trend for a CSV]")
 @click.option("--json", "as_json", is_flag=True,
-              help="A JSON list of {series, index, run or commit, earliest_index (and its run "
-                   "or commit), before, after, change_pct, p_value, direction}.")
+              help="A JSON list of {series, index, run or commit, earliest_index and "
+                   "latest_index (and their runs or commits), before, after, change_pct, "
+                   "p_value, direction}.")
 @click.pass_context
 def detect(ctx: click.Context, target: str, min_change: float | None, log: bool | None,
            model: str | None, as_json: bool) -> None:
@@ -297,8 +316,9 @@ def detect(ctx: click.Context, target: str, min_change: float | None, log: bool 
     PATH is a history DB (an SQLite file or a postgresql:// URL), or a CSV with the columns
     series,order,value[,commit]: one row per run, or several rows with the same series and
     order for the samples of one run. `index` is the 0-based position, in the series' order,
-    of the first run at the new level; `earliest_index` the first run it may have begun at,
-    where runs between the two levels (or without a value) leave it open: bisect that range.
+    of the first run at the new level; `earliest_index` and `latest_index` the first and last
+    run it may have begun at, where runs between the two levels, slow runs or runs without a
+    value leave it open: bisect that range.
     """
     from harness.history import changepoints, pg, regress
 
@@ -350,23 +370,15 @@ def detect(ctx: click.Context, target: str, min_change: float | None, log: bool 
             d["earliest_index"] = cp.first_possible
             d["earliest_run" if from_db else "earliest_order"] = first_order
             d["earliest_commit"] = first_commit
+            last_order, _, last_commit = runs[cp.last_possible]
+            d["latest_index"] = cp.last_possible
+            d["latest_run" if from_db else "latest_order"] = last_order
+            d["latest_commit"] = last_commit
             found.append({**d, **{k: v for k, v in cp.to_dict().items() if k not in d}})
     if as_json:
         click.echo(json.dumps(found, indent=1))
         ctx.exit(EXIT_OK)
     for d in found:
-        where = f"run {d['run'][:8]}" if from_db else f"order {series[d['series']][d['index']][0]}"
-        if d.get("commit"):
-            where += f" commit {str(d['commit'])[:10]}"
-        if d["earliest_index"] != d["index"]:
-            first = (f"run {d['earliest_run'][:8]}" if from_db
-                     else f"order {d['earliest_order']}")
-            if d.get("earliest_commit"):
-                first += f" commit {str(d['earliest_commit'])[:10]}"
-            where += f"; may have begun at index {d['earliest_index']} ({first})"
-        pct = d["change_pct"]
-        console.print(escape(printable(
-            f"{d['series']}  index {d['index']} ({where}): {d['before']:.6g} -> "
-            f"{d['after']:.6g} ({'?' if pct is None or not math.isfinite(pct) else f'{pct:+.1f}'}"
-            f"%, p={d['p_value']:.1g}) {d['direction']}")), soft_wrap=True, highlight=False)
+        console.print(escape(printable(_found_line(d, series, from_db))), soft_wrap=True,
+                      highlight=False)
     console.print(f"{len(found)} change point(s) in {len(series)} series")

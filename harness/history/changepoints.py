@@ -12,8 +12,8 @@ any other series, on 25 human-annotated series (benchmarks/tcpd_changepoints.py)
 synthetic performance histories (benchmarks/detect_on_synthetic_histories.py), each the
 wrong one for the other's data (benchmarks/models_on_recorded_noise.py). Every segment holds
 at least MIN_SIZE runs, so a single odd run is never a change point by itself: the newest run
-alone can only be ``newest_outlier``, "suspicious", until the next run confirms the new level
-or returns to the old one.
+alone can only be "suspicious" (``harness.history.outlier``), until the next run confirms the
+new level or returns to the old one.
 
 Pure functions of numbers: the history DB side (matching change points across analyses,
 triage) lives in ``harness.history.changes``. The runs are read by ``harness.history.noise``,
@@ -80,14 +80,24 @@ class ChangePoint:
     #: found by ``find``'s second reading, the medians: the step slowed part of the samples
     partial: bool = False
     #: the first run the change may have begun at, where the runs cannot say which (runs
-    #: between the two levels, or runs without a value, before ``index``); None: at ``index``.
-    #: [earliest, index] is the range to bisect
+    #: between the two levels, slow runs set aside, or runs without a value, before
+    #: ``index``); None: at ``index``
     earliest: int | None = None
+    #: the last run it may have begun at, where the runs from ``index`` on are slow runs set
+    #: aside (a night slowed by chance just before a step is the new level's first run, but
+    #: the step may as well have come with the next); None: at ``index``.
+    #: [earliest, latest] is the range to bisect
+    latest: int | None = None
 
     @property
     def first_possible(self) -> int:
         """The first run the change may have begun at (``index`` where the runs say)."""
         return self.index if self.earliest is None else self.earliest
+
+    @property
+    def last_possible(self) -> int:
+        """The last run the change may have begun at (``index`` where the runs say)."""
+        return self.index if self.latest is None else self.latest
 
     @property
     def direction(self) -> str:
@@ -96,6 +106,7 @@ class ChangePoint:
 
     def to_dict(self) -> dict[str, object]:
         d = {"index": self.index, "earliest_index": self.first_possible,
+             "latest_index": self.last_possible,
              "before": self.before, "after": self.after,
              "change_pct": self.change_pct, "p_value": self.p_value,
              "direction": self.direction, "n_before": self.n_before, "n_after": self.n_after}
@@ -309,13 +320,29 @@ def _find(reading: Reading, *, min_change_pct: float = 0.0, alpha: float = ALPHA
         # from where it may have begun: a range's runs are where the step happened
         clean = np.flatnonzero(use[cp.first_possible:])
         settled = cp.first_possible + int(clean[0]) if clean.size else cp.first_possible
+        first, last = _slow_edges(use, cp)
         # runs without a value just before the first possible one may have been its start too
-        first = cp.first_possible
         earliest = int(keep[first - 1]) + 1 if first > 0 else 0
         index = int(keep[cp.index])
         out.append(dataclasses.replace(cp, index=index, settled=int(keep[settled]),
-                                       earliest=earliest if earliest < index else None))
+                                       earliest=earliest if earliest < index else None,
+                                       latest=int(keep[last]) if last > cp.index else None))
     return out
+
+
+def _slow_edges(use: np.ndarray, cp: ChangePoint) -> tuple[int, int]:
+    """The first and last run ``cp`` may have begun at, widened over the runs set aside as
+    slow (``use`` false) that touch its range: a slow run says nothing of the level it is
+    of. A night slowed by chance just before a step up is placed at the new level (the
+    earliest run it can have come from, ``excursions``), yet the step may have come with the
+    next run; one before a step down is placed at the old level, yet the step may have come
+    with it. Both commits are then the range to bisect."""
+    first, last = cp.first_possible, cp.index
+    while first > 0 and not use[first - 1]:
+        first -= 1
+    while last + 1 < use.size and not use[last]:
+        last += 1
+    return first, last
 
 
 #: a run is between two levels (``_dated``) when it is more than this many sigmas of the
@@ -371,7 +398,7 @@ def _dated(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int, sig
         return cp
     before, after = float(np.median(shown[left])), float(np.median(shown[right]))
     return dataclasses.replace(cp, index=first, before=before, after=after,
-                               change_pct=_change_pct(before, after), n_before=len(left),
+                               change_pct=change_pct_of(before, after), n_before=len(left),
                                n_after=len(right), earliest=earliest)
 
 
@@ -473,7 +500,8 @@ def _levelless(values: np.ndarray, shown: np.ndarray, bounds: list[int], sigma: 
     return out
 
 
-def _change_pct(before: float, after: float) -> float:
+def change_pct_of(before: float, after: float) -> float:
+    """100 * (after - before) / |before|; nan when before is 0."""
     return 100.0 * (after - before) / abs(before) if before != 0 else math.nan
 
 
@@ -485,7 +513,7 @@ def moved(before: float, after: float, pct: float) -> bool:
         return True
     if before == 0:
         return after != 0
-    return abs(_change_pct(before, after)) >= pct
+    return abs(change_pct_of(before, after)) >= pct
 
 
 def _judge(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int,
@@ -514,7 +542,7 @@ def _judge(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int,
         p = p_value(left, right, sigma)
     # the medians in the values' own units (in log, an even count's would be a geometric mean)
     level = (float(np.median(shown[lo:b][use[lo:b]])), float(np.median(shown[b:hi][use[b:hi]])))
-    cp = ChangePoint(index=b, before=level[0], after=level[1], change_pct=_change_pct(*level),
+    cp = ChangePoint(index=b, before=level[0], after=level[1], change_pct=change_pct_of(*level),
                      p_value=p, n_before=int(left.size), n_after=int(right.size))
     if model == "trend":
         return cp, p
@@ -526,59 +554,3 @@ def _judge(values: np.ndarray, shown: np.ndarray, bounds: list[int], j: int,
     if int(nearer_after.sum()) < MIN_SIZE or int(nearer_before.sum()) < MIN_SIZE:
         return cp, 2.0
     return cp, p
-
-
-@dataclass(frozen=True)
-class Outlier:
-    """The newest run off its series' current level: "suspicious" until the next run says
-    whether it was a step (then a change point) or one bad night (then nothing)."""
-
-    value: float
-    level: float  # median of the current level's runs (since the last change point)
-    change_pct: float
-    p_value: float
-
-    @property
-    def direction(self) -> str:
-        return "up" if self.value > self.level else "down"
-
-
-def newest_outlier(runs: Sequence[Sequence[float] | float], *, min_change_pct: float = 0.0,
-                   alpha: float = ALPHA, log: bool = False,
-                   quantile: float = 0.5, since: int | None = None) -> Outlier | None:
-    """Whether the newest run left the level of the runs since the last change point before it
-    (the later of the one the runs before it show and ``since``, a run index):
-    the same p-value as ``find`` (one run against the level, the series' run-to-run sigma) and
-    the same ``min_change_pct``; where both sides have raw samples, a one-sided Mann-Whitney U
-    test of the newest run's samples against the level's 5 newest runs must agree too (a run
-    whose median moved but whose samples overlap the level's is noise). ``log`` and
-    ``quantile`` as in ``find``."""
-    shown, _, raw, floor = readings(runs, log, (quantile,))[0]
-    keep = np.flatnonzero(np.isfinite(raw))
-    if keep.size < MIN_SIZE + 1 or keep[-1] != len(runs) - 1:
-        return None
-    values, shown = raw[keep], shown[keep]
-    earlier = values[:-1]
-    bounds = [b.index for b in find([float(v) for v in earlier], alpha=alpha)]
-    start = bounds[-1] if bounds else 0
-    if since is not None:
-        start = max(start, int(np.searchsorted(keep, since)))
-    level_runs = earlier[start:][-WINDOW:]
-    if level_runs.size < MIN_SIZE:
-        return None
-    level, value = float(np.median(shown[:-1][start:][-WINDOW:])), float(shown[-1])
-    change = _change_pct(level, value)
-    sigma = level_sigma(values, floor)
-    p = p_value(level_runs, values[-1:], sigma)
-    if p > alpha or not moved(level, value, min_change_pct):
-        return None
-    newest = runs[-1]
-    recent = [runs[int(i)] for i in keep[:-1][start:][-5:]]
-    if not isinstance(newest, (int, float)) and all(not isinstance(r, (int, float))
-                                                     for r in recent):
-        pooled = np.concatenate([np.asarray(r, dtype=np.float64).reshape(-1) for r in recent])
-        cur = np.asarray(newest, dtype=np.float64).reshape(-1)
-        if mwu_p(cur[np.isfinite(cur)], pooled[np.isfinite(pooled)],
-                  slower=value > level) >= 0.01:
-            return None
-    return Outlier(value=value, level=level, change_pct=change, p_value=p)

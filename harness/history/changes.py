@@ -25,7 +25,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.history.changepoints import ChangePoint, Outlier, find, moved, newest_outlier
+from harness.history.changepoints import ChangePoint, find, moved
+from harness.history.outlier import Outlier, newest_outlier
 
 #: a change point found again this many runs or fewer from where it was is the same one
 MATCH_RUNS = 3
@@ -104,8 +105,8 @@ def _nearest(candidates: Sequence[dict[str, Any]], cp: ChangePoint, position: di
         if _reported_an_excursion(s, cp, position):
             continue
         reach = MATCH_RUNS if s["state"] == "open" else 1
-        # how far from where it may have begun to where it surely had (its range)
-        distance = max(cp.first_possible - pos, pos - cp.index, 0)
+        # how far from its range (where it may have begun)
+        distance = max(cp.first_possible - pos, pos - cp.last_possible, 0)
         if distance <= reach and distance < best_distance:
             best, best_distance = s, distance
     return best

@@ -84,7 +84,7 @@ def excursions(values: np.ndarray, sigma: float) -> tuple[np.ndarray, np.ndarray
     row, and least squares would pay two change points to fit each, which then hide a real
     step beside them (the new level is judged against the excursion, not the level before
     it). A step is never touched (the run after it is at the new level too, not back), nor
-    is the newest run (it has no neighbour after it: ``newest_outlier`` judges it).
+    is the newest run (it has no neighbour after it: ``outlier.newest_outlier`` judges it).
 
     Slow runs right where a step happened, above both levels, are excursions too, replaced by
     the higher level (see below). ``find`` then leaves every excursion out of a change

@@ -339,14 +339,17 @@ def timing_label(r: CaseResult) -> str:
 def _point_columns(conn: sqlite3.Connection, cp: changepoints.ChangePoint,
                    series: list[CaseResult]) -> dict[str, Any]:
     """A change point's stored columns: its figures, where it began (the first run of its new
-    level) and, where the runs leave it open, the first run it may have begun at."""
+    level) and, where the runs leave it open, the first and last run it may have begun at."""
     first = series[cp.index]
     earliest = series[cp.earliest] if cp.earliest is not None else None
+    latest = series[cp.latest] if cp.latest is not None else None
     return {"run_id": first.run_id, "git_commit": _commit_of(conn, first.run_id),
             "earliest_run_id": earliest.run_id if earliest else None,
             "earliest_commit": _commit_of(conn, earliest.run_id) if earliest else None,
+            "latest_run_id": latest.run_id if latest else None,
+            "latest_commit": _commit_of(conn, latest.run_id) if latest else None,
             "state": "open", **{k: v for k, v in cp.to_dict().items()
-                                if k not in ("index", "earliest_index")}}
+                                if k not in ("index", "earliest_index", "latest_index")}}
 
 
 def _commit_of(conn: sqlite3.Connection, run_id: str) -> str | None:

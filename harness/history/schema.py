@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.history.sql import StoreError, db_label_of, is_postgres, scalar, write_txn
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -209,9 +209,18 @@ def _add_change_point_ranges_v5(conn: sqlite3.Connection) -> None:
                         "ALTER TABLE change_points ADD COLUMN earliest_commit TEXT"])
 
 
+def _add_change_point_latest_v6(conn: sqlite3.Connection) -> None:
+    # The last run a change point may have begun at, where slow runs set aside from run_id on
+    # leave it open (changepoints.ChangePoint.latest): with earliest_run_id (or run_id), the
+    # range a user bisects. NULL where run_id is the last (every change point stored before).
+    _execute_all(conn, ["ALTER TABLE change_points ADD COLUMN latest_run_id TEXT",
+                        "ALTER TABLE change_points ADD COLUMN latest_commit TEXT"])
+
+
 #: MIGRATIONS[i] upgrades schema version i to i + 1; append, never edit a released one.
 MIGRATIONS: list[Migration] = [_create_v1, _add_calibrations_v2, _add_findings_v3,
-                               _add_change_points_v4, _add_change_point_ranges_v5]
+                               _add_change_points_v4, _add_change_point_ranges_v5,
+                               _add_change_point_latest_v6]
 assert len(MIGRATIONS) == SCHEMA_VERSION
 
 #: the advisory lock key that serialises migrations of one PostgreSQL database ("harness")

@@ -70,6 +70,7 @@ def unanalyzed_runs(conn: sqlite3.Connection) -> list[str]:
 TRIAGE_STATES = ("acknowledged", "expected", "invalid", "fixed")
 #: the columns a change point's analysis writes (the rest is its identity and its triage)
 CHANGE_POINT_STATS = ("run_id", "git_commit", "earliest_run_id", "earliest_commit",
+                      "latest_run_id", "latest_commit",
                       "direction", "before", "after", "change_pct", "p_value", "n_before",
                       "n_after", "state")
 _TRIAGE_COLUMNS = ("triage", "triage_note", "triage_by", "triaged_at")
@@ -206,13 +207,17 @@ def triage_change_points(conn: sqlite3.Connection, cp_ids: Sequence[int], triage
 
 def where_it_began(cp: Mapping[str, Any]) -> str:
     """Where a stored change point (or its columns) began, in words: its first run and commit,
-    and, where the runs leave it open, the first run it may have begun at: the range to
-    bisect."""
+    and, where the runs leave it open, the first and the last run it may have begun at: the
+    range to bisect."""
     def run(run_id: str, commit: str | None) -> str:
         return f"run {run_id[:8]}" + (f" (commit {commit[:10]})" if commit else "")
 
     text = f"from {run(cp['run_id'], cp.get('git_commit'))}"
     if cp.get("earliest_run_id"):
-        text += (f", or as early as {run(cp['earliest_run_id'], cp.get('earliest_commit'))}: "
-                 "the runs between cannot tell, bisect that range")
+        text += f", or as early as {run(cp['earliest_run_id'], cp.get('earliest_commit'))}"
+    if cp.get("latest_run_id"):
+        text += f", or as late as {run(cp['latest_run_id'], cp.get('latest_commit'))}"
+    if cp.get("earliest_run_id") or cp.get("latest_run_id"):
+        text += (": the runs there cannot tell where it began (between the two levels, slow, "
+                 "or without a time), bisect that range")
     return text
