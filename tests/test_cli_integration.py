@@ -858,8 +858,13 @@ def test_a_wrong_user_callable_fails_every_case_with_exit_1(faults_run):
     (["run", "allreduce", "--tier", "stress"], 2, "none of its ops has cases there"),
     (["run", "--device", "cuda"], 2, "no CUDA device"),
     (["demo", "--slow-night", "--nights", "6"], 2, "--slow-night needs --nights 7 or more"),
+    # once exit 4 with ssh's and hydra's lines, read as a broken cluster
+    (["run", "--hostfile", "hosts"], 2, "host 'no-such-host.invalid' (line 2) does not resolve"),
+    (["run", "--hostfile", "no_hosts"], 2, "names no host: write one `host[:ranks]` per line"),
 ])
 def test_bad_input_is_one_clear_line_and_a_documented_exit_code(tmp_path, args, code, needle):
+    (tmp_path / "hosts").write_text("localhost:2\nno-such-host.invalid:2\n")
+    (tmp_path / "no_hosts").write_text("# none yet\n\n")
     if args[-1] == "cuda":
         from harness.device import cuda
 

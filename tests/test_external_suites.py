@@ -137,6 +137,11 @@ def test_the_project_file_gives_suites_world_sizes_and_flags_win(monkeypatch):
     # a selector still reaches a built-in op from inside the project
     out = invoke(monkeypatch, EXAMPLE, "list", "--json", "hopper_tasks.rmsnorm")
     assert {i["op"] for i in json.loads(out.output)} == {"hopper_tasks.rmsnorm"}
+    # a selection with nothing at the sizes asked for is refused as `run` refuses it
+    code, message = refused(monkeypatch, EXAMPLE, "list", "--json", "strided_copy",
+                            "--world-sizes", "4")
+    assert code == 2 and "no case in tier 'smoke' at world sizes 4" in message
+    assert "strided_copy runs at world size 1 only" in message
 
 
 def test_list_names_the_suite_and_its_golden_directory(monkeypatch, tmp_path):

@@ -734,6 +734,11 @@ def test_show_json_lists_the_entries(generated: Path) -> None:
     proc = harness(generated, "show", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == _manifest(generated)["entries"]
+    # a selector that matches no stored golden (a typo) is one line and exit 2, not an
+    # empty listing
+    proc = harness(generated, "show", "--json", "nosuch*")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "no stored golden matches 'nosuch*'" in proc.stderr, proc.stderr
 
 
 def test_broken_manifest_is_a_one_line_usage_error(gdir: Path) -> None:

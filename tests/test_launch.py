@@ -343,3 +343,18 @@ def test_an_implementation_that_ends_every_job_costs_two_jobs(tmp_path, monkeypa
     assert {d["reason"] for d in lines[2:]} == {
         f"not run: faulty {said} of allreduce in a row at world size 4 (--give-up-after 0 runs "
         "every case)"}
+
+
+def test_a_host_file_is_read_as_mpich_and_open_mpi_write_it(tmp_path):
+    from harness.engine import hostfile
+
+    text = ("# the cluster\nnode1:4\n\nnode2 slots=8 max_slots=8\n  node3  # spare\n"
+            "[fe80::1]:2\nfe80::2\n")
+    assert hostfile.hosts(text) == [(2, "node1"), (4, "node2"), (5, "node3"), (6, "fe80::1"),
+                                    (7, "fe80::2")]
+    good = tmp_path / "good"
+    good.write_text("localhost:2\n127.0.0.1 slots=2\n")
+    assert hostfile.problem(str(good)) is None
+    bad = tmp_path / "bad"
+    bad.write_text("localhost:2\nnode-that-is-not.invalid:2\n")
+    assert "'node-that-is-not.invalid' (line 2) does not resolve" in hostfile.problem(str(bad))

@@ -316,11 +316,16 @@ def show(selectors: tuple[str, ...], golden_dir: str | None, as_json: bool) -> N
                if not selectors or any(glob_match(s, e["op"]) or glob_match(s, e["family"])
                                        or glob_match(s, e["case_id"]) or glob_match(s, k)
                                        for s in selectors)}
+    roots = ", ".join(str(store.root) for store in shelf.stores)
+    if selectors and not entries:  # a typo, most often: as `ls` of a name that is not there
+        stored = sum(len(store.manifest["entries"]) for store in shelf.stores)
+        raise HarnessExit(f"no stored golden matches {' '.join(map(repr, selectors))}: "
+                          f"`harness golden show` lists the {stored} in {roots or 'no store'}",
+                          EXIT_USAGE)
     if as_json:
         click.echo(json.dumps({k: e for k, (_, e) in entries.items()}, indent=1,
                               sort_keys=True))
         return
-    roots = ", ".join(str(store.root) for store in shelf.stores)
     table = Table(title=f"goldens in {roots}", header_style="bold")
     for col in ("entry", "outputs", "bytes", "date"):
         table.add_column(col, overflow="fold")

@@ -300,6 +300,10 @@ def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tup
         if exc.detail:
             err_console.print(escape(exc.detail), highlight=False)
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    empty = session.nothing_to_run(the_plan, tier, sizes)
+    if empty:
+        raise HarnessExit(f"{empty}; try other --world-sizes, --tier or --impl",
+                          EXIT_USAGE)
     specs, plans = the_plan.specs, the_plan.items
     reg = registry()
     if as_json:

@@ -202,6 +202,12 @@ def preflight(options: RunOptions, device_type: str) -> tuple[str, str | None]:
         if sanitizer is None:
             raise RunRefused("--sanitize needs compute-sanitizer (part of the CUDA toolkit): "
                              "put its bin directory on PATH or set CUDA_HOME")
+    if options.hostfile:
+        from harness.engine import hostfile
+
+        bad = hostfile.problem(options.hostfile)
+        if bad:
+            raise RunRefused(bad)
     mpiexec = envinfo.find_launcher(options.launcher)
     if mpiexec is None:
         if options.launcher:
@@ -314,6 +320,19 @@ def execute(options: RunOptions, reporter: Reporter,
             warm.cancel()  # nothing once its world size's launch has let it go
 
 
+def nothing_to_run(the_plan: Plan, tier: str, world_sizes: Sequence[int]) -> str | None:
+    """Why ``the_plan`` runs nothing, in words (None where it runs a case): its ops' cases
+    are at other world sizes, or in no case of the tier."""
+    if any(the_plan.items.values()):
+        return None
+    specs = the_plan.specs
+    where = "; ".join(f"{s.name} runs at {s.world_sizes_of(tier)}" for s in specs[:4]
+                      if s.world_sizes_of(tier)) or "none of its ops has cases there"
+    more = f" (and {len(specs) - 4} more ops)" if len(specs) > 4 else ""
+    return (f"the selection has no case in tier {tier!r} at world sizes "
+            f"{','.join(map(str, world_sizes))}: {where}{more}")
+
+
 def _execute(options: RunOptions, reporter: Reporter, resumed: tuple[Path, RunInfo] | None,
              db_path: Path | str, warm: Any) -> Outcome:
     """``execute`` once the first job is started (``warm``) or is not started early."""
@@ -321,14 +340,9 @@ def _execute(options: RunOptions, reporter: Reporter, resumed: tuple[Path, RunIn
 
     the_plan = plan(options.selectors, options.tier, options.world_sizes, options.impls,
                     options.device)
-    if not any(the_plan.items.values()):
-        specs = the_plan.specs
-        where = "; ".join(f"{s.name} runs at {s.world_sizes_of(options.tier)}" for s in specs[:4]
-                          if s.world_sizes_of(options.tier)) or "none of its ops has cases there"
-        more = f" (and {len(specs) - 4} more ops)" if len(specs) > 4 else ""
-        sizes = ",".join(map(str, options.world_sizes))
-        raise RunRefused(f"the selection has no case in tier {options.tier!r} at world sizes "
-                         f"{sizes}: {where}{more}; try `harness list` to see what exists")
+    empty = nothing_to_run(the_plan, options.tier, options.world_sizes)
+    if empty:
+        raise RunRefused(f"{empty}; try `harness list` to see what exists")
     for line in shared_impl_notes(the_plan.specs, options.impls):
         reporter.note(line)
     mpiexec, sanitizer = preflight(options, the_plan.device_type)
