@@ -281,6 +281,12 @@ def test_a_slow_night_beside_a_step_widens_the_range_to_bisect(slow):
     # before a step down: dated after it (the old level's last), the slow night the earliest
     [down] = cp.find(base + [100 * slow] + list(80 + after), log=True)
     assert (down.direction, down.index, down.earliest, down.latest) == ("down", 21, 20, None)
+    # a night slowed less far past the new level than 0.6 of the step is kept at it (not
+    # set aside), yet it is as slow a run: the range is the same
+    [kept] = cp.find(base + [230.0] + list(200 + after), log=True)  # 15% over a +100% step
+    assert (kept.index, kept.settled, kept.earliest, kept.latest) == (20, 20, None, 21)
+    [kept] = cp.find(base + [112.0] + list(80 + after), log=True)  # and before a step down
+    assert (kept.index, kept.earliest, kept.latest) == (21, 20, None)
     # the control: a slow night with an ordinary run between it and the step is the old
     # level's, and leaves the range alone
     for new in (120, 80):

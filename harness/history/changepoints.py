@@ -320,7 +320,9 @@ def _find(reading: Reading, *, min_change_pct: float = 0.0, alpha: float = ALPHA
         # from where it may have begun: a range's runs are where the step happened
         clean = np.flatnonzero(use[cp.first_possible:])
         settled = cp.first_possible + int(clean[0]) if clean.size else cp.first_possible
-        first, last = _slow_edges(use, cp)
+        edges = [0, *bounds, values.size]
+        first, last = _open_edges(values, use, cp, edges[j], edges[j + 2],
+                                  BETWEEN_SIGMAS * sigma if model == "level" else None)
         # runs without a value just before the first possible one may have been its start too
         earliest = int(keep[first - 1]) + 1 if first > 0 else 0
         index = int(keep[cp.index])
@@ -330,17 +332,29 @@ def _find(reading: Reading, *, min_change_pct: float = 0.0, alpha: float = ALPHA
     return out
 
 
-def _slow_edges(use: np.ndarray, cp: ChangePoint) -> tuple[int, int]:
-    """The first and last run ``cp`` may have begun at, widened over the runs set aside as
-    slow (``use`` false) that touch its range: a slow run says nothing of the level it is
-    of. A night slowed by chance just before a step up is placed at the new level (the
-    earliest run it can have come from, ``excursions``), yet the step may have come with the
-    next run; one before a step down is placed at the old level, yet the step may have come
-    with it. Both commits are then the range to bisect."""
+def _open_edges(values: np.ndarray, use: np.ndarray, cp: ChangePoint, lo: int, hi: int,
+                reach: float | None) -> tuple[int, int]:
+    """The first and last run ``cp`` may have begun at (``lo``, ``hi``: the stretches on either
+    side), widened over the runs that touch its range and say nothing of the level they are
+    of: runs set aside as slow (``use`` false) and, with ``reach``, a slow run kept at a level
+    (more than ``reach`` above the median of that level's runs beyond it, and above the
+    nearest three). A machine slows runs by any amount: a night slowed by chance just before
+    a step up is placed at the new level (the earliest run it can have come from), yet the
+    step may have come with the next run; one before a step down is placed at the old level,
+    yet the step may have come with it. Both commits are then the range to bisect."""
     first, last = cp.first_possible, cp.index
-    while first > 0 and not use[first - 1]:
+    up = cp.direction == "up"
+
+    def slow(k: int, level: np.ndarray, nearest: np.ndarray) -> bool:
+        """Run ``k`` above ``level`` (its runs beyond it) as a slowed run is."""
+        return (reach is not None and level.size > 0
+                and values[k] > max(float(np.median(level)) + reach, float(np.max(nearest))))
+
+    while first > lo and (not use[first - 1] or (not up and slow(
+            first - 1, old := values[lo:first - 1][use[lo:first - 1]][-WINDOW:], old[-3:]))):
         first -= 1
-    while last + 1 < use.size and not use[last]:
+    while last + 1 < hi and (not use[last] or (up and slow(
+            last, new := values[last + 1:hi][use[last + 1:hi]][:WINDOW], new[:3]))):
         last += 1
     return first, last
 
