@@ -64,7 +64,10 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
     label = store.db_label(store.resolve_db_path(db))
     try:
         try:
-            analysed = data.analyze_missing(conn)
+            # a DB this process cannot write keeps what its runs stored: none is analysed here
+            frozen = store.is_read_only(conn)
+            unanalysed = data.unanalysed(conn) if frozen else []
+            analysed = [] if frozen else data.analyze_missing(conn)
             judged_ids = [reads.resolve_run_id(conn, r) for r in judge]
             pair = None
             if compare_pair:
@@ -83,6 +86,10 @@ def report(ctx: click.Context, db: str | None, out_dir: Path, fail_on: str,
         conn.close()
     if analysed:
         err_console.print(f"analysed {len(analysed)} run(s) stored without findings")
+    if unanalysed:
+        err_console.print(f"{len(unanalysed)} run(s) stored without findings are shown without "
+                          "their regressions: the DB is read-only here (a report where it can "
+                          "be written analyses them)")
     console.print(escape(
         f"site: {site.index} ({site.n_runs} runs, {site.n_results} results; {site.op_pages} "
         f"op, {site.run_pages} run and {site.compare_pages} compare pages) in "

@@ -114,6 +114,11 @@ class History:
 timing_label = regress.timing_label
 
 
+def unanalysed(conn: sqlite3.Connection) -> list[str]:
+    """The runs that have no stored findings yet (oldest first)."""
+    return triage.unanalyzed_runs(conn)
+
+
 def analyze_missing(conn: sqlite3.Connection) -> list[str]:
     """Analyse and store the runs that have no stored findings yet (oldest first)."""
     todo = triage.unanalyzed_runs(conn)

@@ -80,7 +80,7 @@ def triage(words: tuple[str, ...], run: str | None, note: str | None, by: str | 
     from harness.history.triage import change_points, triage_change_points
 
     ids, state = _triage_words(words, run)
-    conn = open_history(db)
+    conn = open_history(db, writes=state is not None)
     try:
         if state is None:
             points = change_points(conn) if show_all else [

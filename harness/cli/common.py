@@ -66,9 +66,11 @@ def fmt_us(ns: float | None) -> str:
     return "-" if ns is None else f"{ns / 1e3:.1f}"
 
 
-def open_history(db: str | None) -> sqlite3.Connection:
-    """The history DB (``--db``, ``$HARNESS_DB`` or the default) for reading what runs stored;
-    one line and exit 2 when it does not exist (reading never creates one)."""
+def open_history(db: str | None, *, writes: bool = False) -> sqlite3.Connection:
+    """The history DB (``--db``, ``$HARNESS_DB`` or the default) for reading what runs stored
+    (and, with ``writes``, storing what a command adds to them); one line and exit 2 when it
+    does not exist (reading never creates one). A command that only reads reads a DB it
+    cannot write too (a read-only mount, another user's file)."""
     from harness.history import sql, store
 
     path = store.resolve_db_path(db)
@@ -76,7 +78,7 @@ def open_history(db: str | None) -> sqlite3.Connection:
         raise HarnessExit(f"history DB {path} does not exist: run `harness run` first, or pass "
                           "--db (or set HARNESS_DB) to the DB that holds the runs", EXIT_USAGE)
     try:
-        return store.connect(path)
+        return store.connect(path, read_only=not writes)
     except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
 

@@ -122,17 +122,27 @@ def _enable_wal(conn: sqlite3.Connection) -> None:
 
 
 def connect(
-    path: str | os.PathLike[str], *, migrations: list[Migration] = MIGRATIONS
+    path: str | os.PathLike[str], *, migrations: list[Migration] = MIGRATIONS,
+    read_only: bool = False,
 ) -> sqlite3.Connection:
     """Open (creating if needed) the history DB at ``path`` and bring its schema up to date.
 
     The connection is in autocommit mode with WAL, foreign keys on, a 30 s busy timeout and
     ``sqlite3.Row`` rows; a ``postgresql://`` URL opens that database (``harness.history.pg``).
+    ``read_only``: for a caller that only reads, an SQLite file that cannot be written (a
+    read-only mount, another user's file) is opened as it is (``_open_read_only``).
     Raises StoreError for files or databases that cannot serve as a history DB.
     """
     if pg.is_url(path):
         return _connect_postgres(str(path), migrations)
     label = str(path)
+    if label != ":memory:" and Path(path).is_file() and not (
+            os.access(path, os.W_OK) and os.access(Path(path).parent, os.W_OK)):
+        if read_only:
+            return _open_read_only(Path(path), len(migrations))
+        raise StoreError(f"history DB {label} is read-only here (a read-only mount, or "
+                         "another user's file or folder) and this command writes to it: make "
+                         "it and its folder writable, or pass another --db")
     if label != ":memory:":
         parent = Path(path).parent
         try:
@@ -159,6 +169,58 @@ def connect(
         _enable_wal(conn)
         migrate(conn, migrations)
 
+    return _set_up(conn, setup, label)
+
+
+def is_read_only(conn: Any) -> bool:
+    """Whether ``conn`` was opened to read a DB this process cannot write."""
+    return bool(getattr(conn, "read_only", False))
+
+
+def _open_read_only(path: Path, version: int) -> sqlite3.Connection:
+    """The SQLite history DB at ``path``, which this process cannot write, opened to read.
+    A WAL reader needs the DB's shared-memory file (``-shm``), which a read-only directory
+    cannot hold: there, where no ``-wal`` file holds writes not yet in the DB itself, the
+    file is opened as immutable (sqlite.org/uri.html: no locks, no -shm), which reads it
+    whole. Its schema must be this harness's: nothing can migrate it."""
+    label = str(path)
+
+    def open_with(query: str) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(f"{path.absolute().as_uri()}?{query}", uri=True,
+                                   timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                                   factory=_Connection)
+        except sqlite3.Error as exc:
+            raise translate_sqlite(label, exc) or StoreError(
+                f"history DB {label} cannot be opened ({exc}): pass another --db") from exc
+        conn.label = label
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    conn = open_with("mode=ro")
+    try:
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as exc:
+        conn.close()
+        wal = Path(f"{path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreError(
+                f"history DB {label} is read-only here and {wal.name} beside it holds writes "
+                f"not yet in the DB, which a reader cannot see without a -shm file in "
+                f"{path.parent}: open it once where it can be written, or copy the DB with "
+                "its -wal file somewhere writable") from exc
+        conn = open_with("immutable=1")
+
+    def setup() -> None:
+        refuse_foreign(conn)
+        current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if current != version:
+            raise StoreError(
+                f"history DB {label} is read-only here and has schema v{current}, not this "
+                f"harness's v{version}: open it once where it can be written (any harness "
+                "command brings it up to date), or use a harness of its version")
+
+    conn.read_only = True
     return _set_up(conn, setup, label)
 
 
@@ -205,6 +267,8 @@ class _Connection(sqlite3.Connection):
     makes a plain cursor without calling ``self.cursor``, so it is overridden too)."""
 
     label = "?"
+    #: opened to read a DB this process cannot write (``_open_read_only``)
+    read_only = False
 
     def cursor(self, factory: Any = _Cursor) -> Any:  # type: ignore[override]
         return super().cursor(factory)
