@@ -83,9 +83,9 @@ class ChangePoint:
     #: between the two levels, slow runs set aside, or runs without a value, before
     #: ``index``); None: at ``index``
     earliest: int | None = None
-    #: the last run it may have begun at, where the runs from ``index`` on are slow runs set
-    #: aside (a night slowed by chance just before a step is the new level's first run, but
-    #: the step may as well have come with the next); None: at ``index``.
+    #: the last run it may have begun at, where the runs from ``index`` on are slow (a night
+    #: slowed by chance just before a step up is the new level's first run, but the step may
+    #: as well have come with the next: ``_open_edges``); None: at ``index``.
     #: [earliest, latest] is the range to bisect
     latest: int | None = None
 
@@ -342,19 +342,26 @@ def _open_edges(values: np.ndarray, use: np.ndarray, cp: ChangePoint, lo: int, h
     a step up is placed at the new level (the earliest run it can have come from), yet the
     step may have come with the next run; one before a step down is placed at the old level,
     yet the step may have come with it. Both commits are then the range to bisect."""
-    first, last = cp.first_possible, cp.index
     up = cp.direction == "up"
 
     def slow(k: int, level: np.ndarray, nearest: np.ndarray) -> bool:
-        """Run ``k`` above ``level`` (its runs beyond it) as a slowed run is."""
+        """Whether run ``k`` is above ``level`` (the runs of its level beyond it, nearest
+        first) as a slowed run is."""
         return (reach is not None and level.size > 0
                 and values[k] > max(float(np.median(level)) + reach, float(np.max(nearest))))
 
-    while first > lo and (not use[first - 1] or (not up and slow(
-            first - 1, old := values[lo:first - 1][use[lo:first - 1]][-WINDOW:], old[-3:]))):
+    def before(k: int) -> bool:  # the old level's last run, before a step down
+        old = values[lo:k][use[lo:k]][-WINDOW:]
+        return not use[k] or (not up and slow(k, old, old[-3:]))
+
+    def after(k: int) -> bool:  # the new level's first run, of a step up
+        new = values[k + 1:hi][use[k + 1:hi]][:WINDOW]
+        return not use[k] or (up and slow(k, new, new[:3]))
+
+    first, last = cp.first_possible, cp.index
+    while first > lo and before(first - 1):
         first -= 1
-    while last + 1 < hi and (not use[last] or (up and slow(
-            last, new := values[last + 1:hi][use[last + 1:hi]][:WINDOW], new[:3]))):
+    while last + 1 < hi and after(last):
         last += 1
     return first, last
 
