@@ -804,6 +804,15 @@ def replay(conn, nights: list[tuple[float, float]]) -> dict[str, list]:
     return out
 
 
+def replayed(tmp_path, nights: list[tuple[float, float]]) -> tuple[dict[str, list], list]:
+    """``replay`` into a new DB: (each night's findings, the change points it stored)."""
+    conn = store.connect(tmp_path / "h.db")
+    try:
+        return replay(conn, nights), triage.change_points(conn)
+    finally:
+        conn.close()
+
+
 @pytest.mark.parametrize("direction", ["up", "down"])
 def test_a_step_beside_a_night_slowed_2x_names_both_runs_to_bisect(tmp_path, direction):
     # night 9 twice as slow as any night (a busy machine), the step at night 9 or night 10:
@@ -811,12 +820,7 @@ def test_a_step_beside_a_night_slowed_2x_names_both_runs_to_bisect(tmp_path, dir
     step = 1.2 if direction == "up" else 0.8
     nights = ([(8700 + 30 * (i % 3), 8450 + 20 * (i % 2)) for i in range(8)] + [(17500, 16000)]
               + [(8700 * step + 25 * (i % 2), 8450 * step) for i in range(4)])
-    conn = store.connect(tmp_path / "h.db")
-    try:
-        found = replay(conn, nights)
-        [cp] = triage.change_points(conn)
-    finally:
-        conn.close()
+    found, [cp] = replayed(tmp_path, nights)
     kind = "regression" if direction == "up" else "improvement"
     [(run, finding)] = [(r, f) for r, fs in found.items() for f in fs if f.kind == kind]
     # a step up is dated at the slow night (the new level's first run), one down after it
@@ -832,12 +836,7 @@ def test_a_step_beside_a_night_slowed_2x_names_both_runs_to_bisect(tmp_path, dir
 @pytest.mark.parametrize("name", sorted(DEMO_NIGHTS))
 def test_a_step_after_a_slow_night_is_dated_where_its_level_starts(tmp_path, name):
     nights = DEMO_NIGHTS[name]
-    conn = store.connect(tmp_path / "h.db")
-    try:
-        found = replay(conn, nights)
-        [cp] = triage.change_points(conn)
-    finally:
-        conn.close()
+    found, [cp] = replayed(tmp_path, nights)
     reported = [(run, f) for run, fs in found.items() for f in fs if f.kind == "regression"]
     # found once, by night 5 (nights 4 and 5 are both off the old level)
     assert [run for run, _ in reported] == ["n5"]
