@@ -190,6 +190,60 @@ def test_writing_a_read_only_input_is_an_error_and_nan_inputs_are_not_mistaken_f
     assert r.status == "pass", r.reason
 
 
+def _splits_spec() -> OpSpec:
+    """x doubled, with a list, a dict and a tuple of lists beside it that it only reads."""
+    def inputs(params, rank, world_size):
+        return {**_inputs(params, rank, world_size), "sizes": [3, 0, 5, float("nan")],
+                "meta": {"align": 16, "groups": [1, 2]}, "pair": ([1], [2])}
+
+    return OpSpec(name="toy_splits", family="toy",
+                  reference=lambda x, out, sizes, meta, pair: x * 2, make_inputs=inputs,
+                  grid={"smoke": [{"n": 1031}]}, implementations={}, out_buffers={"out": "out"})
+
+
+@pytest.mark.parametrize("how, shown", [
+    ("offsets", "[3, 0, 5, nan] -> [0, 3, 3, nan]"),  # sizes rewritten as offsets, in place
+    ("padded", "[3, 0, 5, nan] -> [16, 0, 16, nan]"),
+    ("dict", "'align': 16"),
+    ("nested", "([1], [2]) -> ([1], [2, 2])"),
+    ("control", None),  # read, copied, written to a copy: nothing changed
+])
+def test_a_list_or_dict_the_case_may_not_write_is_checked_as_a_tensor_is(world, how, shown):
+    def impl(x, out, sizes, meta, pair):
+        if how == "offsets":
+            total = 0
+            for i, n in enumerate(sizes[:3]):
+                sizes[i], total = total, total + n
+        elif how == "padded":
+            sizes[:3] = [-(-n // 16) * 16 for n in sizes[:3]]
+        elif how == "dict":
+            meta["align"] = 32
+        elif how == "nested":
+            pair[1].append(2)
+        else:
+            local = list(sizes)
+            local[0] = 99
+        return torch.mul(x, 2, out=out)
+
+    def control(x, out, sizes, meta, pair):
+        seen.append((list(sizes), dict(meta), pair))
+        return torch.mul(x, 2, out=out)
+
+    key = {"offsets": "sizes", "padded": "sizes", "dict": "meta", "nested": "pair"}.get(how)
+    case, setups, seen = Case(_splits_spec(), {"n": 1031}, 1), SetupCache(), []
+    r = run_case(world, case, "impl", impl, bench=False, timing=TIMING, setups=setups)
+    if shown is None:
+        assert r.status == "pass", r.reason
+    else:
+        assert r.status == "error" and f"input {key!r} was modified" in r.reason, r.reason
+        assert shown in r.reason, r.reason
+    # the next implementation of the case, on the same set-up, gets them as they were made
+    r = run_case(world, case, "control", control, bench=False, timing=TIMING, setups=setups)
+    assert r.status == "pass" and seen and all(
+        sizes[:3] == [3, 0, 5] and meta == {"align": 16, "groups": [1, 2]} and pair == ([1], [2])
+        for sizes, meta, pair in seen), seen
+
+
 def _copy_spec(**extra) -> OpSpec:
     return OpSpec(name="toy_copy", family="toy", reference=lambda x: (x.clone(), x[:4] * 1),
                   make_inputs=lambda p, r, w: {"x": generate((8, 5), torch.float32, seed=3)},
@@ -399,7 +453,6 @@ def test_the_implementations_of_a_case_share_one_set_up_but_never_its_tensors(wo
 
     def ok(x, out, sizes):
         seen.append((x.data_ptr(), x.clone(), list(sizes)))
-        sizes.append(99)  # mutating a plain list input must not reach the next call either
         return torch.mul(x, 2, out=out)
 
     for _ in range(3):  # three implementations, three calls each, untimed: the second on

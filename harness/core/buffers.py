@@ -169,6 +169,40 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(flat_bytes(a), flat_bytes(b))
 
 
+def snapshot(value: Any) -> Any:
+    """A copy of an input to compare with it after a call (``same_value``): tensors cloned,
+    lists, tuples, dicts and sets copied through to their items, anything else as it is (an
+    int or a string cannot change; an object of the user's own is compared as the same
+    object)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(snapshot(v) for v in value) if type(value) in (list, tuple) \
+            else copy.copy(value)
+    if isinstance(value, dict):
+        return {k: snapshot(v) for k, v in value.items()}
+    if isinstance(value, (set, bytearray)):
+        return type(value)(value)
+    return value
+
+
+def same_value(now: Any, before: Any) -> bool:
+    """Whether ``now`` still holds what ``before`` (its ``snapshot``) does: tensors bit for
+    bit, containers item by item and of the same type, floats with NaN equal to NaN."""
+    if isinstance(before, torch.Tensor):
+        return isinstance(now, torch.Tensor) and same_bits(now, before)
+    if type(now) is not type(before):
+        return False
+    if isinstance(before, (list, tuple)):
+        return len(now) == len(before) and all(map(same_value, now, before))
+    if isinstance(before, dict):
+        return now.keys() == before.keys() and all(same_value(now[k], v)
+                                                   for k, v in before.items())
+    if isinstance(before, float) and before != before:
+        return now != now
+    return bool(now == before)
+
+
 def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
     """(storage address, first byte, one past the last byte) that ``t`` can touch."""
     size = t.element_size()
@@ -257,7 +291,7 @@ def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
     """A copy of ``values`` whose tensors live in new storage, ``shift_bytes`` past its start,
     on ``device`` (default: where they are). Tensors that shared a storage share the new one
     with the same offsets and strides; the same tensor object maps to one new object. Plain
-    mutable values (lists, dicts, sets) are copied too; immutable ones are shared. With
+    containers (lists, tuples, dicts, sets) are copied through; other values are shared. With
     ``redzones``, every new storage gets ``REDZONE_BYTES`` more, and the bytes around its
     data are filled with the canary and recorded there."""
     if shift_bytes % ALIGN_BYTES:
@@ -292,9 +326,10 @@ def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
         if isinstance(v, torch.Tensor):
             out[name] = move(v, name)
         elif isinstance(v, (list, tuple)) and any(isinstance(i, torch.Tensor) for i in v):
-            out[name] = type(v)(move(i, f"{name}[{j}]") if isinstance(i, torch.Tensor) else i
-                                for j, i in enumerate(v))
-        elif isinstance(v, (list, dict, set)):  # a list of split sizes is the copy's own too
+            out[name] = type(v)(move(i, f"{name}[{j}]") if isinstance(i, torch.Tensor)
+                                else copy.deepcopy(i) for j, i in enumerate(v))
+        elif isinstance(v, (list, tuple, dict, set, bytearray)):
+            # a list of split sizes is the copy's own too, and a list inside a tuple
             out[name] = copy.deepcopy(v)
         else:
             out[name] = v

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import reprlib
 import traceback
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from harness.core.buffers import (
     overlaps,
     poison_,
     same_bits,
+    same_value,
+    snapshot,
     tensors,
 )
 from harness.core.golden import GoldenShelf, GoldenStore
@@ -71,10 +74,13 @@ def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
             and (k in roots or any(overlaps(v, t) for t in root_tensors))}
 
 
-def _guards(inputs: Mapping[str, Any], writable: set[str]) -> dict[str, torch.Tensor]:
-    """A copy of each input tensor the implementation may not write, to compare after."""
-    return {k: v.clone() for k, v in inputs.items()
-            if isinstance(v, torch.Tensor) and k not in writable}
+def _guards(inputs: Mapping[str, Any], writable: set[str]) -> dict[str, Any]:
+    """A copy of each input the implementation may not write, to compare after: its tensors,
+    and its lists, dicts and sets (the split sizes of an all-to-all, an MoE layer's tokens per
+    expert: a kernel that rewrites them as offsets in place corrupts its caller's next use)."""
+    return {k: snapshot(v) for k, v in inputs.items()
+            if k not in writable and isinstance(v, (torch.Tensor, list, tuple, dict, set,
+                                                    bytearray))}
 
 
 def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[str, Any],
@@ -97,7 +103,7 @@ def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[st
 
 
 def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
-                    guards: Mapping[str, torch.Tensor], zones: Redzones,
+                    guards: Mapping[str, Any], zones: Redzones,
                     expected: Mapping[str, Any]) -> None:
     """Nothing written outside the buffers given, untouched read-only inputs, outputs of
     their own memory and in a dense layout, outputs in the buffers provided, in-place outputs
@@ -107,9 +113,11 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
     if outside:
         raise CaseError(outside)
     for k, before in guards.items():
-        if not same_bits(inputs[k], before):
-            raise CaseError(f"input {k!r} was modified, but this case may not write it")
-    read_only = {k: inputs[k] for k in guards}
+        if not same_value(inputs[k], before):
+            what = "" if isinstance(before, torch.Tensor) else (
+                f" ({reprlib.repr(before)} -> {reprlib.repr(inputs[k])})")
+            raise CaseError(f"input {k!r} was modified{what}, but this case may not write it")
+    read_only = {k: inputs[k] for k, v in guards.items() if isinstance(v, torch.Tensor)}
     shared = "" if spec.outputs_may_alias else _shared_memory(outputs, read_only)
     if shared:
         raise CaseError(shared)
