@@ -23,7 +23,16 @@ from typing import Any
 
 import torch
 
-from harness.api import OpSpec, Work, allclose, dtype_from_name, exact, generate, seed_from
+from harness.api import (
+    OpSpec,
+    Work,
+    allclose,
+    dtype_from_name,
+    exact,
+    generate,
+    plant_specials,
+    seed_from,
+)
 from reference_kernels import dtensor as ref
 from suites._grid import unique
 
@@ -36,14 +45,17 @@ def mesh_shape(params: Mapping[str, Any]) -> tuple[int, ...]:
 
 def global_tensor(params: Mapping[str, Any]) -> torch.Tensor:
     """x: multiples of 8 in [-128, 128], so x / n (n <= 8) and sums over ranks are exact; with
-    ``values=random``, uniform in [-1, 1)."""
+    ``values=random``, uniform in [-1, 1); with ``values=special``, -0.0, subnormals, +-inf
+    and NaN among them (a redistribution that moves data moves bits: a gather done as a sum
+    of zero-padded buffers turns -0.0 into 0.0)."""
     seed = seed_from("dtensor", *map(str, params["shape"]), params["dtype"])
     if params.get("values") == "random":
         return generate(tuple(params["shape"]), dtype_from_name(params["dtype"]),
                         seed=seed + 1, dist="uniform", low=-1.0, high=1.0)
     ints = generate(tuple(params["shape"]), torch.int32, seed=seed, dist="int", low=-16,
                     high=16)
-    return (ints * 8).to(dtype_from_name(params["dtype"]))
+    x = (ints * 8).to(dtype_from_name(params["dtype"]))
+    return plant_specials(x, every=3) if params.get("values") == "special" else x
 
 
 def redistribute_inputs(params: Mapping[str, Any], rank: int, world_size: int
@@ -195,6 +207,24 @@ def redistribute_floor_chunks(world, local, global_shape, mesh_shape, src, dst):
     return t.contiguous(), full
 
 
+def redistribute_gather_as_sum(world, local, global_shape, mesh_shape, src, dst):
+    """Bug: Shard -> Replicate on a 1-D mesh done as a SUM all-reduce of zero-padded buffers
+    (each rank's shard written into zeros of the global shape): data moved by arithmetic,
+    right on every value but a negative zero (-0.0 + 0.0 is 0.0)."""
+    import torch.distributed as dist
+
+    [p] = ref.parse(src) if len(mesh_shape) == 1 else [None]
+    if p is None or p.kind != "S" or dst != "R":
+        return redistribute_torch(world, local, global_shape, mesh_shape, src, dst)
+    length, n = global_shape[p.dim], mesh_shape[0]
+    start = min(length, world.rank * -(-length // n))  # torch.chunk's ceil-sized shards
+    full = torch.zeros(global_shape, dtype=local.dtype, device=local.device)
+    full.narrow(p.dim, start, local.shape[p.dim]).copy_(local)
+    if n > 1:
+        dist.all_reduce(full, group=world.group)
+    return full.clone(), full
+
+
 def redistribute_partial_in_bf16(world, local, global_shape, mesh_shape, src, dst):
     """Bug: a float32 Partial source reduced through bf16 (a compressed all-reduce): exact on
     the integer-valued cases (multiples of 8 below 2048), off on random values."""
@@ -276,6 +306,9 @@ def tolerance(params: Mapping[str, Any], world_size: int) -> Any:
 #: Partial(sum) sources of random values: reductions that round
 RANDOM = [_case("4", "P", "R", (13, 5), values="random"),
           _case("2x2", "P,P", "S0,R", (9, 7), values="random")]
+#: moves of special values (no Partial source: a sum of them is no move)
+SPECIAL = [_case("4", s, d, (13, 5), values="special")
+           for s, d in (("S0", "R"), ("R", "S0"), ("S0", "S1"), ("S1", "S0"))]
 
 
 def _one_d(n: int, lengths: Sequence[int] | None = None) -> list[dict]:
@@ -329,7 +362,7 @@ def _smoke() -> list[dict]:
         # a spread of the 144 (16 sources x 9 targets): 17 is prime to both, so the 9 cases
         # take 9 sources and every target
         cases += exhaustive[::17]
-    return unique(cases + _special() + RANDOM)
+    return unique(cases + _special() + RANDOM + SPECIAL)
 
 
 def _nightly() -> list[dict]:
@@ -342,7 +375,7 @@ def _nightly() -> list[dict]:
                                                    ("R,R", "S0,S1"))]
     cases += [_case("8", "P", "S1", big, values="random"),
               _case("4x2", "P,P", "R,S0", big, values="random")]
-    return unique(cases + _special() + RANDOM)
+    return unique(cases + _special() + RANDOM + SPECIAL)
 
 
 def _work(params: Mapping[str, Any], world_size: int) -> Work:
@@ -360,7 +393,8 @@ REDISTRIBUTE = OpSpec(
     implementations={"torch": redistribute_torch, "torch-graph": redistribute_torch_graph},
     negative_controls={"floor_chunks": redistribute_floor_chunks,
                        "strided_as_plain": redistribute_strided_as_plain,
-                       "partial_in_bf16": redistribute_partial_in_bf16},
+                       "partial_in_bf16": redistribute_partial_in_bf16,
+                       "gather_as_sum": redistribute_gather_as_sum},
     distributed=True, replicated=("full",),
     # redistributing to the placements a tensor has (or on a mesh of one) returns its input
     outputs_may_alias=True,

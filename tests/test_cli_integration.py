@@ -369,9 +369,14 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(cont
     # holds an id 0; only the split-KV cases of wide scores (one chunk very negative)
     # overflow a min-shifted softmax (the NaN rows hold two NaNs a row, whose order ties
     # decide too, and an all -inf row ties every logit)
+    # and the controls of the cases made for the red team's bugs: gates past exp's float32
+    # range, squares past float16's, an index within a chunk past 8 bits
     for control, marker in (("last_on_ties", "values=ties|values=nan|values=neginf"),
                             ("zero_id_as_padding", "ids=edges"),
-                            ("min_shift", "scores=wide|scores=low_first")):
+                            ("min_shift", "scores=wide|scores=low_first"),
+                            ("sigmoid_as_exp_ratio", "values=wide"),
+                            ("squares_in_fp16", "values=wide"),
+                            ("index_in_8_bits", "chunk=512")):
         got = {r["case_id"]: r["status"] for r in _family_rows(
             tmp_path / "h.db", "hopper_tasks", "case_id, impl, status", (control,))}
         assert {c for c, s in got.items() if s == "fail"} == {
@@ -385,6 +390,7 @@ _FP8_CONTROLS = {
     ("quantize", "saturation_ignored"): "some",
     ("transpose_split_quant", "scale_per_block_row"): "some",
     ("per_tensor", "bf16_accumulation"): "all",
+    ("per_tensor", "epilogue_through_fp16"): "some",  # the wide bf16 case, and bf16 roundings
     ("blockwise", "scales_transposed"): "all",
     ("blockwise", "block_off_by_one"): "all",
     ("blockwise", "bf16_accumulation"): "all",
@@ -545,7 +551,8 @@ def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(controls_
     results = rows(tmp_path / "h.db", query) + rows(smoke_run[0] / "h.db", query)
     assert {r["world_size"] for r in results} == {1, 4, 8}
     assert {r["impl"] for r in results} == {"torch", "torch-graph", "floor_chunks",
-                                            "strided_as_plain", "partial_in_bf16"}
+                                            "strided_as_plain", "partial_in_bf16",
+                                            "gather_as_sum"}
     by = {}
     for r in results:
         by.setdefault(r["impl"], []).append(r)
@@ -555,6 +562,11 @@ def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(controls_
     for r in by["strided_as_plain"]:  # exactly the _StridedShard sources (on one rank a
         shows = "src=SS" in r["case_id"] and r["world_size"] > 1  # strided shard is plain)
         assert r["status"] == ("fail" if shows else "pass"), r
+    for r in by["gather_as_sum"]:  # a sum moves every value but -0.0 (1-D Shard -> R)
+        p = _params(r["case_id"])
+        shows = p.get("values") == "special" and p["src"].startswith("S") and p["dst"] == "R"
+        assert r["status"] == ("fail" if shows else "pass"), r
+    assert any(r["status"] == "fail" for r in by["gather_as_sum"])
     for r in by["partial_in_bf16"]:  # a bf16 reduction is exact on the integer values
         assert r["status"] == ("fail" if "values=random" in r["case_id"] else "pass"), r
     assert any(r["status"] == "fail" for r in by["partial_in_bf16"])

@@ -142,6 +142,15 @@ def _mnk(m, n, k, **extra) -> dict:
 
 NIGHTLY_MNK = [(4096, 7168, 2048), (4096, 2112, 7168), (128, 7168, 16384), (64, 4096, 7168)]
 
+def per_tensor_epilogue_through_fp16(a, scale_a, b, scale_b, out_dtype):
+    """Bug: a bf16 output staged through float16 (the epilogue's 16-bit type, then a cast):
+    two roundings, and outputs past 65504 are inf."""
+    acc = (a.float() * scale_a) @ (b.float() * scale_b).T
+    if out_dtype == torch.bfloat16:
+        return acc.to(torch.float16).to(out_dtype)
+    return acc.to(out_dtype)
+
+
 GEMM_PER_TENSOR = OpSpec(
     name="fp8_gemm.per_tensor", family=FAMILY, reference=ref.gemm_per_tensor,
     description="(a8 * sa) @ (b8 * sb).T, float32 accumulation.",
@@ -155,12 +164,15 @@ GEMM_PER_TENSOR = OpSpec(
     grid={"smoke": [_mnk(130, 200, 300, fmt="e4m3", out="bf16"),
                     _mnk(64, 96, 1024, fmt="e4m3", out="f32"),
                     _mnk(33, 64, 512, fmt="e5m2", out="bf16"),
-                    # outputs past float16's 65504 (an epilogue through float16 overflows)
-                    _mnk(32, 64, 256, fmt="e4m3", out="f32", dist="wide")],
+                    # outputs past float16's 65504 (an epilogue through float16 overflows),
+                    # in either output type
+                    _mnk(32, 64, 256, fmt="e4m3", out="f32", dist="wide"),
+                    _mnk(32, 64, 256, fmt="e4m3", out="bf16", dist="wide")],
           "nightly": [_mnk(m, n, k, fmt="e4m3", out="bf16") for m, n, k in NIGHTLY_MNK]
           + [_mnk(4096, 2112, 7168, fmt="e4m3", out="f32", dist="wide")]},
     implementations={"torch": per_tensor_torch, "scaled_mm": per_tensor_scaled_mm},
-    negative_controls={"bf16_accumulation": per_tensor_bf16_accumulation},
+    negative_controls={"bf16_accumulation": per_tensor_bf16_accumulation,
+                       "epilogue_through_fp16": per_tensor_epilogue_through_fp16},
 )
 
 

@@ -5,6 +5,7 @@ classes of hand-written task kernels."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -97,6 +98,10 @@ def rmsnorm_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dic
     x = tensor("rmsnorm", params, "x", (b, h), -2.0, 2.0)
     if params.get("rows") == "zero":
         near_eps_rows(x, 1, 2)
+    if params.get("values") == "wide":
+        # rows of magnitude 1, 300 and 30000, ...: squares past float16's 65504 (from 256 up),
+        # which a mean square taken in float16 turns to inf and the row to zeros
+        x.mul_(torch.logspace(0, 4.5, b).to(x.dtype)[:, None])
     return {"x": x, "weight": norm_weight("rmsnorm", params, "w", h)}
 
 
@@ -118,6 +123,14 @@ def rmsnorm_rounded_twice(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
     return (normed.float() * weight.float()).to(x.dtype)
 
 
+def rmsnorm_squares_in_fp16(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Bug: the squares formed in float16 (a 16-bit FMA path), summed in float32: inf for
+    |x| >= 256, and the row comes out zeros."""
+    x16 = x.to(torch.float16)
+    ms = (x16 * x16).float().mean(-1, keepdim=True)
+    return (x.float() * torch.rsqrt(ms + ref.EPS) * weight.float()).to(x.dtype)
+
+
 def rmsnorm_padded_block_mean(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Bug: the mean square divides by the kernel's power-of-two block (1024 for a row of
     768), not the row length: exact where the row is a power of two."""
@@ -136,11 +149,13 @@ RMSNORM = OpSpec(
     # divides by its padded block (1024, 2048) instead of the row length is wrong
     grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 1, "hidden": 512},
                     {"b": 3, "hidden": 256, "rows": "zero"}, {"b": 2, "hidden": 768},
-                    {"b": 3, "hidden": 1280, "rows": "zero"}],
+                    {"b": 3, "hidden": 1280, "rows": "zero"},
+                    {"b": 4, "hidden": 256, "values": "wide"}],
           "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]
           + [{"b": 16, "hidden": 5120, "rows": "zero"}]},
     implementations={"torch": rmsnorm_torch, "triton": triton_impl("hopper:rmsnorm")},
     negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted,
+                       "squares_in_fp16": rmsnorm_squares_in_fp16,
                        "rounded_twice": rmsnorm_rounded_twice,
                        "padded_block_mean": rmsnorm_padded_block_mean,
                        "triton_eps_outside_rsqrt":
@@ -277,10 +292,17 @@ RMSNORM_LINEAR = OpSpec(
 def silu_mul_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict[str, Any]:
     b, inter = params["b"], params["inter"]
     # gates to -24 (values=wide): silu(g) = g * sigmoid(g) is ~1e-9 there, which an exp or a
-    # division in float16 flushes to zero or overflows
-    low = -24.0 if params.get("values") == "wide" else -4.0
-    return {"x": tensor("silu_mul", params, "x", (b, 2 * inter), low, 4.0),
-            "groups": params["groups"]}
+    # division in float16 flushes to zero or overflows; and every seventh gate from 60 to
+    # 2000, where exp(g) overflows float32 (past 88.7: a sigmoid taken as e / (1 + e) is
+    # inf / inf, NaN) and float16 (past 11)
+    wide = params.get("values") == "wide"
+    x = tensor("silu_mul", params, "x", (b, 2 * inter), -24.0 if wide else -4.0, 4.0)
+    if wide:
+        gates = x.unflatten(1, (params["groups"], 2, -1))[:, :, 0]
+        far = gates[..., ::7]
+        far.copy_(torch.logspace(math.log10(60), math.log10(2000), far.numel())
+                  .reshape(far.shape).to(far.dtype))
+    return {"x": x, "groups": params["groups"]}
 
 
 def silu_mul_torch(x: torch.Tensor, groups: int) -> torch.Tensor:
@@ -292,6 +314,15 @@ def silu_mul_not_interleaved(x: torch.Tensor, groups: int) -> torch.Tensor:
     """Bug: the input is read as one [gate | up] pair, ignoring the grouped interleaving."""
     gate, up = x.chunk(2, dim=1)
     return F.silu(gate) * up
+
+
+def silu_mul_sigmoid_as_exp_ratio(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """Bug: sigmoid(g) taken as e / (1 + e), e = exp(g) in float32: inf / inf, NaN, for gates
+    past 88.7 (right for every gate below)."""
+    m = x.unflatten(1, (groups, 2, -1))
+    g = m[:, :, 0].float()
+    e = torch.exp(g)
+    return ((g * (e / (1 + e))).to(x.dtype) * m[:, :, 1]).flatten(1)
 
 
 SILU_MUL = OpSpec(
@@ -306,6 +337,7 @@ SILU_MUL = OpSpec(
           + [{"b": 16, "inter": 14336, "groups": 8, "values": "wide"}]},
     implementations={"torch": silu_mul_torch, "triton": triton_impl("hopper:silu_mul")},
     negative_controls={"not_interleaved": silu_mul_not_interleaved,
+                       "sigmoid_as_exp_ratio": silu_mul_sigmoid_as_exp_ratio,
                        "triton_tail_mask_off_by_one":
                            triton_impl("hopper:silu_mul_tail_mask_off_by_one")},
 )
@@ -482,6 +514,15 @@ def argmax_nan_skipped(logits: torch.Tensor, chunk: int) -> torch.Tensor:
     return argmax_torch(logits.nan_to_num(nan=float("-inf"), posinf=float("inf")), chunk)
 
 
+def argmax_index_in_8_bits(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Bug: the partial step keeps the index within its chunk in 8 bits (a uint8 workspace):
+    right for chunks up to 256, wrapped past them."""
+    b, v = logits.shape
+    values, index = F.pad(logits, (0, (-v) % chunk)).view(b, -1, chunk).max(dim=-1)
+    best = values.argmax(dim=-1, keepdim=True)
+    return best * chunk + index.to(torch.uint8).long().gather(1, best)
+
+
 ARGMAX = OpSpec(
     name="hopper_tasks.argmax", family=FAMILY, reference=ref.argmax,
     description="Greedy sampling: per-chunk partial max, then the reduce over chunks.",
@@ -493,7 +534,9 @@ ARGMAX = OpSpec(
                     {"b": 6, "vocab": 200, "chunk": 64, "values": "nan"},
                     {"b": 6, "vocab": 1000, "chunk": 96, "values": "nan"},
                     {"b": 2, "vocab": 64, "chunk": 16, "values": "neginf"},
-                    {"b": 2, "vocab": 200, "chunk": 64, "values": "range"}],
+                    {"b": 2, "vocab": 200, "chunk": 64, "values": "range"},
+                    # a chunk past 256: an index within it kept in 8 bits wraps
+                    {"b": 4, "vocab": 1500, "chunk": 512}],
           "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
                       for v in (128256, 151936, 152064)]
           + [{"b": 6, "vocab": 151936, "chunk": 4096, "values": v} for v in ("ties", "nan")]
@@ -501,6 +544,7 @@ ARGMAX = OpSpec(
              {"b": 2, "vocab": 151936, "chunk": 4096, "values": "range"}]},
     implementations={"torch": argmax_torch, "triton": triton_impl("hopper:argmax")},
     negative_controls={"no_chunk_offset": argmax_no_chunk_offset,
+                       "index_in_8_bits": argmax_index_in_8_bits,
                        "last_on_ties": argmax_last_on_ties,
                        "nan_skipped": argmax_nan_skipped,
                        "triton_no_chunk_offset": triton_impl("hopper:argmax_no_chunk_offset")},
