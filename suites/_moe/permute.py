@@ -171,6 +171,18 @@ def unpermute_tolerance(params: Mapping[str, Any], world_size: int
             "out:roundtrip": allclose(rtol=bound, atol=0.0)}
 
 
+def unpermute_exact(permuted, rowmap, routemap, permuted_probs, num_tokens, num_experts):
+    """Each token's rows summed in float64 (exact for bf16 rows), the value before the one
+    rounding the semantics allow: the precision lens. A sum rounded toward zero, or twice,
+    is within one ulp of the reference but moves a quarter of the elements."""
+    acc = torch.zeros(num_tokens, permuted.shape[1], dtype=torch.float64)
+    for e in range(num_experts):
+        rows = rowmap[:, e].long()
+        has = rows >= 0
+        acc[has] += permuted[rows[has]].double()
+    return {"out": acc}
+
+
 def unpermute_torch(**kw):
     return torch_ops.unpermute(**kw)
 
@@ -185,6 +197,12 @@ def unpermute_bf16_accumulation(**kw):
     return torch_ops.unpermute(**kw, bf16_accumulation=True)
 
 
+def unpermute_rounded_toward_zero(**kw):
+    """Bug: the float32 sum cast to bf16 by dropping its low 16 bits (toward zero, a cast
+    without rounding): within one ulp everywhere, so only the precision lens sees it."""
+    return torch_ops.unpermute(**kw, truncated=True)
+
+
 def _unpermute_work(params: Mapping[str, Any], world_size: int) -> Work:
     routed = int((routing("unpermute", params, params["tokens"])[0] >= 0).sum())
     return Work(bytes=(routed + params["tokens"]) * params["hidden"] * 2)
@@ -195,11 +213,12 @@ UNPERMUTE = OpSpec(
     description="Paddle moe_unpermute: each token's expert rows summed in float32 (no "
                 "re-weighting), its slot probs given back; the round trip restores x.",
     make_inputs=unpermute_inputs, expected=unpermute_expected, tolerance=unpermute_tolerance,
-    work=_unpermute_work, grid={"smoke": SMOKE, "nightly": NIGHTLY},
+    exact=unpermute_exact, work=_unpermute_work, grid={"smoke": SMOKE, "nightly": NIGHTLY},
     outputs=("out", "probs"),
     implementations={"torch": unpermute_torch},
     negative_controls={"probs_applied_twice": unpermute_probs_applied_twice,
-                       "bf16_accumulation": unpermute_bf16_accumulation},
+                       "bf16_accumulation": unpermute_bf16_accumulation,
+                       "rounded_toward_zero": unpermute_rounded_toward_zero},
     deadline_s=600.0,
 )
 

@@ -132,7 +132,8 @@ def ordered_index_add(acc: torch.Tensor, index: torch.Tensor, src: torch.Tensor
 
 
 def unpermute(permuted, rowmap, routemap, permuted_probs, num_tokens, num_experts, *,
-              reweight: bool = False, bf16_accumulation: bool = False):
+              reweight: bool = False, bf16_accumulation: bool = False,
+              truncated: bool = False):
     """moe_unpermute: gather each token's rows and add them in float32, in expert order; give
     back each slot's prob."""
     rows = rowmap.long()
@@ -150,7 +151,10 @@ def unpermute(permuted, rowmap, routemap, permuted_probs, num_tokens, num_expert
     else:
         acc = torch.zeros(num_tokens, permuted.shape[1], dtype=torch.float32,
                           device=permuted.device)
-        out = ordered_index_add(acc, tokens, gathered).to(permuted.dtype)
+        acc = ordered_index_add(acc, tokens, gathered)
+        if truncated and permuted.dtype == BF16:  # bug: the low 16 bits dropped, not rounded
+            acc = (acc.view(torch.int32) & ~0xFFFF).view(torch.float32)
+        out = acc.to(permuted.dtype)
     used = routemap >= 0
     slot_tokens = used.nonzero()[:, 0]
     probs = torch.zeros(routemap.shape, dtype=torch.float32, device=routemap.device)
