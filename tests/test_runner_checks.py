@@ -170,6 +170,38 @@ def test_a_result_kept_by_shape_fails_on_other_values_where_no_real_timing_follo
     assert right.status == "pass" and "other_values" in right.checks, right.reason
 
 
+def test_a_table_made_from_the_params_differs_in_the_twin_only_where_the_op_says(world):
+    """x times a table made from a param (no seed: a RoPE table): a kernel that keeps the
+    table by shape passes the call on other values unless the op's ``twin`` changes the
+    param; a right one passes either way."""
+    def inputs(params, rank, world_size):
+        n = params["n"]
+        scale = torch.full((n,), float(params.get("base", 2.0)))
+        return {**_inputs(params, rank, world_size), "scale": scale}
+
+    kept: dict = {}
+
+    def table_by_shape(x, out, scale):
+        kept.setdefault(scale.shape, scale.clone())
+        return torch.mul(x, kept[scale.shape], out=out)
+
+    def right(x, out, scale):
+        return torch.mul(x, scale, out=out)
+
+    def spec(**extra):
+        return OpSpec(name="toy_table", family="toy", reference=lambda x, out, scale: x * scale,
+                      make_inputs=inputs, grid={"smoke": [{"n": 1031}]}, implementations={},
+                      out_buffers={"out": "out"}, **extra)
+
+    for twin, caught in ((None, False), (lambda p: {**p, "base": 3.0}, True)):
+        case = Case(spec(twin=twin), {"n": 1031}, 1)
+        kept.clear()
+        r = run_case(world, case, "table_by_shape", table_by_shape, bench=False, timing=TIMING)
+        assert r.status == ("fail" if caught else "pass"), r.reason
+        r = run_case(world, case, "right", right, bench=False, timing=TIMING)
+        assert r.status == "pass", r.reason
+
+
 def test_writing_a_read_only_input_is_an_error_and_nan_inputs_are_not_mistaken_for_it(world):
     def clobbers(x, out):
         torch.mul(x, 2, out=out)

@@ -154,6 +154,12 @@ class OpSpec:
     #: the outputs are a pipeline's stages, in order: a failure names the first stage whose
     #: output diverges
     pipeline: bool = False
+    #: ``twin(params)``: the params of the twin case, the call checked on other values (its
+    #: seeds are reseeded either way), where inputs made from the params rather than from a
+    #: seed must differ too: tables (a RoPE base), counts (tokens per expert in another
+    #: order). Keep the shapes the case's where you can: the call is there to catch a result
+    #: kept by shape
+    twin: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     #: re-run the check on inputs moved to fresh, shifted memory with the old buffers
     #: poisoned, and rotate shifted copies between timed repeats (off for inputs too big
     #: to copy)

@@ -179,7 +179,9 @@ class CaseSetup:
         before had the same values (``checked_calls._second_call``, or after a real timing
         in buffers it has seen). Made once for all the case's implementations."""
         if self._twin is None:
-            twin = Case(self.case.spec, {**self.case.params, TWIN_PARAM: 1}, self.case.world_size)
+            spec = self.case.spec
+            params = dict(spec.twin(self.case.params)) if spec.twin else dict(self.case.params)
+            twin = Case(spec, {**params, TWIN_PARAM: 1}, self.case.world_size)
             self._twin = CaseSetup(twin, self.rank, lens=False)  # staleness, not precision
         return self._twin
 

@@ -358,6 +358,9 @@ GROUPED_CONTIGUOUS = OpSpec(
           + [{"tokens": _moe_tokens(32, 1024), "n": 4096, "k": 7168, "align": 32}]},
     implementations={"torch": contiguous_torch},
     negative_controls={"padding_unwritten": contiguous_padding_unwritten},
+    # the call on other values routes the groups' tokens in another order: the same rows
+    # in all (a rotation), another group_index
+    twin=lambda p: {**p, "tokens": (*p["tokens"][1:], p["tokens"][0])},
 )
 
 
@@ -428,6 +431,9 @@ GROUPED_MASKED = OpSpec(
                       for e in (8, 32) for n, k in ((4096, 7168), (7168, 2048))]},
     implementations={"torch": masked_torch},
     negative_controls={"writes_past_mask": masked_writes_past_mask},
+    # the call on other values masks the groups in another order (masked_m is made from the
+    # params, and a schedule kept by shape would pass on reseeded values)
+    twin=lambda p: {**p, "masked": (*p["masked"][1:], p["masked"][0])},
 )
 
 SPECS = [GEMM_PER_TENSOR, GEMM_BLOCKWISE, GROUPED_CONTIGUOUS, GROUPED_MASKED]

@@ -50,7 +50,7 @@ def paged_attention_inputs(params: Mapping[str, Any], rank: int, world_size: int
     hq, hkv, d, t = params["hq"], params["hkv"], params["d"], params["tokens"]
     indptr, indices, last, pool = paged_layout(params)
     rows = (indptr.numel() - 1) * t
-    cos, sin = ref.rope_tables(pool * params["page_size"], d)
+    cos, sin = ref.rope_tables(pool * params["page_size"], d, params.get("rope_base", 1e4))
     cache_shape = (pool, params["page_size"], hkv, d)
     # scores=wide: qk-norm weights times 16 (exact), scores of a few hundred, where a softmax
     # that does not subtract the row's maximum overflows float32
@@ -170,6 +170,9 @@ PAGED_ATTENTION = OpSpec(
     exact=lambda **inputs: {"out": ref.paged_attention_decode(**inputs, wide=True)["out"]},
     out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
     readwrite_inputs=("k_cache", "v_cache"),
+    # the call on other values gets other RoPE tables (Llama 3's base): cos and sin are made
+    # from the params, and a kernel that keeps them by shape would pass on reseeded values
+    twin=lambda p: {**p, "rope_base": 5e5},
     work=paged_attention_work,
     grid={"smoke": [_attention_case(3, 1, 4, 2, 32, 16, 3), _attention_case(2, 3, 4, 4, 16, 8, 4),
                     _attention_case(3, 1, 4, 2, 32, 16, 3, last="edges"),

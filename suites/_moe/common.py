@@ -109,6 +109,15 @@ def routing(tag: str, params: Mapping[str, Any], tokens: int
     return routemap, probs
 
 
+def counts_rotated(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with their tokens per expert (``counts``) in another order, for the twin
+    case (``OpSpec.twin``): a routing made from the params is the same under any seed."""
+    if not params.get("counts"):
+        return dict(params)
+    counts = str(params["counts"]).split("x")
+    return {**params, "counts": "x".join(counts[1:] + counts[:1])}
+
+
 def _routing_with_counts(params: Mapping[str, Any], tokens: int
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """``counts`` ("0x1x15x16x17": tokens per expert): expert e takes tokens 0..counts[e]-1,

@@ -20,7 +20,7 @@ from reference_kernels import moe as ref
 from suites._triton import triton_impl
 
 from . import torch_ops
-from .common import BF16, FAMILY, FMT, hidden, layout, routing
+from .common import BF16, FAMILY, FMT, counts_rotated, hidden, layout, routing
 
 
 def _source(tag: str, params: Mapping[str, Any]):
@@ -133,7 +133,7 @@ PERMUTE = OpSpec(
                        "scales_dropped": permute_scales_dropped,
                        "triton_tail_mask_off_by_one":
                            triton_impl("moe_permute:permute_tail_mask_off_by_one")},
-    deadline_s=600.0,
+    twin=counts_rotated, deadline_s=600.0,
 )
 
 
@@ -219,7 +219,7 @@ UNPERMUTE = OpSpec(
     negative_controls={"probs_applied_twice": unpermute_probs_applied_twice,
                        "bf16_accumulation": unpermute_bf16_accumulation,
                        "rounded_toward_zero": unpermute_rounded_toward_zero},
-    deadline_s=600.0,
+    twin=counts_rotated, deadline_s=600.0,
 )
 
 SPECS = [PERMUTE, UNPERMUTE]
