@@ -242,6 +242,8 @@ def _family_rows(db: Path, family: str, columns: str, impls: tuple[str, ...] | N
 _COLLECTIVE_CONTROLS = {
     ("allreduce", "drop_rank"): {1: "none", 4: "all"},
     ("allreduce", "low_precision"): {1: "some", 4: "some"},
+    # no power of two in these runs: at 3 ranks (test_a_world_size_no_power_of_two_...)
+    ("allreduce", "doubling_pow2_only"): {1: "none", 4: "none"},
     ("allgather", "rank_order"): {1: "none", 4: "all"},
     ("allgather", "no_tail"): {1: "some", 4: "unaligned"},
     ("allgather", "stale_buffer"): {1: "all", 4: "all"},
@@ -267,6 +269,26 @@ def _must_fail(rule: str, case_id: str) -> bool | None:
     if rule == "unaligned":  # a count 4 divides has no tail (its pieces may, or not)
         return True if int(re.search(r"\bn=(\d+)", case_id).group(1)) % 4 else None
     return any(part in case_id for part in rule.split("|"))  # "a|b": either marker
+
+
+def test_a_world_size_no_power_of_two_shows_a_collective_without_its_odd_rank_step(tmp_path):
+    # recursive doubling with no step for the rank left over passes at 1, 4 and 8 (the
+    # controls run); at 3 every case fails. The tensor- and expert-parallel cases whose
+    # sizes do not split over 3 ranks are skips that say so, not errors
+    out = harness(tmp_path, "run", "allreduce[*n=1031*]", "hopper_tasks.tp_mlp", "moe.layer_ep",
+                  "--impl", "torch", "--impl", "doubling_pow2_only", "--world-sizes", "3",
+                  "--no-bench")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    got = rows(tmp_path / "h.db", "SELECT op, impl, status, reason FROM results")
+    by = {}
+    for r in got:
+        by.setdefault((r["op"], r["impl"]), []).append(r)
+    assert {r["status"] for r in by[("allreduce", "doubling_pow2_only")]} == {"fail"}
+    assert {r["status"] for r in by[("allreduce", "torch")]} == {"pass"}
+    for op, why in (("hopper_tasks.tp_mlp", "does not split over 3 ranks"),
+                    ("moe.layer_ep", "do not split over 3 ranks")):
+        assert by[(op, "torch")] and all(r["status"] == "skip" and why in r["reason"]
+                                         for r in by[(op, "torch")]), by[(op, "torch")]
 
 
 def test_collective_controls_fail_where_their_bug_shows_with_exit_1(controls_run):

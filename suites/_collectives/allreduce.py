@@ -169,6 +169,25 @@ def allreduce_drop_rank(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
     return out.copy_(result)
 
 
+def allreduce_doubling_pow2_only(world: Any, x: torch.Tensor, out: torch.Tensor, op: str
+                                 ) -> torch.Tensor:
+    """Bug: recursive doubling (rank i combines with rank i ^ 1, then i ^ 2, ...) with no step
+    for the ranks left over where the world size is no power of two: a partner past the last
+    rank is skipped, so at 3 ranks rank 2 never gets rank 1's part. Right at 1, 2, 4 and 8."""
+    rows = gather_rows(world, x)
+    acc = torch.float64 if x.dtype.is_floating_point else torch.int64
+    held = [row.to(acc) for row in rows]
+    combine = {"sum": torch.add, "avg": torch.add, "prod": torch.mul, "min": torch.minimum,
+               "max": torch.maximum}[op]
+    step = 1
+    while step < world.size:  # each pair combined low rank first: the same bits on both
+        held = [combine(held[min(i, i ^ step)], held[max(i, i ^ step)])
+                if i ^ step < world.size else held[i] for i in range(world.size)]
+        step <<= 1
+    result = held[world.rank]
+    return out.copy_(result / world.size if op == "avg" else result)
+
+
 LOW = {torch.float32: torch.bfloat16, torch.float64: torch.float32,
        torch.bfloat16: torch.float8_e4m3fn, torch.float16: torch.float8_e4m3fn,
        torch.int32: torch.int16, torch.int64: torch.int32}
@@ -273,6 +292,7 @@ ALLREDUCE = OpSpec(
                                                 unsupported=tile_unsupported)},
     negative_controls={"drop_rank": allreduce_drop_rank, "low_precision": allreduce_low_precision,
                        "zero_started": allreduce_zero_started,
+                       "doubling_pow2_only": allreduce_doubling_pow2_only,
                        "tile_triton_partials_in_bf16":
                            triton_impl("tile_reduce:allreduce_tile_partials_in_bf16",
                                        unsupported=tile_unsupported)},

@@ -39,6 +39,19 @@ def _shard(total: int, rank: int, world_size: int, what: str) -> slice:
     return slice(rank * size, (rank + 1) * size)
 
 
+def _unsplit(*names: str) -> Any:
+    """A ``requires`` for a tensor-parallel op: the first of the params ``names`` that the
+    world size does not divide makes the case a skip that says so (at 3 ranks, a collective
+    runs; a split of 8 heads cannot)."""
+    def requires(params: Mapping[str, Any], world_size: int, device: Any) -> str | None:
+        for name in names:
+            if params[name] % world_size:
+                return (f"{name}={params[name]} does not split over {world_size} ranks "
+                        "(tensor parallel: a multiple of the world size)")
+        return None
+    return requires
+
+
 def _allreduce_sum(world: Any, t: torch.Tensor) -> torch.Tensor:
     import torch.distributed as dist
 
@@ -108,7 +121,7 @@ TP_MLP = OpSpec(
     implementations={"torch": tp_mlp_torch},
     negative_controls={"residual_every_rank": tp_mlp_residual_every_rank,
                        "partials_in_bf16": tp_mlp_partials_in_bf16},
-    distributed=True, replicated=("out",),
+    distributed=True, replicated=("out",), requires=_unsplit("inter"),
 )
 
 
@@ -293,7 +306,7 @@ DECODER_LAYER = OpSpec(
     # the stages after an allreduce, and the norms of replicated rows: every rank holds them
     # bit for bit the same (a rank that normalises its own order of the sum diverges there)
     distributed=True, replicated=("norm1", "attn_out", "norm2", "out"),
-    deadline_s=300.0,
+    requires=_unsplit("hkv", "groups"), deadline_s=300.0,
 )
 
 SPECS = [TP_MLP, DECODER_LAYER]

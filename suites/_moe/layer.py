@@ -183,6 +183,9 @@ LAYER_EP = OpSpec(
     implementations={"torch": ep_torch},
     negative_controls={"dropped_token": ep_dropped_token},
     distributed=True,
+    requires=lambda p, w, device: (f"experts={p['experts']} do not split over {w} ranks "
+                                   "(expert parallel: a multiple of the world size)"
+                                   if p["experts"] % w else None),
     deadline_s=900.0,
 )
 
