@@ -229,14 +229,22 @@ class Watchdog:
         try:
             if on_expire is not None:
                 on_expire()
+            # said before the wait for the stacks, not after: the launcher forwards a rank's
+            # last lines on its own time, and an abort right after them lost them (seen under
+            # load: the stacks in the log, no word of why the job ended)
+            self._say(f"{label} passed its deadline; aborting the job"
+                      + (f" once every rank's stacks are in (up to {STACKS_WAIT_S:g} s)"
+                         if self._board is not None else ""))
             if self._board is not None:
                 late = self._board.wait(asked or self._board.ask(label), STACKS_WAIT_S)
         finally:
-            said = "" if not late else (
-                f" (no stacks from rank(s) {', '.join(map(str, late))} within "
-                f"{STACKS_WAIT_S:g} s: stuck in C code that holds Python's lock?)")
-            sys.stderr.write(f"harness watchdog: {label} passed its deadline; aborting the "
-                             f"job{said}\n")
-            sys.stderr.flush()
+            if late:
+                self._say(f"no stacks from rank(s) {', '.join(map(str, late))} within "
+                          f"{STACKS_WAIT_S:g} s: stuck in C code that holds Python's lock?")
             self._abort(self._exit_code)
             os._exit(self._exit_code)
+
+    @staticmethod
+    def _say(text: str) -> None:
+        sys.stderr.write(f"harness watchdog: {text}\n")
+        sys.stderr.flush()
