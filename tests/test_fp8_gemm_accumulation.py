@@ -112,8 +112,9 @@ def test_an_epilogue_that_rounds_twice_fails_the_bf16_cases(world):
         acc = (a.float() @ b.float().T).to(out_dtype)
         return acc * (scale_a.float() * scale_b.float()).to(out_dtype)
 
+    # not the wide case: its scales are powers of two, whose bf16 product rounds nothing
     results = {case.id: _run(world, case, scaled_after_cast) for case in CASES
-               if case.params["out"] == "bf16"}
+               if case.params["out"] == "bf16" and case.params.get("dist") != "wide"}
     assert len(results) == 2
     for case_id, r in results.items():
         assert r.status == "fail" and r.reason.startswith("out:exact: "), (case_id, r.reason)

@@ -78,7 +78,7 @@ def test_the_warm_job_runs_the_first_world_size_and_is_let_go(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     newest = max((tmp_path / "fresh" / "runs").iterdir(), key=lambda p: p.stat().st_mtime)
     assert "--harness-wait-for" in (newest / "w1.launch-1.log").read_text().splitlines()[0]
-    assert not list(newest.glob("*.go")) and "5 pass" in out.stdout
+    assert not list(newest.glob("*.go")) and "6 pass" in out.stdout
 
 
 def test_a_refused_run_kills_its_warm_job_and_leaves_no_folder(tmp_path):
