@@ -225,6 +225,14 @@ def redistribute_gather_as_sum(world, local, global_shape, mesh_shape, src, dst)
     return full.clone(), full
 
 
+def redistribute_to_partial_divided(world, local, global_shape, mesh_shape, src, dst):
+    """Bug: Replicate -> Partial on a 1-D mesh as x / n whatever the op (right for sum; avg,
+    min and max keep x on every rank)."""
+    if len(mesh_shape) == 1 and src == "R" and dst.startswith("P"):
+        return local / mesh_shape[0], local.clone()
+    return redistribute_torch(world, local, global_shape, mesh_shape, src, dst)
+
+
 def redistribute_partial_in_bf16(world, local, global_shape, mesh_shape, src, dst):
     """Bug: a float32 Partial source reduced through bf16 (a compressed all-reduce): exact on
     the integer-valued cases (multiples of 8 below 2048), off on random values."""
@@ -306,6 +314,8 @@ def tolerance(params: Mapping[str, Any], world_size: int) -> Any:
 #: Partial(sum) sources of random values: reductions that round
 RANDOM = [_case("4", "P", "R", (13, 5), values="random"),
           _case("2x2", "P,P", "S0,R", (9, 7), values="random")]
+#: Replicate -> Partial of every op: x / n for sum, x itself for avg, min and max
+TO_PARTIAL = [_case("4", "R", f"P{op}", (9, 5)) for op in ("avg", "min", "max")]
 #: moves of special values (no Partial source: a sum of them is no move)
 SPECIAL = [_case("4", s, d, (13, 5), values="special")
            for s, d in (("S0", "R"), ("R", "S0"), ("S0", "S1"), ("S1", "S0"))]
@@ -362,7 +372,7 @@ def _smoke() -> list[dict]:
         # a spread of the 144 (16 sources x 9 targets): 17 is prime to both, so the 9 cases
         # take 9 sources and every target
         cases += exhaustive[::17]
-    return unique(cases + _special() + RANDOM + SPECIAL)
+    return unique(cases + _special() + RANDOM + SPECIAL + TO_PARTIAL)
 
 
 def _nightly() -> list[dict]:
@@ -394,7 +404,8 @@ REDISTRIBUTE = OpSpec(
     negative_controls={"floor_chunks": redistribute_floor_chunks,
                        "strided_as_plain": redistribute_strided_as_plain,
                        "partial_in_bf16": redistribute_partial_in_bf16,
-                       "gather_as_sum": redistribute_gather_as_sum},
+                       "gather_as_sum": redistribute_gather_as_sum,
+                       "to_partial_divided": redistribute_to_partial_divided},
     distributed=True, replicated=("full",),
     # redistributing to the placements a tensor has (or on a mesh of one) returns its input
     outputs_may_alias=True,

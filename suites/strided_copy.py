@@ -233,6 +233,11 @@ def _smoke() -> list[dict]:
         # without the inner stride merge them
         _view("contiguous_offset", "f32", (3, 10), (10, 1), 7),
         _view("overlap", "bf16", (4, 6), (6, 2), 3),
+        # a dim broadcast innermost (each element of a column repeated along the row); and
+        # byte rows of whole 4-byte words at an offset no word boundary holds (a kernel that
+        # loads 1-byte rows by the word reads from the word below the row's start)
+        _view("broadcast_inner", "f32", (37, 8), (53, 0), 2),
+        _view("rows16", "u8", (34, 32), (53, 1), 3 * 53 + 5),
     ]
     return cases
 

@@ -346,7 +346,8 @@ _HOPPER_CONTROLS = {
     ("identity", "last_tile_dropped"): {1: "all"},
     ("paged_attention", "rope_before_norm"): {1: "all"},
     ("paged_attention", "visibility_off_by_one"): {1: "all"},
-    ("attention_split_kv", "merge_without_rescale"): {1: "all"},
+    # not the one-chunk case (seq=20): one chunk has nothing to merge
+    ("attention_split_kv", "merge_without_rescale"): {1: "some"},
     ("attention_split_kv", "min_shift"): {1: "some"},
     ("tp_mlp", "residual_every_rank"): {1: "none", 4: "all"},
     ("decoder_layer", "rope_before_norm"): {1: "attn", 4: "attn"},
@@ -398,7 +399,8 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(cont
                             ("min_shift", "scores=wide|scores=low_first"),
                             ("sigmoid_as_exp_ratio", "values=wide"),
                             ("squares_in_fp16", "values=wide"),
-                            ("index_in_8_bits", "chunk=512")):
+                            ("index_in_8_bits", "chunk=512"),
+                            ("one_chunk_lse_max", "seq=20")):
         got = {r["case_id"]: r["status"] for r in _family_rows(
             tmp_path / "h.db", "hopper_tasks", "case_id, impl, status", (control,))}
         assert {c for c, s in got.items() if s == "fail"} == {
@@ -575,7 +577,7 @@ def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(controls_
     assert {r["world_size"] for r in results} == {1, 4, 8}
     assert {r["impl"] for r in results} == {"torch", "torch-graph", "floor_chunks",
                                             "strided_as_plain", "partial_in_bf16",
-                                            "gather_as_sum"}
+                                            "gather_as_sum", "to_partial_divided"}
     by = {}
     for r in results:
         by.setdefault(r["impl"], []).append(r)
@@ -590,6 +592,11 @@ def test_dtensor_planners_agree_with_local_shard_and_the_controls_fail(controls_
         shows = p.get("values") == "special" and p["src"].startswith("S") and p["dst"] == "R"
         assert r["status"] == ("fail" if shows else "pass"), r
     assert any(r["status"] == "fail" for r in by["gather_as_sum"])
+    for r in by["to_partial_divided"]:  # x / n is right for sum alone
+        p = _params(r["case_id"])
+        shows = p["src"] == "R" and p["dst"] in ("Pavg", "Pmin", "Pmax") and r["world_size"] > 1
+        assert r["status"] == ("fail" if shows else "pass"), r
+    assert any(r["status"] == "fail" for r in by["to_partial_divided"])
     for r in by["partial_in_bf16"]:  # a bf16 reduction is exact on the integer values
         assert r["status"] == ("fail" if "values=random" in r["case_id"] else "pass"), r
     assert any(r["status"] == "fail" for r in by["partial_in_bf16"])

@@ -131,6 +131,7 @@ QUANTIZE = OpSpec(
             _qcase("e4m3", "tensor", 5, 300, dist="nan"),  # one NaN: every value and the scale
             # the tensor's largest value in its last, partial 128-row tile
             _qcase("e4m3", "tensor", 130, 300, dist="edge"),
+            _qcase("e4m3", "tensor", 130, 300, ue8m0=True, dist="edge"),
         ],
         "nightly": [_qcase(f, g, m, k, ue8m0=u) for f in ("e4m3", "e5m2")
                     for g in ("token", "block") for m, k in ((4096, 7168), (16384, 2048))
@@ -200,7 +201,11 @@ TRANSPOSE_SPLIT_QUANT = OpSpec(
     grid={"smoke": [{"tokens": (128, 0, 256), "k": 200, "fmt": "e4m3", "ue8m0": False,
                      "dist": "logmag"},
                     {"tokens": (384,), "k": 64, "fmt": "e4m3", "ue8m0": True,
-                     "dist": "uniform"}],
+                     "dist": "uniform"},
+                    # e5m2; a zero group, groups under the amax floor and a scale that is a
+                    # power of two already (UE8M0 keeps it)
+                    {"tokens": (256, 128), "k": 256, "fmt": "e5m2", "ue8m0": True,
+                     "dist": "edge"}],
           "nightly": [{"tokens": tuple(128 * ((7 * e) % 11) for e in range(n)), "k": 7168,
                        "fmt": "e4m3", "ue8m0": u, "dist": "uniform"}
                       for n in (8, 64) for u in (False, True)]},

@@ -212,7 +212,8 @@ def _linear_grid(residual: bool) -> dict[str, list[dict]]:
     # it hides under the GEMM tolerance
     # and K = 1096, 1544: 8 past a multiple of 16, 32 and 64, so a K loop over tiles of any
     # of those sizes has a tail to mask (or drops it)
-    smoke = [{"b": 4, "n": 384, "k": 1024}, {"b": 1, "n": 100, "k": 2048},
+    # (the one-row case, a decode step, with a K tail too: a GEMV path of its own)
+    smoke = [{"b": 4, "n": 384, "k": 1024}, {"b": 1, "n": 100, "k": 1096},
              {"b": 3, "n": 96, "k": 1096}, {"b": 2, "n": 130, "k": 1544}]
     nightly = [{"b": b, "n": n, "k": h} for b in BATCHES for h in HIDDENS
                for n in (6144, h)]
@@ -280,7 +281,8 @@ RMSNORM_LINEAR = OpSpec(
         "out": ref.rmsnorm_linear(x, norm_weight, weight, wide=True)},
     work=lambda p, w: _gemm_work(p["b"], p["n"], p["k"]),
     grid={"smoke": [{"b": 4, "n": 384, "k": 256}, {"b": 3, "n": 200, "k": 768},
-                    {"b": 2, "n": 64, "k": 1280}, {"b": 3, "n": 64, "k": 768, "rows": "zero"}],
+                    {"b": 2, "n": 64, "k": 1280}, {"b": 3, "n": 64, "k": 768, "rows": "zero"},
+                    {"b": 1, "n": 96, "k": 768}],  # a decode step: a one-row path
           "nightly": [{"b": b, "n": 6144, "k": h} for b in BATCHES for h in HIDDENS]
           + [{"b": 16, "n": 6144, "k": 5120, "rows": "zero"}]},
     implementations={"torch": rmsnorm_linear_torch},

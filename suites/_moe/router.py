@@ -140,7 +140,10 @@ ROUTER = OpSpec(
                     # 256 experts (DeepSeek-V3: a top-k over more than one 64-wide tile) and
                     # logits past exp's range
                     _case(40, 256, 8, True, values="shifted"),
-                    _case(64, 60, 4, False, values="spread")],
+                    _case(64, 60, 4, False, values="spread"),
+                    # top-1 without renormalisation: the prob is the softmax's, not 1; and
+                    # ties across 64-expert tiles (the lower expert first, whichever tile)
+                    _case(40, 8, 1, False), _case(24, 256, 8, False, values="ties")],
           "nightly": [_case(16384, e, k, r) for e in (8, 60, 64, 256) for k in (4, 8)
                       for r in (True, False)]
           + [_case(16384, e, 8, False, values="ties") for e in (64, 256)]
