@@ -167,9 +167,7 @@ PAGED_ATTENTION = OpSpec(
     outputs=("out", "k_cache", "v_cache"),
     tolerance={"out": ATTENTION_TOLERANCE, "k_cache": default_for(BF16),
                "v_cache": exact()},
-    # no precision lens on the output: a FlashAttention-style kernel rounds P to bf16 for the
-    # P @ V product, which moves as many outputs off the value rounded once as a second
-    # rounding does (the lens cannot tell them apart here; allclose bounds both)
+    exact=lambda **inputs: {"out": ref.paged_attention_decode(**inputs, wide=True)["out"]},
     out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
     readwrite_inputs=("k_cache", "v_cache"),
     # the call on other values gets other RoPE tables (Llama 3's base): cos and sin are made
@@ -276,12 +274,12 @@ def split_kv_nan_as_masked(q, k, v, chunk) -> dict[str, torch.Tensor]:
 
 
 def split_kv_exact(q, k, v, chunk) -> dict[str, torch.Tensor]:
-    """The float64 log-sum-exp (a merge of chunks is exact arithmetic): the precision lens's
-    value of ``lse``. Not of ``out``: a FlashAttention-style kernel rounds P to bf16 for the
-    P @ V product, which moves up to a third of the outputs off the value rounded once, as a
-    second rounding does; allclose bounds both."""
+    """The float64 attention (a log-sum-exp merge of chunks is exact arithmetic): the
+    precision lens's value of ``out`` before its one rounding, and of ``lse``."""
     scores = torch.einsum("hd,shd->hs", q.double(), k.double()) / math.sqrt(q.shape[-1])
-    return {"lse": torch.logsumexp(scores, dim=-1)}
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("hs,shd->hd", torch.exp(scores - lse[:, None]), v.double())
+    return {"out": out, "lse": lse}
 
 
 SPLIT_KV = OpSpec(
