@@ -166,7 +166,9 @@ def _redistribute(world: Any, local, global_shape, mesh_shape, src, dst, *, grap
             result = source.redistribute(mesh, target)
         full = result.full_tensor()
     _gen_transform_infos.cache_clear()
-    return result.to_local().contiguous(), full
+    # torch 2.11's full_tensor() of a Shard(1) gathered unevenly is a padded view (strides
+    # (8, 1) for 5 columns): the outputs are dense, as a consumer reading rows expects
+    return result.to_local().contiguous(), full.contiguous()
 
 
 def _to_partial(source: Any, mesh: Any, target: list) -> Any:
