@@ -949,6 +949,7 @@ def test_a_path_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, args):
     assert out.returncode == 2 and len(lines) == 1 and "cannot write" in lines[0], out.stderr
 
 
+@pytest.mark.heavy  # every harness run launches this very command; 10 s of the everyday budget
 def test_pytest_by_hand_under_mpiexec(tmp_path):
     """DESIGN.md: `mpiexec -n 4 python -m pytest --pyargs suites -p harness.pytest_plugin -k ...`
     is a valid way to run by hand."""

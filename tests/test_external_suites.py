@@ -399,6 +399,7 @@ def _run_scaffolded_tests(monkeypatch, repo: Path, name: str, tmp_path: Path) ->
 
 
 @pytest.mark.mpi
+@pytest.mark.heavy  # two launches of a scaffolded repository: 10 s of the everyday budget
 def test_new_op_distributed_passes_at_one_and_four_ranks_and_its_control_fails_at_four(
         monkeypatch, tmp_path):
     """The --distributed scaffold for real: `harness run` from the repository it wrote runs

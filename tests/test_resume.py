@@ -45,7 +45,9 @@ def _lines(path: Path) -> int:
         return 0
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+# the PostgreSQL variant with the heavy tests: the resume is the same, and the everyday suite
+# stays inside its 10 minutes
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.heavy)])
 def test_a_run_killed_with_sigkill_is_finished_by_resume_once(request, tmp_path, capsys,
                                                               backend):
     db = (str(tmp_path / "h.db") if backend == "sqlite"
