@@ -169,26 +169,10 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(flat_bytes(a), flat_bytes(b))
 
 
-def snapshot(value: Any) -> Any:
-    """A copy of an input to compare with it after a call (``same_value``): tensors cloned,
-    lists, tuples, dicts and sets copied through to their items, anything else as it is (an
-    int or a string cannot change; an object of the user's own is compared as the same
-    object)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(v) for v in value) if type(value) in (list, tuple) \
-            else copy.copy(value)
-    if isinstance(value, dict):
-        return {k: snapshot(v) for k, v in value.items()}
-    if isinstance(value, (set, bytearray)):
-        return type(value)(value)
-    return value
-
-
 def same_value(now: Any, before: Any) -> bool:
-    """Whether ``now`` still holds what ``before`` (its ``snapshot``) does: tensors bit for
-    bit, containers item by item and of the same type, floats with NaN equal to NaN."""
+    """Whether ``now`` still holds what ``before`` (a copy made before a call) does: tensors
+    bit for bit, containers item by item and of the same type, floats with NaN equal to
+    NaN."""
     if isinstance(before, torch.Tensor):
         return isinstance(now, torch.Tensor) and same_bits(now, before)
     if type(now) is not type(before):

@@ -17,6 +17,7 @@ call, so that the others' collectives are answered, then reports what it found.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import reprlib
 import traceback
@@ -38,7 +39,6 @@ from harness.core.buffers import (
     poison_,
     same_bits,
     same_value,
-    snapshot,
     tensors,
 )
 from harness.core.golden import GoldenShelf, GoldenStore
@@ -78,7 +78,9 @@ def _guards(inputs: Mapping[str, Any], writable: set[str]) -> dict[str, Any]:
     """A copy of each input the implementation may not write, to compare after: its tensors,
     and its lists, dicts and sets (the split sizes of an all-to-all, an MoE layer's tokens per
     expert: a kernel that rewrites them as offsets in place corrupts its caller's next use)."""
-    return {k: snapshot(v) for k, v in inputs.items()
+    # containers copied as relocate copies them for each call
+    return {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+            for k, v in inputs.items()
             if k not in writable and isinstance(v, (torch.Tensor, list, tuple, dict, set,
                                                     bytearray))}
 
