@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from suites._hopper.attention import SPECS as ATTENTION_SPECS
 from suites._hopper.parallel import SPECS as PARALLEL_SPECS
+from suites._hopper.readout import SPECS as READOUT_SPECS
 from suites._hopper.tasks import SPECS as TASK_SPECS
 
 FAMILY = "hopper_tasks"
 
-SPECS = [*TASK_SPECS, *ATTENTION_SPECS, *PARALLEL_SPECS]
+SPECS = [*TASK_SPECS, *READOUT_SPECS, *ATTENTION_SPECS, *PARALLEL_SPECS]

@@ -295,6 +295,7 @@ STRIDED_COPY = OpSpec(
                            "strided_copy:strided_copy_store_one_past", elements=_elements)},
     requires=fits,
     deadline_s=1800.0,
+    any_alignment=True,
 )
 
 SPECS = [STRIDED_COPY]

@@ -72,6 +72,28 @@ def test_relocate_copies_into_fresh_shifted_memory_keeping_aliasing():
     assert moved["out"].storage_offset() * 4 == 2 * ALIGN_BYTES
 
 
+def test_relocate_misaligned_moves_each_storage_one_of_its_widest_elements():
+    raw = torch.arange(64, dtype=torch.uint8)
+    words = raw.view(torch.int32)  # the same storage seen as bytes and as 4-byte words
+    ids = torch.arange(5, dtype=torch.int64)
+    halves = torch.ones(9, dtype=torch.bfloat16)
+    zones = Redzones()
+    moved = relocate({"raw": raw, "words": words, "ids": ids, "h": [halves[1:]]},
+                     shift_bytes=ALIGN_BYTES, misalign=True, redzones=zones)
+    # one 4-byte element for the shared storage (a multiple of both views' sizes), one int64,
+    # one bf16 (plus the slice's own offset): none on a 16-byte boundary
+    assert [moved[k].data_ptr() % 16 for k in ("raw", "words", "ids")] == [4, 4, 8]
+    assert moved["h"][0].data_ptr() % 16 == 4
+    assert moved["words"].data_ptr() == moved["raw"].data_ptr()
+    for k, t in (("raw", raw), ("words", words), ("ids", ids)):
+        assert torch.equal(moved[k], t)
+    assert torch.equal(moved["h"][0], halves[1:])
+    # the canaries sit right around the moved data
+    assert zones.damage() is None
+    moved["ids"].untyped_storage()[ALIGN_BYTES + 8 + 40] = 7  # one byte past the ids' end
+    assert "'ids' (1 byte past its end)" in zones.damage()
+
+
 def test_relocate_rejects_unaligned_shifts_and_counts_storage_bytes():
     with pytest.raises(ValueError, match="multiple of 256"):
         relocate({"x": torch.zeros(3)}, shift_bytes=4)

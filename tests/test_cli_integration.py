@@ -336,6 +336,8 @@ _HOPPER_CONTROLS = {
     ("embedding", "negative_wraps"): {1: "some"},  # not where every id is valid
     ("embedding", "zero_id_as_padding"): {1: "some"},
     ("rmsnorm", "rms_of_weighted"): {1: "all"},
+    # only on inputs one element past an aligned address (the misaligned call)
+    ("rmsnorm", "unpeeled_head"): {1: "all"},
     ("linear", "bf16_accumulation"): {1: "all"},
     ("linear_with_residual", "bf16_accumulation"): {1: "all"},
     ("silu_mul_linear_with_residual", "bf16_accumulation"): {1: "all"},
@@ -387,6 +389,8 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(cont
     for op, impl in every - set(_HOPPER_CONTROLS):  # caught somewhere, at least
         assert any(r["status"] == "fail" for k, got in by.items() if k[:2] == (op, impl)
                    for r in got), (op, impl)
+    assert all(r["reason"].startswith("on inputs one element past an aligned address")
+               for r in by[("rmsnorm", "unpeeled_head", 1)])
     # controls that only the case built for their bug catches: ties decide only the argmax
     # case of ties (the others plant a unique maximum); only the embedding case of edge ids
     # holds an id 0; only the split-KV cases of wide scores (one chunk very negative)

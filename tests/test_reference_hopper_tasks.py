@@ -486,7 +486,7 @@ def test_identity_is_an_equal_copy():
 
 
 def test_the_smoke_ties_case_exposes_each_tie_and_padding_bug_in_its_own_row():
-    from suites._hopper.tasks import argmax_inputs
+    from suites._hopper.readout import argmax_inputs
 
     params = {"b": 6, "vocab": 200, "chunk": 64, "values": "ties"}
     inputs = argmax_inputs(params, 0, 1)

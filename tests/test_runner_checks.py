@@ -981,3 +981,72 @@ def test_whatever_an_implementation_raises_is_its_case_error_in_a_bounded_line(w
     r = _run(world, raises, bench=False)
     assert r.status == "error" and words in r.reason, r.reason[:300]
     assert len(r.reason) < 3000 and "harness error" not in r.reason
+
+
+def _unaligned_fallback_drops_last(x, out):
+    # a vector path for 16-byte aligned inputs, and a scalar fallback one element short
+    torch.mul(x, 2, out=out)
+    if x.data_ptr() % 16 or out.data_ptr() % 16:
+        out[-1] = 0.0
+    return out
+
+
+@pytest.mark.parametrize("bench", [True, False])
+def test_an_unaligned_fallback_is_called_and_judged_where_the_op_takes_any_address(world,
+                                                                                   bench):
+    addresses = []
+
+    def recorded(x, out):
+        addresses.append((x.data_ptr() % 16, out.data_ptr() % 16))
+        return doubled(x, out)
+
+    r = _run(world, recorded, bench=bench, any_alignment=True)
+    assert r.status == "pass", r.reason
+    assert "misaligned" in r.checks
+    # the first call's inputs are aligned, one call's are one float32 past it, the rest are
+    # aligned again (the timing measures the kernel's usual path)
+    assert addresses[0] == (0, 0) and addresses.count((4, 4)) == 1, addresses
+    assert addresses[1] == (4, 4)
+    r = _run(world, _unaligned_fallback_drops_last, bench=bench, any_alignment=True)
+    assert r.status == "fail"
+    assert r.reason.startswith("on inputs one element past an aligned address"), r.reason
+    # an op whose contract guarantees aligned inputs never reaches the fallback
+    assert _run(world, _unaligned_fallback_drops_last, bench=bench).status == "pass"
+
+
+def test_an_implementation_may_refuse_unaligned_inputs_but_not_misuse_them(world):
+    def refuses(x, out):
+        if x.data_ptr() % 16:
+            raise ValueError("x must be 16-byte aligned")
+        return doubled(x, out)
+
+    r = _run(world, refuses, any_alignment=True)
+    assert r.status == "pass" and "misaligned_refused" in r.checks, r.reason
+
+    def writes_before(x, out):
+        # an aligned-down vector store: the 4 bytes before an unaligned output are written
+        doubled(x, out)
+        if out.data_ptr() % 16:
+            torch.empty(0, dtype=out.dtype).set_(out.untyped_storage(),
+                                                 out.storage_offset() - 1, (1,)).fill_(0.0)
+        return out
+
+    r = _run(world, writes_before, any_alignment=True)
+    assert r.status == "error"
+    assert r.reason.startswith("rank 0: on inputs one element past an aligned address: wrote "
+                               "outside the buffers it was given: 'out' (4 bytes before its "
+                               "start)"), r.reason
+
+
+def test_a_refusal_that_left_the_device_faulted_is_no_refusal(world, monkeypatch):
+    from harness.engine import checked_calls
+
+    def faults(x, out):
+        if x.data_ptr() % 16:
+            raise RuntimeError("CUDA error: misaligned address")
+        return doubled(x, out)
+
+    monkeypatch.setattr(checked_calls, "broken_context",
+                        lambda device: "CUDA error: misaligned address")
+    r = _run(world, faults, any_alignment=True)
+    assert r.status == "error" and "misaligned address" in r.reason, r.reason

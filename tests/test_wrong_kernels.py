@@ -19,7 +19,8 @@ import suites._hopper.attention as attention
 from harness.core.discovery import registry
 from reference_kernels import fp8 as fp8_ref
 from suites._fp8.gemm import contiguous_torch, per_tensor_torch
-from suites._hopper.tasks import argmax_torch, embedding_torch
+from suites._hopper.readout import argmax_torch
+from suites._hopper.tasks import embedding_torch
 from suites._moe import torch_ops
 from suites.strided_copy import copy_torch
 

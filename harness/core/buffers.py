@@ -265,43 +265,57 @@ class Redzones:
                 "allocation or is lost)")
 
 
+def _widest_element(values: Mapping[str, Any]) -> dict[tuple[str, int], int]:
+    """Per storage of ``values``'s tensors (and tensors in lists and tuples), the widest
+    element size of the views into it."""
+    widest: dict[tuple[str, int], int] = {}
+    for _, t in tensors(values):
+        key = (str(t.device), t.untyped_storage().data_ptr())
+        widest[key] = max(widest.get(key, 0), t.element_size())
+    return widest
+
+
 def _bytes(n: int) -> str:
     return f"{n} byte" if n == 1 else f"{n} bytes"
 
 
 def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
              device: torch.device | str | None = None,
-             redzones: Redzones | None = None) -> dict[str, Any]:
+             redzones: Redzones | None = None, misalign: bool = False) -> dict[str, Any]:
     """A copy of ``values`` whose tensors live in new storage, ``shift_bytes`` past its start,
     on ``device`` (default: where they are). Tensors that shared a storage share the new one
     with the same offsets and strides; the same tensor object maps to one new object. Plain
     containers (lists, tuples, dicts, sets) are copied through; other values are shared. With
     ``redzones``, every new storage gets ``REDZONE_BYTES`` more, and the bytes around its
-    data are filled with the canary and recorded there."""
+    data are filled with the canary and recorded there. ``misalign``: each storage's data
+    one element further (the widest of its views' elements), so that every pointer moves
+    off the 16-byte boundary a vectorised kernel assumes, as ``x[1:]`` of a buffer does."""
     if shift_bytes % ALIGN_BYTES:
         raise ValueError(f"shift_bytes must be a multiple of {ALIGN_BYTES}")
     storages: dict[tuple[str, int], torch.UntypedStorage] = {}
     names_of: dict[tuple[str, int], list[str]] = {}
     memo: dict[int, torch.Tensor] = {}
     tail = REDZONE_BYTES if redzones is not None else 0
+    extra = _widest_element(values) if misalign else {}
 
     def move(t: torch.Tensor, name: str) -> torch.Tensor:
         old = t.untyped_storage()
         key = (str(t.device), old.data_ptr())
         target = torch.device(device) if device is not None else t.device
+        start = shift_bytes + extra.get(key, 0)  # a multiple of every view's element size
         if key not in storages:
-            end = shift_bytes + old.nbytes()
+            end = start + old.nbytes()
             fresh = torch.empty(end + tail, dtype=torch.uint8, device=target)
             src = torch.empty(0, dtype=torch.uint8, device=t.device).set_(old, 0, (old.nbytes(),))
-            fresh[shift_bytes:end].copy_(src)
+            fresh[start:end].copy_(src)
             storages[key] = fresh.untyped_storage()
             names_of[key] = []
             if redzones is not None:
-                redzones.add(names_of[key], fresh, shift_bytes, end)
+                redzones.add(names_of[key], fresh, start, end)
         names_of[key].append(name)  # every name is met once: the keys, and list items by index
         if id(t) not in memo:
             memo[id(t)] = torch.empty(0, dtype=t.dtype, device=target).set_(
-                storages[key], t.storage_offset() + shift_bytes // t.element_size(), t.shape,
+                storages[key], t.storage_offset() + start // t.element_size(), t.shape,
                 t.stride())
         return memo[id(t)]
 

@@ -186,19 +186,19 @@ class CaseSetup:
         return self._twin
 
     def inputs(self, device: torch.device, shift_bytes: int = 0,
-               redzones: Redzones | None = None) -> dict[str, Any]:
-        """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory; with
-        ``redzones``, canaries around each new storage (none where inputs over the cap are
-        used where they were made, on the CPU)."""
+               redzones: Redzones | None = None, misalign: bool = False) -> dict[str, Any]:
+        """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory (one element
+        further with ``misalign``); with ``redzones``, canaries around each new storage (none
+        where inputs over the cap are used where they were made, on the CPU)."""
         if self.pristine is not None:
             return relocate(self.pristine, shift_bytes=shift_bytes, device=device,
-                            redzones=redzones)
+                            redzones=redzones, misalign=misalign)
         made, self._first = self._first, None
         if made is None:  # not kept: generate again
             with reseeded(self.salt):
                 made = self.case.spec.make_inputs(self.case.params, self.rank,
                                                   self.case.world_size)
-        return _place(made, device, shift_bytes, redzones)
+        return _place(made, device, shift_bytes, redzones, misalign)
 
 
 class SetupCache:
@@ -220,8 +220,9 @@ class SetupCache:
 
 
 def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0,
-           redzones: Redzones | None = None) -> dict[str, Any]:
+           redzones: Redzones | None = None, misalign: bool = False) -> dict[str, Any]:
     """Inputs on the device (aliasing kept); shifted into fresh memory when asked."""
-    if device.type == "cpu" and shift_bytes == 0:
+    if device.type == "cpu" and shift_bytes == 0 and not misalign:
         return dict(values)
-    return relocate(values, shift_bytes=shift_bytes, device=device, redzones=redzones)
+    return relocate(values, shift_bytes=shift_bytes, device=device, redzones=redzones,
+                    misalign=misalign)

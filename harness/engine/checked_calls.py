@@ -5,6 +5,9 @@
    against the reference and the golden, and for its contract: nothing written outside the
    buffers given (redzones), read-only inputs untouched, outputs in the buffers passed and of
    their own memory.
+1b. Where the op takes inputs at any address (``OpSpec.any_alignment``), a call on the same
+   values one element past an aligned address (a vectorised kernel's unaligned fallback; it
+   may refuse them by raising).
 2. The second call, on a new set of inputs: shifted into fresh memory after every buffer of
    the first call was poisoned (caches keyed by address, reads of stale buffers), and where
    no real timing follows on the twin case's values (results kept by shape or call count).
@@ -45,7 +48,7 @@ from harness.core.golden import GoldenShelf, GoldenStore
 from harness.core.spec import IMPL_RAISES, Case, raised
 from harness.device import children
 from harness.device.memory import PeakMemory
-from harness.device.runtime import World
+from harness.device.runtime import World, broken_context
 from harness.engine.case_setup import (
     CaseError,
     CaseSetup,
@@ -299,6 +302,8 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         if small:
             calls.held = _own_memory(outputs, inputs)
         del outputs
+        if spec.any_alignment and small:
+            failed = _misaligned_call(world, case, impl, calls, phase, failed, checks)
         shift, other_values = spec.shift_buffers and small, other_values and small
         if shift or other_values:
             _second_call(world, case, impl, calls, interpreter, phase, shift, other_values,
@@ -335,6 +340,46 @@ def changed_since(held: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
                     "workspace or cache) or by work left running: a caller's result must stay "
                     "as returned; return memory of its own per call")
     return ""
+
+
+def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
+                     phase: Callable[[str], None], failed: str, checks: list[str]) -> str:
+    """A call on the case's values with every input one element past an aligned address
+    (``OpSpec.any_alignment``), checked against the reference under the case's tolerance
+    but not for the first call's bits (a kernel may sum a misaligned head apart, as torch's
+    vectorised reductions do). An implementation may refuse such inputs by raising (what a
+    kernel that needs alignment should do); it may not return wrong values, write outside its
+    buffers or leave the device faulted. What has failed on this rank so far is returned,
+    this call's failure added; a distributed rank goes on to the next call either way, so
+    that the others' collectives are answered."""
+    assert calls.setup is not None
+    setup, zones = calls.setup, Redzones()
+    inputs = setup.inputs(world.device, SHIFT_BYTES, zones, misalign=True)
+    guards = _guards(inputs, calls.writable)
+    phase("call")
+    try:
+        try:
+            outputs = _call(world, case, impl, inputs)
+        except CaseError:
+            if broken_context(world.device) is None:
+                checks.append("misaligned_refused")
+                return failed
+            raise
+        checks.append("misaligned")
+        if failed:
+            return failed
+        phase("check")
+        _check_contract(case, inputs, outputs, guards, zones, setup.expected)
+        calls.stages["misaligned"] = measure(outputs, setup.expected, calls.tols, world.rank,
+                                             setup.memos, setup.magnitudes)
+    except CaseError as exc:
+        if failed:
+            return failed
+        why = f"on inputs one element past an aligned address: {exc}"
+        if not (case.spec.distributed and world.size > 1):
+            raise CaseError(why) from exc
+        return why
+    return failed
 
 
 def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Calls,

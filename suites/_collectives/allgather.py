@@ -212,4 +212,5 @@ ALLGATHER = OpSpec(
     distributed=True,
     out_buffers={"out": "out"}, replicated=("out",),
     deadline_s=60.0,
+    any_alignment=True,
 )

@@ -299,4 +299,5 @@ ALLREDUCE = OpSpec(
     distributed=True,
     out_buffers={"out": "out"}, replicated=("out",),
     deadline_s=60.0,
+    any_alignment=True,
 )

@@ -153,6 +153,7 @@ QUANTIZE = OpSpec(
                        "triton_tail_mask_off_by_one":
                            triton_impl("fp8_quant:quantize_tail_mask_off_by_one",
                                        unsupported=per_token_only)},
+    any_alignment=True,
 )
 
 
@@ -211,6 +212,7 @@ TRANSPOSE_SPLIT_QUANT = OpSpec(
                       for n in (8, 64) for u in (False, True)]},
     implementations={"torch": tsq_torch},
     negative_controls={"scale_per_block_row": tsq_scale_per_block_row},
+    any_alignment=True,
 )
 
 SPECS = [QUANTIZE, TRANSPOSE_SPLIT_QUANT]

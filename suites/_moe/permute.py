@@ -134,6 +134,7 @@ PERMUTE = OpSpec(
                        "triton_tail_mask_off_by_one":
                            triton_impl("moe_permute:permute_tail_mask_off_by_one")},
     twin=counts_rotated, deadline_s=600.0,
+    any_alignment=True,
 )
 
 
@@ -220,6 +221,7 @@ UNPERMUTE = OpSpec(
                        "bf16_accumulation": unpermute_bf16_accumulation,
                        "rounded_toward_zero": unpermute_rounded_toward_zero},
     twin=counts_rotated, deadline_s=600.0,
+    any_alignment=True,
 )
 
 SPECS = [PERMUTE, UNPERMUTE]

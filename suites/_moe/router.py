@@ -156,6 +156,7 @@ ROUTER = OpSpec(
                        "unstable_sort": router_unstable_sort,
                        "probs_through_bf16": router_probs_through_bf16,
                        "padded_softmax": router_padded_softmax},
+    any_alignment=True,
 )
 
 SPECS = [ROUTER]
