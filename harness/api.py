@@ -7,8 +7,9 @@ built-in suites too.
 
 - Describing an op: ``OpSpec``, ``Work``, ``SpecError``.
 - Tolerances (``harness.core.compare``): ``exact``, ``allclose``, ``ulp``, ``cos_diff``,
-  ``rel_l2``, ``all_of``, ``default_for``, ``rounding`` (the precision lens's share, for an
-  output ``OpSpec.exact`` names: ``{"out:exact": rounding(0.1)}``), and ``Tolerance`` itself.
+  ``cos_diff_per_row`` (each row's own: a fault confined to one token), ``rel_l2``,
+  ``all_of``, ``default_for``, ``rounding`` (the precision lens's share, for an output
+  ``OpSpec.exact`` names: ``{"out:exact": rounding(0.1)}``), and ``Tolerance`` itself.
 - Inputs (``harness.core.inputs``): ``case_tensor`` (an op's deterministic input, by name),
   ``generate`` (the generator under it), ``seed_from``, ``hash32``, ``special_values`` and
   ``plant_specials`` (-0.0, subnormals, inf, NaN for ops that move bits), ``dtype_from_name``.
@@ -41,6 +42,7 @@ from harness.core.compare import (
     all_of,
     allclose,
     cos_diff,
+    cos_diff_per_row,
     default_for,
     exact,
     rel_l2,
@@ -63,10 +65,10 @@ from harness.engine.local import run_cases
 
 __all__ = [
     "DEFAULT_RTOL_ATOL", "OpSpec", "SpecError", "Tolerance", "TritonImplementation", "Work",
-    "all_of", "allclose", "available_bytes", "case_tensor", "cos_diff", "cuda_launch",
-    "default_for", "dtype_from_name", "exact", "from_source", "generate", "hash32", "overlaps",
-    "plant_specials", "poisoned", "rel_l2", "rounding", "run_cases", "seed_from", "shard",
-    "special_values", "ulp",
+    "all_of", "allclose", "available_bytes", "case_tensor", "cos_diff", "cos_diff_per_row",
+    "cuda_launch", "default_for", "dtype_from_name", "exact", "from_source", "generate",
+    "hash32", "overlaps", "plant_specials", "poisoned", "rel_l2", "rounding", "run_cases",
+    "seed_from", "shard", "special_values", "ulp",
 ]
 
 

@@ -415,6 +415,64 @@ def test_chunked_random_data_matches_within_rounding():
                                               rel=1e-12)
 
 
+# ------------------------------------------------------------------------------------ per row
+def _row_calc_diff(a: list[float], e: list[float]) -> float:
+    """DeepGEMM's calc_diff of one row, in plain Python."""
+    denom = math.fsum(x * x for x in a) + math.fsum(y * y for y in e)
+    return 0.0 if denom == 0 else 1 - 2 * math.fsum(x * y for x, y in zip(a, e,
+                                                                          strict=True)) / denom
+
+
+@pytest.mark.parametrize("chunk", [compare.CHUNK_ELEMS, 7, 3])
+def test_cos_diff_per_row_is_the_worst_rows_own_whatever_the_chunking(chunk):
+    g = torch.Generator().manual_seed(11)
+    e = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    a = e + 1e-3 * torch.randn(6, 5, generator=g, dtype=torch.float64)
+    a[4] = e[4] * 0.5 + 0.25  # row 4 wrong; every row spans a chunk edge at chunk 7 or 3
+    a[2] = e[2]  # a row bitwise equal to its reference
+    m = compare.measure(a, e, compare.cos_diff_per_row(1e-2), chunk_elems=chunk)
+    by_hand = [_row_calc_diff(a[r].tolist(), e[r].tolist()) for r in range(6)]
+    assert m.worst_row == 4 and m.worst_row_rank == 0
+    assert m.max_row_cos_diff == pytest.approx(max(by_hand), rel=1e-9)
+    assert by_hand[4] > 1e-2 > max(by_hand[:4] + by_hand[5:])
+    ok, why = compare.verdict(m, compare.cos_diff_per_row(1e-2))
+    assert not ok and why.startswith("row 4 (rank 0) has calc_diff")
+    assert compare.verdict(compare.measure(a[:4], e[:4], compare.cos_diff_per_row(1e-2)),
+                           compare.cos_diff_per_row(1e-2))[0]
+
+
+def test_cos_diff_per_row_merges_to_the_worst_rank_and_rows_of_zeros_are_right():
+    e = t64([[1.0, 2.0], [0.0, 0.0], [4.0, 0.0]])
+    ranks = [(t64([[1.0, 2.0], [0.0, 0.0], [4.0, 0.0]]), 0),  # all right, a zero row
+             (t64([[1.0, 2.0], [0.0, 0.0], [2.0, 0.0]]), 1),  # row 2 halved: 1 - 16/20
+             (t64([[1.0, 1.0], [0.0, 0.0], [4.0, 0.0]]), 2)]  # row 0: 1 - 6/7
+    tol = compare.cos_diff_per_row(0.1)
+    parts = [compare.measure(a, e, tol, rank=r) for a, r in ranks]
+    assert parts[0].max_row_cos_diff == 0.0
+    merged = Metrics.merge(parts)
+    assert (merged.worst_row_rank, merged.worst_row) == (1, 2)
+    assert merged.max_row_cos_diff == pytest.approx(0.2)
+    assert Metrics.from_dict(json.loads(json.dumps(merged.to_dict()))) == merged
+
+
+def test_one_wrong_token_at_scale_passes_the_global_fp8_bounds_but_not_its_rows():
+    # the FP8 MoE tolerance on a nightly layer's 5000 tokens (rows of 512 here), one token
+    # zeroed (a padding write one row early); FP8-sized noise everywhere else
+    from suites._moe.common import FP8_FFN_TOLERANCE
+
+    g = torch.Generator().manual_seed(5)
+    e = torch.randn(5000, 512, generator=g, dtype=torch.float32).to(torch.bfloat16)
+    noise = 1 + 0.02 * torch.randn(5000, 512, generator=g, dtype=torch.float32)
+    a = (e.float() * noise).to(torch.bfloat16)
+    assert compare.check(a, e, FP8_FFN_TOLERANCE).passed
+    a[3123] = 0
+    without_rows = compare.all_of(*(p for p in FP8_FFN_TOLERANCE.parts
+                                    if p.kind != "cos_diff_per_row"))
+    assert compare.check(a, e, without_rows).passed
+    result = compare.check(a, e, FP8_FFN_TOLERANCE)
+    assert not result.passed and result.reason.startswith("row 3123 (rank 0) has calc_diff 1")
+
+
 # ------------------------------------------------------------------------------------ merge
 def test_merge_of_ranks_equals_concatenation():
     a, e = _dyadic_pair(30, seed=3)
@@ -478,6 +536,7 @@ def test_metrics_round_trip():
     compare.ulp(2),
     compare.cos_diff(1e-3),
     compare.rel_l2(1e-5),
+    compare.cos_diff_per_row(1e-2),
     compare.all_of(compare.allclose(1e-2, 1e-2), compare.cos_diff(1e-3), compare.rel_l2(0.1)),
 ], ids=lambda t: t.describe())
 def test_tolerance_round_trip(tol):

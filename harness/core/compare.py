@@ -10,6 +10,7 @@ Tolerance kinds: ``exact`` (bitwise, a NaN's sign and payload too unless ``any_n
 ``allclose`` (|a-e| <= atol + rtol*|e|, plus ``magnitude_rtol`` times a per-element magnitude
 the op gives beside its reference, with an optional mismatch budget), ``ulp`` (at most n units
 in the last place of the output dtype), ``cos_diff`` and ``rel_l2`` (global bounds),
+``cos_diff_per_row`` (the worst row's own calc_diff: a fault confined to one token),
 ``rounding`` (the precision lens: against the op's float64 value before its one rounding, how
 many elements are not that value correctly rounded, or, for float32 outputs, carry no more
 bits than bf16 or fp16), and ``all_of`` combinations. NaN never passes unless the expected
@@ -29,7 +30,7 @@ from harness.core.metrics import Metrics
 CHUNK_ELEMS = 1 << 22
 
 ELEMENTWISE_KINDS = ("exact", "allclose", "ulp", "rounding")
-GLOBAL_KINDS = ("cos_diff", "rel_l2")
+GLOBAL_KINDS = ("cos_diff", "rel_l2", "cos_diff_per_row")
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,14 @@ def cos_diff(bound: float) -> Tolerance:
     return Tolerance("cos_diff", bound=bound)
 
 
+def cos_diff_per_row(bound: float) -> Tolerance:
+    """Every row's own calc_diff <= bound, a row being the last dim (a token's output). A
+    fault confined to a few rows (a token that lost one expert's share) moves a global
+    calc_diff by their share of the tensor only, and stays inside an elementwise mismatch
+    budget; a row's own calc_diff moves by the whole fault."""
+    return Tolerance("cos_diff_per_row", bound=bound)
+
+
 def rel_l2(bound: float) -> Tolerance:
     """||a-e|| / ||e|| <= bound."""
     return Tolerance("rel_l2", bound=bound)
@@ -284,6 +293,9 @@ def measure(
         g_flat = magnitude.to(actual.device).reshape(-1)
     n = a_flat.numel()
     m.numel = n
+    row = _row_length(actual) if _has_kind(tolerance, "cos_diff_per_row") else 0
+    if row:
+        chunk_elems = row * max(1, chunk_elems // row)  # whole rows: each row in one chunk
     for start in range(0, n, chunk_elems):
         a_raw, e_raw = a_flat[start : start + chunk_elems], e_flat[start : start + chunk_elems]
         if a_raw.dtype == e_raw.dtype and torch.equal(_int_view(a_raw), _int_view(e_raw)):
@@ -302,7 +314,35 @@ def measure(
             continue
         g_raw = None if g_flat is None else g_flat[start : start + chunk_elems]
         _measure_chunk(m, a_raw, e_raw, elem, actual.dtype, start, rank, g_raw)
+        if row:  # a chunk bitwise equal to the reference has rows of calc_diff 0
+            _row_cos_diff(m, a_raw, e_raw, row, start // row, rank)
     return m
+
+
+def _has_kind(tolerance: Tolerance, kind: str) -> bool:
+    return tolerance.kind == kind or any(_has_kind(p, kind) for p in tolerance.parts)
+
+
+def _row_length(t: torch.Tensor) -> int:
+    return max(t.shape[-1], 1) if t.dim() else 1
+
+
+def _row_cos_diff(m: Metrics, a_raw: torch.Tensor, e_raw: torch.Tensor, row: int,
+                  first_row: int, rank: int) -> None:
+    """The chunk's rows' own calc_diff (whole rows), over their finite elements (a NaN or a
+    wrong infinity fails apart); the worst one kept."""
+    a, e = a_raw.to(torch.float64).view(-1, row), e_raw.to(torch.float64).view(-1, row)
+    finite = torch.isfinite(a) & torch.isfinite(e)
+    a, e = torch.where(finite, a, 0.0), torch.where(finite, e, 0.0)
+    denom = (a * a).sum(1) + (e * e).sum(1)
+    dot = (a * e).sum(1)
+    cd = torch.where(denom > 0, 1 - 2 * dot / torch.where(denom > 0, denom, 1.0), 0.0)
+    if not cd.numel():
+        return
+    worst = int(cd.argmax())
+    if m.worst_row is None or float(cd[worst]) > m.max_row_cos_diff:
+        m.max_row_cos_diff = float(cd[worst])
+        m.worst_row, m.worst_row_rank = first_row + worst, rank
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -484,6 +524,12 @@ def _verdict_one(m: Metrics, t: Tolerance) -> tuple[bool, str]:
                     "ulp": f"more than {t.ulps} ulp off"}[t.kind]
             return False, (f"{m.n_mismatch}/{m.numel} elements {what} "
                            f"(max_abs={m.max_abs:.3g}, max_rel={m.max_rel:.3g}){where}")
+        return True, ""
+    if t.kind == "cos_diff_per_row":
+        if not m.max_row_cos_diff <= t.bound:
+            return False, (f"row {m.worst_row} (rank {m.worst_row_rank}) has calc_diff "
+                           f"{m.max_row_cos_diff:.3g} > {t.bound:g} (cos_diff_per_row; the "
+                           f"whole output's: {m.cos_diff:.3g}): a fault confined to that row")
         return True, ""
     value = m.cos_diff if t.kind == "cos_diff" else m.rel_l2
     if not value <= t.bound:  # also catches NaN

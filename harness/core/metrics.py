@@ -30,6 +30,11 @@ class Metrics:
     #: allclose only: the worst finite element's |a-e| / (atol + rtol*|e|), the share of its
     #: allowance it uses (1 is the tolerance's edge); what the dashboard plots against 1
     max_tol_ratio: float = 0.0
+    #: per-row tolerances only: the largest calc_diff of one row (the last dim: a token's
+    #: output), the row's index on its rank, and that rank
+    max_row_cos_diff: float = 0.0
+    worst_row: int | None = None
+    worst_row_rank: int | None = None
     #: flat index of the first element outside the elementwise tolerance, and its rank
     first_bad_index: int | None = None
     first_bad_rank: int | None = None
@@ -82,6 +87,9 @@ class Metrics:
             "max_tol_ratio": self.max_tol_ratio,
             "rel_l2": self.rel_l2,
             "cos_diff": self.cos_diff,
+            "max_row_cos_diff": self.max_row_cos_diff,
+            "worst_row": self.worst_row,
+            "worst_row_rank": self.worst_row_rank,
             "first_bad_index": self.first_bad_index,
             "first_bad_position": self.first_bad_position(),
             "first_bad_rank": self.first_bad_rank,
@@ -121,6 +129,9 @@ class Metrics:
             out.sum_sq_actual += p.sum_sq_actual
             out.sum_dot += p.sum_dot
             out.shape_error = out.shape_error or p.shape_error
+            if p.worst_row is not None and not p.max_row_cos_diff <= out.max_row_cos_diff:
+                out.max_row_cos_diff = p.max_row_cos_diff
+                out.worst_row, out.worst_row_rank = p.worst_row, p.worst_row_rank
             if out.first_bad_index is None and p.first_bad_index is not None:
                 out.first_bad_index = p.first_bad_index
                 out.first_bad_rank = p.first_bad_rank

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.api import all_of, allclose, cos_diff, generate, hash32, seed_from
+from harness.api import all_of, allclose, cos_diff, cos_diff_per_row, generate, hash32, seed_from
 from reference_kernels import fp8
 from reference_kernels import moe as ref
 
@@ -31,9 +31,14 @@ FMT = "e4m3"
 #: per 1x128 group moves whole groups when their amax moves by one rounding. With blocky
 #: scales an element moved 0.28 on other input values (0.05% of the outputs, the check after
 #: timing), so FP8 allows 0.1% of elements past the elementwise bound; calc_diff holds them all.
+#: Neither sees one token gone wrong at scale (a zeroed row of 7168 in 40000 rows: global
+#: calc_diff 2.5e-5, 0.0025% of elements), so each token's row has a calc_diff bound of its
+#: own: the epilogue-fused SwiGLU's worst row on the smoke cases is 1.04e-3 (hidden 256; wider
+#: rows average more), a row with 14% of its norm wrong is 1e-2.
 BF16_FFN_TOLERANCE = all_of(cos_diff(5e-5), allclose(2e-2, 2e-2))
-FP8_FFN_TOLERANCE = all_of(cos_diff(1e-3),
-                                   allclose(0.125, 0.125, max_mismatch_frac=1e-3))
+FP8_ROW_BOUND = 1e-2
+FP8_FFN_TOLERANCE = all_of(cos_diff(1e-3), cos_diff_per_row(FP8_ROW_BOUND),
+                           allclose(0.125, 0.125, max_mismatch_frac=1e-3))
 
 
 def _key(params: Mapping[str, Any]) -> str:
