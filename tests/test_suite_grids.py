@@ -108,7 +108,9 @@ EDGES_ONCE = {
                    "logits spread past exp's range": lambda p: p.get("values") == "spread"},
     "moe.unpermute": {"sums past 65504": lambda p: p.get("values") == "special"},
     "moe.expert_ffn": {"an outlier token": lambda p: bool(p.get("outlier"))},
-    "moe.layer": {"routing past any capacity": lambda p: bool(p.get("skew"))},
+    "moe.layer": {"routing past any capacity": lambda p: bool(p.get("skew")),
+                  "FP8 pairs of even weight": lambda p: p.get("route") == "even"
+                  and p["precision"] == "fp8"},
     "strided_copy": {view: (lambda v: lambda p: p["view"] == v)(view)
                      for view in ("transpose_slice", "rows16", "unit_dim", "empty_inner",
                                   "contiguous_offset", "overlap")},

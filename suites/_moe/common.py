@@ -144,13 +144,22 @@ def _routing_with_counts(params: Mapping[str, Any], tokens: int
 def logits(tag: str, params: Mapping[str, Any], tokens: int, region: object = None
            ) -> torch.Tensor:
     """Router logits [S, E] float32, uniform in [-4, 4) (no ties in practice), idle experts
-    pushed down by 64 so the router never picks them while enough others are left."""
+    pushed down by 64 so the router never picks them while enough others are left. With
+    ``route=even`` each token's top-k logits are within 0.5 of each other and the rest 6
+    below them: every (token, expert) pair carries about 1/k of its token's output, so a
+    pair dropped or weighted wrong moves its token by that much (with logits spread over
+    [-4, 4) the pair a kernel loses may carry 0.1% of it, inside FP8's own noise)."""
     num_experts = params["experts"]
     x = generate((tokens, num_experts), torch.float32,
                  seed=seed_from(tag, _key(params), "logits"), low=-4.0, high=4.0,
                  region=region)
     penalty = torch.tensor([64.0 if idle(e) else 0.0 for e in range(num_experts)])
-    return x - penalty
+    x = x - penalty
+    if params.get("route") == "even":
+        chosen = torch.zeros_like(x, dtype=torch.bool).scatter_(
+            1, x.topk(params["topk"], dim=1).indices, True)
+        x = torch.where(chosen, x / 16, torch.where(x > -32, x / 2 - 8, x))
+    return x
 
 
 def expert_weights(tag: str, params: Mapping[str, Any], experts: slice | None = None,

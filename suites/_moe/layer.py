@@ -78,6 +78,12 @@ def layer_probs_applied_twice(**kw):
     return torch_ops.layer(**kw, probs_twice=True)
 
 
+def layer_fp8_last_pair_lost(**kw):
+    """Bug (FP8 path only): the fused quantize-and-permute dispatch's tail mask is one short
+    over the expert-sorted (token, expert) pairs, so the last pair is never dispatched."""
+    return torch_ops.layer(**kw, fp8_last_pair_lost=True)
+
+
 def layer_not_renormalized(**kw):
     """Bug: the top-k probs are not renormalised (norm_topk_prob ignored)."""
     return torch_ops.layer(**kw, skip_renormalize=True)
@@ -100,14 +106,18 @@ LAYER = OpSpec(
                     _case(120, 128, 128, 4, 2, 16, "bf16", renormalize=False),
                     # a decode batch: fewer tokens than experts, the last expert idle
                     _case(3, 128, 128, 8, 2, 16, "bf16"),
-                    _case(100, 128, 128, 8, 4, 16, "fp8", renormalize=False)],
+                    _case(100, 128, 128, 8, 4, 16, "fp8", renormalize=False),
+                    # every pair about half its token's output: one lost shows in FP8 too
+                    _case(64, 128, 128, 8, 2, 16, "fp8", renormalize=False, route="even")],
           "nightly": [_case(s, 7168, 2048, e, k, 128, p) for s in (5000,) for e in (8, 64)
                       for k in (4, 8) for p in ("bf16", "fp8")]
           + [_case(5000, 7168, 2048, 64, 8, 128, p, renormalize=False) for p in ("bf16", "fp8")]
-          + [_case(5000, 7168, 2048, 64, 8, 128, "fp8", skew=True)]},
+          + [_case(5000, 7168, 2048, 64, 8, 128, "fp8", skew=True),
+             _case(5000, 7168, 2048, 64, 8, 128, "fp8", renormalize=False, route="even")]},
     implementations={"torch": layer_torch},
     negative_controls={"probs_applied_twice": layer_probs_applied_twice,
-                       "not_renormalized": layer_not_renormalized},
+                       "not_renormalized": layer_not_renormalized,
+                       "fp8_last_pair_lost": layer_fp8_last_pair_lost},
     deadline_s=900.0,
 )
 

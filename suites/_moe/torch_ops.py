@@ -196,12 +196,17 @@ def expert_ffn(x, x_scale, w13, w13_scale, w2, w2_scale, tokens_per_expert, padd
 
 
 def layer(hidden, logits, w13, w13_scale, w2, w2_scale, topk, renormalize, padding_alignment,
-          *, probs_twice: bool = False, skip_renormalize: bool = False):
+          *, probs_twice: bool = False, skip_renormalize: bool = False,
+          fp8_last_pair_lost: bool = False):
     """Route, permute, FFN, weight by probs, unpermute."""
     s, h = hidden.shape
     num_experts = logits.shape[1]
     probs, routemap = route(logits, topk, renormalize and not skip_renormalize)
-    tpe = torch.bincount(routemap.reshape(-1).long(), minlength=num_experts).tolist()
+    if fp8_last_pair_lost and w13_scale is not None:
+        routemap = routemap.clone()
+        routemap.view(-1)[int(sort_by_expert(routemap)[0][-1])] = -1
+    routed = routemap.reshape(-1).long()
+    tpe = torch.bincount(routed[routed >= 0], minlength=num_experts).tolist()
     x, x_scale = quantize_tokens(hidden) if w13_scale is not None else (hidden, None)
     _, rows = segment_offsets(tpe, padding_alignment, torch.device("cpu"))
     dev = hidden.device
