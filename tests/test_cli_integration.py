@@ -275,9 +275,11 @@ def test_a_world_size_no_power_of_two_shows_a_collective_without_its_odd_rank_st
     # recursive doubling with no step for the rank left over passes at 1, 4 and 8 (the
     # controls run); at 3 every case fails. The tensor- and expert-parallel cases whose
     # sizes do not split over 3 ranks are skips that say so, not errors
+    # With them, a kernel wrong on one rank for unaligned inputs only: the ranks stay in step
+    # through the calls after the misaligned one, and the verdict names that call
     out = harness(tmp_path, "run", "allreduce[*n=1031*]", "hopper_tasks.tp_mlp", "moe.layer_ep",
                   "--impl", "torch", "--impl", "doubling_pow2_only", "--world-sizes", "3",
-                  "--no-bench")
+                  "--impl", "harness_test_impls:unaligned_wrong_on_rank_1", "--no-bench")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     got = rows(tmp_path / "h.db", "SELECT op, impl, status, reason FROM results")
     by = {}
@@ -285,6 +287,9 @@ def test_a_world_size_no_power_of_two_shows_a_collective_without_its_odd_rank_st
         by.setdefault((r["op"], r["impl"]), []).append(r)
     assert {r["status"] for r in by[("allreduce", "doubling_pow2_only")]} == {"fail"}
     assert {r["status"] for r in by[("allreduce", "torch")]} == {"pass"}
+    unaligned = by[("allreduce", "harness_test_impls:unaligned_wrong_on_rank_1")]
+    assert unaligned and all(r["status"] == "fail" and r["reason"].startswith(
+        "on inputs one element past an aligned address") for r in unaligned), unaligned
     for op, why in (("hopper_tasks.tp_mlp", "does not split over 3 ranks"),
                     ("moe.layer_ep", "do not split over 3 ranks")):
         assert by[(op, "torch")] and all(r["status"] == "skip" and why in r["reason"]

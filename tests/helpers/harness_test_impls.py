@@ -1,6 +1,7 @@
 """Ad hoc implementations used by the integration tests (loaded with --impl module:callable).
 
-They stand for a user's own kernels: one wrong, one that raises on one rank for one case, one
+They stand for a user's own kernels: one wrong, one wrong on one rank for unaligned inputs
+only, one that raises on one rank for one case, one
 that deadlocks in every case, one that kills a rank for one case, two that end their processes
 cleanly for one case, one that leaves flush-to-zero on. Everything else they compute correctly.
 """
@@ -20,6 +21,15 @@ from suites._collectives.allreduce import allreduce_torch
 def _is_target(x: torch.Tensor, op: str) -> bool:
     # one case of the smoke grid: float32, n=1031, op=min, out of place
     return op == "min" and x.dtype == torch.float32 and x.numel() == 1031
+
+
+def unaligned_wrong_on_rank_1(world, x, out, op):
+    """Right on aligned buffers; on rank 1, a scalar fallback for unaligned ones whose tail
+    element is wrong (the other ranks are right)."""
+    allreduce_torch(world, x, out, op)
+    if world.rank == 1 and x.data_ptr() % 16:
+        out[-1] = 1 if bool(out[-1] == 0) else 0
+    return out
 
 
 def off_by_one(world, x, out, op):
