@@ -7,6 +7,7 @@ parameter lists (count and width, read off the PTX)."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from enum import IntEnum
@@ -189,6 +190,17 @@ def test_the_ranks_run_with_mpichs_gpu_support_off_unless_the_user_says():
     assert env["MPIR_CVAR_ENABLE_GPU"] == "0" and env["HARNESS_RUN_ID"] == "r1"
     assert launch.rank_environment({"MPIR_CVAR_ENABLE_GPU": "1"}, "r1")[
         "MPIR_CVAR_ENABLE_GPU"] == "1"
+
+
+def test_relative_pythonpath_entries_reach_the_ranks_as_the_folders_the_user_meant(tmp_path):
+    # the ranks start in the run's work folder, not where the user typed the command
+    base = {"HARNESS_INVOKED_FROM": str(tmp_path),
+            "PYTHONPATH": os.pathsep.join(["helpers", "/abs/site", "", "../up"])}
+    got = launch.rank_environment(base, "r1")["PYTHONPATH"].split(os.pathsep)
+    assert [os.path.normpath(p) for p in got] == [
+        str(tmp_path / "helpers"), "/abs/site", str(tmp_path), str(tmp_path.parent / "up")]
+    assert "PYTHONPATH" not in launch.rank_environment({"HARNESS_INVOKED_FROM": "/nowhere"},
+                                                       "r1")
 
 
 def test_a_cuda_kernel_that_cannot_compile_here_skips_naming_the_install(monkeypatch):

@@ -127,12 +127,18 @@ def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
     env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
            "HARNESS_INVOKED_FROM": invoked_from, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
+    # a relative PYTHONPATH entry (an empty one is the working directory) names a folder
+    # where the user started; the ranks start in the run's work folder: `PYTHONPATH=helpers
+    # --impl mine:fn` passed the launcher's check, then every rank failed to import it
+    given = base.get("PYTHONPATH")
+    paths = [os.path.join(invoked_from, p) for p in given.split(os.pathsep)] if given else []
     if _importable_from_cwd(invoked_from):
         # `python -m harness` imports modules from where it was started (sys.path[0]); the
         # ranks, started in the run's work folder, must too: `--impl my_kernels:fn` with
         # my_kernels.py beside the user passed the launcher's check, then failed every rank
-        env["PYTHONPATH"] = os.pathsep.join(
-            [invoked_from, *[p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p]])
+        paths.insert(0, invoked_from)
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 
 
