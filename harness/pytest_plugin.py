@@ -129,6 +129,11 @@ class HarnessSession:
             # before any implementation is resolved: a Triton kernel is compiled or
             # interpreted when its module is imported (harness.device.triton_impl)
             triton_impl.configure_rank(self.world.device.type)
+            # the implementations resolved here, not at collection: an --impl the launcher
+            # imported that a rank cannot (another node's environment) is one line, exit 2
+            self._planned = self.registry.plan(self.tier, self.world.size,
+                                               list(self.selectors), list(self.impls),
+                                               self.world.device.type)
         except (SpecError, RuntimeSetupError) as exc:
             # every rank decided the same; rank 0 tells the launcher, which stops with exit 2
             if placement_path is not None and MPI.COMM_WORLD.Get_rank() == 0:
@@ -172,8 +177,7 @@ class HarnessSession:
         return 2 * self.options.deadline_of(longest) + 60.0
 
     def planned(self) -> list[PlannedItem]:
-        return self.registry.plan(self.tier, self.world.size, list(self.selectors),
-                                  list(self.impls), self.world.device.type)
+        return self._planned
 
     def run(self, item: PlannedItem) -> CaseResult:
         from harness.engine.runner import run_case

@@ -1008,6 +1008,20 @@ def test_a_module_beside_the_user_is_importable_in_the_ranks(tmp_path):
         {"impl": "mine:fn", "status": "pass"}]
 
 
+def test_an_implementation_the_ranks_cannot_import_is_one_line_and_exit_2(tmp_path):
+    # the launcher imports it; the ranks (another node's environment, here PMI_RANK) do not
+    (tmp_path / "here_only.py").write_text(
+        "import os\n"
+        "if 'PMI_RANK' in os.environ:\n"
+        "    raise ImportError('not installed on this node')\n"
+        "from suites._collectives.allreduce import allreduce_torch as fn  # noqa: F401\n")
+    out = harness(tmp_path, "run", "allreduce[dtype=f32,inplace=false,mode=exact,n=1,op=sum]",
+                  "--world-sizes", "1", "--no-bench", "--impl", "here_only:fn", timeout=300)
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "INTERNALERROR" not in out.stdout + out.stderr
+    assert "cannot import 'here_only' (not installed on this node)" in out.stderr
+
+
 def test_a_pytest_plugin_the_user_has_installed_does_not_reach_the_ranks(tmp_path):
     # a plugin that reorders the items (as pytest-randomly does, with a seed of its own in
     # every process): loaded in the ranks, they would run their cases in different orders and
