@@ -1023,6 +1023,12 @@ def test_an_implementation_may_refuse_unaligned_inputs_but_not_misuse_them(world
     r = _run(world, refuses, any_alignment=True)
     assert r.status == "pass" and "misaligned_refused" in r.checks, r.reason
 
+    def returns_a_word(x, out):  # returning something that is no output is no refusal
+        return "done" if x.data_ptr() % 16 else doubled(x, out)
+
+    r = _run(world, returns_a_word, any_alignment=True)
+    assert r.status == "error" and "one element past an aligned address" in r.reason, r.reason
+
     def writes_before(x, out):
         # an aligned-down vector store: the 4 bytes before an unaligned output are written
         doubled(x, out)

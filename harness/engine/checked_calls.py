@@ -360,8 +360,9 @@ def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: 
     try:
         try:
             outputs = _call(world, case, impl, inputs)
-        except CaseError:
-            if broken_context(world.device) is None:
+        except CaseError as exc:
+            # raised by the implementation (outputs it returned wrong are no refusal)
+            if exc.__cause__ is not None and broken_context(world.device) is None:
                 checks.append("misaligned_refused")
                 return failed
             raise
