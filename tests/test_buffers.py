@@ -72,25 +72,29 @@ def test_relocate_copies_into_fresh_shifted_memory_keeping_aliasing():
     assert moved["out"].storage_offset() * 4 == 2 * ALIGN_BYTES
 
 
-def test_relocate_misaligned_moves_each_storage_one_of_its_widest_elements():
+@pytest.mark.parametrize("elements, offsets", [
+    # (bytes, int32 words, int64 ids, a bf16 slice one element into its storage) mod 16
+    (1, (4, 4, 8, 4)), (2, (8, 8, 8, 6)), (4, (4, 4, 8, 10))])
+def test_relocate_misaligned_moves_each_storage_by_its_widest_elements(elements, offsets):
+    # one, two or four of a storage's widest elements, or one where that is 16 bytes
     raw = torch.arange(64, dtype=torch.uint8)
     words = raw.view(torch.int32)  # the same storage seen as bytes and as 4-byte words
     ids = torch.arange(5, dtype=torch.int64)
     halves = torch.ones(9, dtype=torch.bfloat16)
     zones = Redzones()
     moved = relocate({"raw": raw, "words": words, "ids": ids, "h": [halves[1:]]},
-                     shift_bytes=ALIGN_BYTES, misalign=True, redzones=zones)
-    # one 4-byte element for the shared storage (a multiple of both views' sizes), one int64,
-    # one bf16 (plus the slice's own offset): none on a 16-byte boundary
-    assert [moved[k].data_ptr() % 16 for k in ("raw", "words", "ids")] == [4, 4, 8]
-    assert moved["h"][0].data_ptr() % 16 == 4
+                     shift_bytes=ALIGN_BYTES, misalign=elements, redzones=zones)
+    got = tuple(t.data_ptr() % 16 for t in (moved["raw"], moved["words"], moved["ids"],
+                                            moved["h"][0]))
+    assert got == offsets
     assert moved["words"].data_ptr() == moved["raw"].data_ptr()
     for k, t in (("raw", raw), ("words", words), ("ids", ids)):
         assert torch.equal(moved[k], t)
     assert torch.equal(moved["h"][0], halves[1:])
     # the canaries sit right around the moved data
     assert zones.damage() is None
-    moved["ids"].untyped_storage()[ALIGN_BYTES + 8 + 40] = 7  # one byte past the ids' end
+    start = moved["ids"].data_ptr() - moved["ids"].untyped_storage().data_ptr()
+    moved["ids"].untyped_storage()[start + 40] = 7  # one byte past the ids' end
     assert "'ids' (1 byte past its end)" in zones.damage()
 
 

@@ -289,7 +289,7 @@ def test_a_world_size_no_power_of_two_shows_a_collective_without_its_odd_rank_st
     assert {r["status"] for r in by[("allreduce", "torch")]} == {"pass"}
     unaligned = by[("allreduce", "harness_test_impls:unaligned_wrong_on_rank_1")]
     assert unaligned and all(r["status"] == "fail" and r["reason"].startswith(
-        "on inputs one element past an aligned address") for r in unaligned), unaligned
+        "on inputs off 16-byte alignment") for r in unaligned), unaligned
     for op, why in (("hopper_tasks.tp_mlp", "does not split over 3 ranks"),
                     ("moe.layer_ep", "do not split over 3 ranks")):
         assert by[(op, "torch")] and all(r["status"] == "skip" and why in r["reason"]
@@ -341,7 +341,7 @@ _HOPPER_CONTROLS = {
     ("embedding", "negative_wraps"): {1: "some"},  # not where every id is valid
     ("embedding", "zero_id_as_padding"): {1: "some"},
     ("rmsnorm", "rms_of_weighted"): {1: "all"},
-    # only on inputs one element past an aligned address (the misaligned call)
+    # only on inputs off 16-byte alignment (the misaligned call)
     ("rmsnorm", "unpeeled_head"): {1: "all"},
     ("linear", "bf16_accumulation"): {1: "all"},
     ("linear_with_residual", "bf16_accumulation"): {1: "all"},
@@ -394,7 +394,7 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(cont
     for op, impl in every - set(_HOPPER_CONTROLS):  # caught somewhere, at least
         assert any(r["status"] == "fail" for k, got in by.items() if k[:2] == (op, impl)
                    for r in got), (op, impl)
-    assert all(r["reason"].startswith("on inputs one element past an aligned address")
+    assert all(r["reason"].startswith("on inputs off 16-byte alignment")
                for r in by[("rmsnorm", "unpeeled_head", 1)])
     # controls that only the case built for their bug catches: ties decide only the argmax
     # case of ties (the others plant a unique maximum); only the embedding case of edge ids

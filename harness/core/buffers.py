@@ -275,28 +275,36 @@ def _widest_element(values: Mapping[str, Any]) -> dict[tuple[str, int], int]:
     return widest
 
 
+def _off_alignment(elements: int, width: int) -> int:
+    """Bytes to move a storage whose widest element is ``width`` bytes ``elements`` elements
+    off a 16-byte boundary: one element where ``elements`` would land on another."""
+    return elements * width if elements * width % 16 else width
+
+
 def _bytes(n: int) -> str:
     return f"{n} byte" if n == 1 else f"{n} bytes"
 
 
 def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
              device: torch.device | str | None = None,
-             redzones: Redzones | None = None, misalign: bool = False) -> dict[str, Any]:
+             redzones: Redzones | None = None, misalign: int = 0) -> dict[str, Any]:
     """A copy of ``values`` whose tensors live in new storage, ``shift_bytes`` past its start,
     on ``device`` (default: where they are). Tensors that shared a storage share the new one
     with the same offsets and strides; the same tensor object maps to one new object. Plain
     containers (lists, tuples, dicts, sets) are copied through; other values are shared. With
     ``redzones``, every new storage gets ``REDZONE_BYTES`` more, and the bytes around its
-    data are filled with the canary and recorded there. ``misalign``: each storage's data
-    one element further (the widest of its views' elements), so that every pointer moves
-    off the 16-byte boundary a vectorised kernel assumes, as ``x[1:]`` of a buffer does."""
+    data are filled with the canary and recorded there. ``misalign`` (1, 2 or 4): each
+    storage's data that many of its widest elements further (one where that is a multiple
+    of 16 bytes), so that every pointer moves off the 16-byte boundary a vectorised kernel
+    assumes, as ``x[1:]`` of a buffer does."""
     if shift_bytes % ALIGN_BYTES:
         raise ValueError(f"shift_bytes must be a multiple of {ALIGN_BYTES}")
     storages: dict[tuple[str, int], torch.UntypedStorage] = {}
     names_of: dict[tuple[str, int], list[str]] = {}
     memo: dict[int, torch.Tensor] = {}
     tail = REDZONE_BYTES if redzones is not None else 0
-    extra = _widest_element(values) if misalign else {}
+    extra = {key: _off_alignment(misalign, width)
+             for key, width in _widest_element(values).items()} if misalign else {}
 
     def move(t: torch.Tensor, name: str) -> torch.Tensor:
         old = t.untyped_storage()

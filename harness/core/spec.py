@@ -166,10 +166,10 @@ class OpSpec:
     shift_buffers: bool = True
     #: the op takes inputs at any address a tensor of their dtype can have (a slice ``x[1:]``
     #: of a buffer), not only 16-byte aligned ones: each implementation is also called on
-    #: inputs one element past an aligned address and checked against the reference (a
-    #: vectorised kernel's fallback for such inputs is otherwise never reached). An
-    #: implementation that needs alignment (TMA, 16-byte vector loads) may refuse them by
-    #: raising; a wrong value, a write outside its buffers or a device fault fails it
+    #: inputs one, two or four elements off alignment (by case) and checked against the
+    #: reference (a vectorised kernel's paths for such inputs are otherwise never reached).
+    #: An implementation that needs alignment (TMA, 16-byte vector loads) may refuse them
+    #: by raising; a wrong value, a write outside its buffers or a device fault fails it
     any_alignment: bool = False
     #: same inputs give the same bits (enables "bits changed" detection)
     deterministic: bool = True

@@ -186,10 +186,10 @@ class CaseSetup:
         return self._twin
 
     def inputs(self, device: torch.device, shift_bytes: int = 0,
-               redzones: Redzones | None = None, misalign: bool = False) -> dict[str, Any]:
-        """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory (one element
-        further with ``misalign``); with ``redzones``, canaries around each new storage (none
-        where inputs over the cap are used where they were made, on the CPU)."""
+               redzones: Redzones | None = None, misalign: int = 0) -> dict[str, Any]:
+        """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory (``misalign``
+        elements further: ``relocate``); with ``redzones``, canaries around each new storage
+        (none where inputs over the cap are used where they were made, on the CPU)."""
         if self.pristine is not None:
             return relocate(self.pristine, shift_bytes=shift_bytes, device=device,
                             redzones=redzones, misalign=misalign)
@@ -220,7 +220,7 @@ class SetupCache:
 
 
 def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0,
-           redzones: Redzones | None = None, misalign: bool = False) -> dict[str, Any]:
+           redzones: Redzones | None = None, misalign: int = 0) -> dict[str, Any]:
     """Inputs on the device (aliasing kept); shifted into fresh memory when asked."""
     if device.type == "cpu" and shift_bytes == 0 and not misalign:
         return dict(values)

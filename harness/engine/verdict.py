@@ -22,8 +22,8 @@ from harness.engine.case_setup import EXACT_SUFFIX
 _STAGE_PREFIX = {
     "call": "",
     "shifted": "with the inputs moved to fresh shifted memory and the old buffers poisoned: ",
-    "misaligned": ("on inputs one element past an aligned address (a vectorised kernel's "
-                   "fallback for unaligned inputs?): "),
+    "misaligned": ("on inputs off 16-byte alignment (a vectorised kernel's path for "
+                   "unaligned inputs?): "),
     "other_values": "on other input values (a result kept by shape or by call count?): ",
     "shifted_other_values": ("on other input values in fresh shifted memory, the old buffers "
                              "poisoned (a result kept by shape or by call count?): "),
