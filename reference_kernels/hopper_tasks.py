@@ -75,12 +75,12 @@ def interleave_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor, groups: int) ->
     return torch.cat([t for g in range(groups) for t in (gates[g], ups[g])])
 
 
-def silu_mul(x: torch.Tensor, groups: int) -> torch.Tensor:
+def silu_mul(x: torch.Tensor, groups: int, *, wide: bool = False) -> torch.Tensor:
     """x (B, 2I) holds G interleaved [gate | up] chunks: out = bf16(silu(gate32)) * up, (B, I)."""
     b = x.shape[0]
     m = x.view(b, groups, 2, -1)
     gate = torch.nn.functional.silu(m[:, :, 0].float()).to(x.dtype)
-    return (gate.float() * m[:, :, 1].float()).to(x.dtype).reshape(b, -1)
+    return _once(gate.to(_acc(wide)) * m[:, :, 1].to(_acc(wide)), x.dtype, wide).reshape(b, -1)
 
 
 def silu_mul_linear_with_residual(x: torch.Tensor, weight: torch.Tensor,

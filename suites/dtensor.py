@@ -318,6 +318,8 @@ RANDOM = [_case("4", "P", "R", (13, 5), values="random"),
           _case("2x2", "P,P", "S0,R", (9, 7), values="random")]
 #: Replicate -> Partial of every op: x / n for sum, x itself for avg, min and max
 TO_PARTIAL = [_case("4", "R", f"P{op}", (9, 5)) for op in ("avg", "min", "max")]
+#: Partial(avg) on one dim of a 2-D mesh: averaged over that dim's ranks, not the world's
+PARTIAL_2D = [_case("2x2", "Pavg,R", "R,R", (9, 7)), _case("2x2", "R,Pavg", "R,S0", (9, 7))]
 #: moves of special values (no Partial source: a sum of them is no move)
 SPECIAL = [_case("4", s, d, (13, 5), values="special")
            for s, d in (("S0", "R"), ("R", "S0"), ("S0", "S1"), ("S1", "S0"))]
@@ -374,7 +376,7 @@ def _smoke() -> list[dict]:
         # a spread of the 144 (16 sources x 9 targets): 17 is prime to both, so the 9 cases
         # take 9 sources and every target
         cases += exhaustive[::17]
-    return unique(cases + _special() + RANDOM + SPECIAL + TO_PARTIAL)
+    return unique(cases + _special() + RANDOM + SPECIAL + TO_PARTIAL + PARTIAL_2D)
 
 
 def _nightly() -> list[dict]:
@@ -387,7 +389,7 @@ def _nightly() -> list[dict]:
                                                    ("R,R", "S0,S1"))]
     cases += [_case("8", "P", "S1", big, values="random"),
               _case("4x2", "P,P", "R,S0", big, values="random")]
-    return unique(cases + _special() + RANDOM + SPECIAL)
+    return unique(cases + _special() + RANDOM + SPECIAL + PARTIAL_2D)
 
 
 def _work(params: Mapping[str, Any], world_size: int) -> Work:

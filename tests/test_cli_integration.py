@@ -179,9 +179,10 @@ def test_bulk_and_sequential_allgather_agree_bitwise_and_differ_in_peak_memory(s
             continue
         assert bulk["peak_memory_kind"] in ("cpu_rss_peak", "cuda_allocated_peak")
         # bulk's temporary is the whole gathered buffer, W * n * 4 bytes; sequential has none.
-        # RSS is page-granular and shared with gloo's threads, so ask for half of it.
+        # RSS is page-granular and shared with gloo's threads (sequential's own peak was 1.2
+        # to 5.6 MB in repeated runs at 8 ranks), so ask for a quarter of it.
         temporary = w * 262147 * 4
-        assert bulk["peak_memory_bytes"] - seq["peak_memory_bytes"] > temporary // 2, (bulk, seq)
+        assert bulk["peak_memory_bytes"] - seq["peak_memory_bytes"] > temporary // 4, (bulk, seq)
 
 
 def _registry_controls(family: str) -> set[tuple[str, str]]:

@@ -79,15 +79,20 @@ EDGES = {
 #: edges found by wrong kernels that passed every smoke case (tests/test_wrong_kernels.py):
 #: in one smoke case each (the smoke tier's time budget) and in the nightly tier
 EDGES_ONCE = {
-    "hopper_tasks.silu_mul": {"gates below -11": lambda p: p.get("values") == "wide"},
+    "hopper_tasks.silu_mul": {"gates below -11": lambda p: p.get("values") == "wide",
+                              "chunks of no whole vector":
+                              lambda p: (p["inter"] // p["groups"]) % 8},
     "hopper_tasks.argmax": {"an all -inf row, no padding":
                             lambda p: p.get("values") == "neginf",
                             "maxima a float16 load ties": lambda p: p.get("values") == "range"},
     "hopper_tasks.paged_attention": {"scores past exp's range":
                                      lambda p: p.get("scores") == "wide",
+                                     "pages of no power of two":
+                                     lambda p: not _pow2(p["page_size"]),
                                      "a zero and a near-eps token": _near_eps},
     "hopper_tasks.rmsnorm_linear": {"a zero and a near-eps row": _near_eps},
-    "hopper_tasks.embedding": {"one valid id": lambda p: p["b"] == 1 and p.get("ids") == "valid"},
+    "hopper_tasks.embedding": {"one valid id": lambda p: p["b"] == 1 and p.get("ids") == "valid",
+                               "rows of no whole vector": lambda p: p["hidden"] % 8},
     "hopper_tasks.attention_split_kv": {"a chunk of very negative scores, whole chunks":
                                         lambda p: p.get("scores") == "wide"
                                         and p["seq"] % p["chunk"] == 0,
@@ -99,16 +104,25 @@ EDGES_ONCE = {
                           lambda p: p.get("dist") == "edge" and p["granularity"] == "tensor",
                           "a static scale other than 1": lambda p: p.get("static") not in
                           (None, True),
+                          "a static scale no 16-bit float holds, UE8M0 on":
+                          lambda p: p.get("static") == 0.3 and p["ue8m0"],
                           "NaN per tensor": lambda p: p.get("dist") == "nan"
                           and p["granularity"] == "tensor"},
     "fp8_gemm.grouped_contiguous": {"segments aligned to less than 64 rows":
                                     lambda p: p["align"] < 64},
     "fp8_gemm.per_tensor": {"outputs past 65504": lambda p: p.get("dist") == "wide"},
     "moe.router": {"logits past exp's range": lambda p: p.get("values") == "shifted",
-                   "logits spread past exp's range": lambda p: p.get("values") == "spread"},
+                   "logits spread past exp's range": lambda p: p.get("values") == "spread",
+                   "fewer finite logits than k": lambda p: p.get("values") == "masked",
+                   "a tile of experts far below": lambda p: p.get("values") == "low_tile"},
+    "moe.permute": {"alignment no power of two": lambda p: not _pow2(p["align"]),
+                    "rows of no whole 16 bytes": lambda p: p["hidden"] * 2 % 16},
+    "fp8_gemm.transpose_split_quant": {"K of no whole vector, NaN groups":
+                                       lambda p: p["k"] % 8 and p["dist"] == "nan"},
     "moe.unpermute": {"sums past 65504": lambda p: p.get("values") == "special"},
     "moe.expert_ffn": {"an outlier token": lambda p: bool(p.get("outlier"))},
     "moe.layer": {"routing past any capacity": lambda p: bool(p.get("skew")),
+                  "top-1, not renormalised": lambda p: p["topk"] == 1 and not p["renormalize"],
                   "FP8 pairs of even weight": lambda p: p.get("route") == "even"
                   and p["precision"] == "fp8"},
     "strided_copy": {view: (lambda v: lambda p: p["view"] == v)(view)

@@ -18,7 +18,7 @@ import suites._fp8.quant as quant
 import suites._hopper.attention as attention
 from harness.core.discovery import registry
 from reference_kernels import fp8 as fp8_ref
-from suites._fp8.gemm import contiguous_torch, per_tensor_torch
+from suites._fp8.gemm import contiguous_torch, masked_torch, per_tensor_torch
 from suites._hopper.readout import argmax_torch
 from suites._hopper.tasks import embedding_torch
 from suites._moe import torch_ops
@@ -162,6 +162,21 @@ def argmax_float16_load(logits, chunk):
     return argmax_torch(logits.half(), chunk)
 
 
+def embedding_whole_vectors_only(ids, weight):
+    """Rows copied 8 bf16 (16 bytes) at a time, the hidden % 8 tail never copied."""
+    out = embedding_torch(ids, weight)
+    out[:, out.shape[1] // 8 * 8:] = 0
+    return out
+
+
+def silu_mul_whole_vectors_only(x, groups):
+    """Each chunk in 16-element vectors; the chunk % 16 tail is left zero."""
+    m = x.unflatten(1, (groups, 2, -1))
+    out = (F.silu(m[:, :, 0]) * m[:, :, 1])
+    out[..., out.shape[-1] // 16 * 16:] = 0
+    return out.flatten(1)
+
+
 HOPPER = [
     ("hopper_tasks.rmsnorm", rmsnorm_eps_after_sqrt, {"rows": "zero", "hidden": 256}),
     ("hopper_tasks.rmsnorm", rmsnorm_eps_1e5, {"rows": "zero", "hidden": 256}),
@@ -178,6 +193,8 @@ HOPPER = [
     ("hopper_tasks.paged_attention", paged_attention_eps_after_sqrt, {"rows": "zero"}),
     ("hopper_tasks.embedding", embedding_view_for_one_id, {"ids": "valid"}),
     ("hopper_tasks.argmax", argmax_float16_load, {"values": "range"}),
+    ("hopper_tasks.embedding", embedding_whole_vectors_only, {"hidden": 100}),
+    ("hopper_tasks.silu_mul", silu_mul_whole_vectors_only, {"inter": 40}),
 ]
 
 
@@ -247,6 +264,29 @@ def contiguous_group_per_64_rows(a, scale_a, b, scale_b, group_index, out):
                             out)
 
 
+def quantize_static_scale_in_bf16(x, fmt, granularity, ue8m0, scale):
+    """A static scale handed to the kernel as a bf16 number."""
+    if scale is not None:
+        scale = float(torch.tensor(scale).to(BF16))
+    return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+
+
+def tsq_whole_vectors_only(x, tokens_per_expert, fmt, ue8m0):
+    """Columns in 8-column vectors: the K % 8 last columns of q and their scales unwritten
+    (zero)."""
+    q, scales = quant.tsq_torch(x, tokens_per_expert, fmt, ue8m0)  # (K, M), (M/128, K)
+    k = x.shape[1]
+    q[k // 8 * 8:] = 0
+    scales[:, k // 8 * 8:] = 0
+    return q, scales
+
+
+def masked_scale_row_in_tile(a, scale_a, b, scale_b, masked_m, out):
+    """The activation's scale row read tile-relative (row % 64)."""
+    rows = torch.arange(scale_a.shape[1]) % 64
+    return masked_torch(a, scale_a[:, rows], b, scale_b, masked_m, out)
+
+
 FP8 = [
     ("fp8_gemm.quantize", quantize_floor_on_zero_only,
      {"dist": "edge", "granularity": "token", "fmt": "e4m3"}, {"granularity": "token"}),
@@ -260,6 +300,9 @@ FP8 = [
     ("fp8_gemm.quantize", quantize_tensor_amax_without_nan,
      {"dist": "nan", "granularity": "tensor"}, {"granularity": "tensor"}),
     ("fp8_gemm.grouped_contiguous", contiguous_group_per_64_rows, {"align": 32}, {}),
+    ("fp8_gemm.quantize", quantize_static_scale_in_bf16, {"static": 0.3}, {"static": 0.375}),
+    ("fp8_gemm.transpose_split_quant", tsq_whole_vectors_only, {"k": 100}, {}),
+    ("fp8_gemm.grouped_masked", masked_scale_row_in_tile, {"max_m": 128}, {}),
 ]
 
 
@@ -306,11 +349,39 @@ def router_shifted_by_first_logit(logits, topk, renormalize):
     return probs, experts.to(torch.int32)
 
 
+def router_taken_marked_neginf(logits, topk, renormalize):
+    """Top-k by repeated argmax, each taken expert set to -inf: where fewer than k logits are
+    finite, the same -inf expert is taken again."""
+    x = logits.float().clone()
+    picks = []
+    for _ in range(topk):
+        picks.append(x.argmax(dim=-1, keepdim=True))
+        x.scatter_(1, picks[-1], float("-inf"))
+    experts = torch.cat(picks, dim=1)
+    probs = torch.softmax(logits.float(), dim=-1).gather(-1, experts)
+    if renormalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs, experts.to(torch.int32)
+
+
+def router_shifted_by_first_tile(logits, topk, renormalize):
+    """The softmax shifted by the maximum of the first 64-expert tile, not the row's."""
+    x = logits.float()
+    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
+    e = torch.exp(x - x[:, :64].max(dim=-1, keepdim=True).values)
+    probs = (e / e.sum(-1, keepdim=True)).gather(-1, experts)
+    if renormalize:
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs, experts.to(torch.int32)
+
+
 MOE = [
     ("moe.router", router_unshifted_softmax, {"values": "shifted"}, {}),
     ("moe.router", router_shifted_by_first_logit, {"values": "spread"}, {}),
     ("moe.router", router_first_64_experts, {"experts": 256}, {}),
     ("moe.unpermute", unpermute_half_accumulator, {"values": "special"}, {}),
+    ("moe.router", router_taken_marked_neginf, {"values": "masked"}, {}),
+    ("moe.router", router_shifted_by_first_tile, {"values": "low_tile"}, {}),
 ]
 
 

@@ -426,7 +426,9 @@ GROUPED_MASKED = OpSpec(
     grid={"smoke": [{"masked": (3, 0, 64, 17), "max_m": 64, "n": 192, "k": 256},
                     # block magnitudes 2**-8..2**8: a scale of the wrong group or block shows
                     {"masked": (5, 64, 1, 0), "max_m": 64, "n": 256, "k": 384,
-                     "dist": "blocky"}],
+                     "dist": "blocky"},
+                    # groups past 64 rows: a scale row read tile-relative (row % 64) shows
+                    {"masked": (100, 0, 128, 65), "max_m": 128, "n": 128, "k": 256}],
           "nightly": [{"masked": _moe_tokens(e, 128), "max_m": 256, "n": n, "k": k}
                       for e in (8, 32) for n, k in ((4096, 7168), (7168, 2048))]},
     implementations={"torch": masked_torch},

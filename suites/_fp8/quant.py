@@ -122,6 +122,8 @@ QUANTIZE = OpSpec(
             _qcase("e4m3", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e5m2", "tensor", 64, 100, dist="wide", static=True),
             _qcase("e4m3", "tensor", 64, 100, dist="wide", static=0.375),
+            # 0.3 is no bf16 or fp16 value, and UE8M0 rounds derived scales, not a given one
+            _qcase("e4m3", "tensor", 64, 100, ue8m0=True, dist="wide", static=0.3),
             _qcase("e4m3", "token", 7, 128, dist="uniform"),
             # NaN and infinities: their groups' scales and values (reference_kernels.fp8);
             # a UE8M0 scale keeps them too
@@ -142,6 +144,7 @@ QUANTIZE = OpSpec(
            _qcase("e4m3", "tensor", 4100, 7168, dist="edge"),
            _qcase("e4m3", "tensor", 4096, 7168, dist="nan"),
            _qcase("e4m3", "tensor", 4096, 7168, dist="wide", static=0.375),
+           _qcase("e4m3", "tensor", 4096, 7168, ue8m0=True, dist="wide", static=0.3),
            _qcase("e4m3", "block", 4096, 7000)],  # a partial last group
     },
     implementations={"torch": quantize_torch,
@@ -206,10 +209,15 @@ TRANSPOSE_SPLIT_QUANT = OpSpec(
                     # e5m2; a zero group, groups under the amax floor and a scale that is a
                     # power of two already (UE8M0 keeps it)
                     {"tokens": (256, 128), "k": 256, "fmt": "e5m2", "ue8m0": True,
-                     "dist": "edge"}],
+                     "dist": "edge"},
+                    # 100 columns (no whole 8-column vectors) and NaN/inf groups
+                    {"tokens": (256, 128), "k": 100, "fmt": "e4m3", "ue8m0": False,
+                     "dist": "nan"}],
           "nightly": [{"tokens": tuple(128 * ((7 * e) % 11) for e in range(n)), "k": 7168,
                        "fmt": "e4m3", "ue8m0": u, "dist": "uniform"}
-                      for n in (8, 64) for u in (False, True)]},
+                      for n in (8, 64) for u in (False, True)]
+          + [{"tokens": (2048, 1024), "k": 7100, "fmt": "e4m3", "ue8m0": False,
+              "dist": "nan"}]},
     implementations={"torch": tsq_torch},
     negative_controls={"scale_per_block_row": tsq_scale_per_block_row},
     any_alignment=True,

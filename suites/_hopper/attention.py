@@ -180,13 +180,16 @@ PAGED_ATTENTION = OpSpec(
                     # a head of 48: the per-head RMSNorm over a row that is no power of two
                     _attention_case(2, 2, 4, 2, 48, 8, 3, last="edges"),
                     _attention_case(2, 2, 4, 2, 32, 8, 3, scores="wide"),
-                    _attention_case(2, 3, 4, 2, 32, 8, 3, rows="zero")],
+                    _attention_case(2, 3, 4, 2, 32, 8, 3, rows="zero"),
+                    # pages of 12 tokens: a page and slot found by shift and mask are wrong
+                    _attention_case(2, 2, 4, 2, 32, 12, 4)],
           "nightly": [_attention_case(b, t, 32, 8, 128, 64, 64) for b in (1, 4, 16)
                       for t in (1, 4)]
           + [_attention_case(4, t, 32, 8, 128, 64, 64, last="edges") for t in (1, 4)]
           + [_attention_case(4, 1, 32, 8, 96, 64, 64, last="edges"),
              _attention_case(4, 1, 32, 8, 128, 64, 64, scores="wide"),
-             _attention_case(4, 4, 32, 8, 128, 64, 64, rows="zero")]},
+             _attention_case(4, 4, 32, 8, 128, 64, 64, rows="zero"),
+             _attention_case(4, 1, 32, 8, 128, 12, 64)]},
     implementations={"torch": paged_attention_torch},
     negative_controls={"rope_before_norm": paged_attention_rope_before_norm,
                        "visibility_off_by_one": paged_attention_visibility_off_by_one,

@@ -106,6 +106,8 @@ LAYER = OpSpec(
                     _case(120, 128, 128, 4, 2, 16, "bf16", renormalize=False),
                     # a decode batch: fewer tokens than experts, the last expert idle
                     _case(3, 128, 128, 8, 2, 16, "bf16"),
+                    # top-1, not renormalised, fewer tokens than experts: the prob weighs
+                    _case(3, 128, 128, 8, 1, 16, "bf16", renormalize=False),
                     _case(100, 128, 128, 8, 4, 16, "fp8", renormalize=False),
                     # every pair about half its token's output: one lost shows in FP8 too
                     _case(64, 128, 128, 8, 2, 16, "fp8", renormalize=False, route="even")],
@@ -113,7 +115,8 @@ LAYER = OpSpec(
                       for k in (4, 8) for p in ("bf16", "fp8")]
           + [_case(5000, 7168, 2048, 64, 8, 128, p, renormalize=False) for p in ("bf16", "fp8")]
           + [_case(5000, 7168, 2048, 64, 8, 128, "fp8", skew=True),
-             _case(5000, 7168, 2048, 64, 8, 128, "fp8", renormalize=False, route="even")]},
+             _case(5000, 7168, 2048, 64, 8, 128, "fp8", renormalize=False, route="even"),
+             _case(3, 7168, 2048, 64, 1, 128, "bf16", renormalize=False)]},
     implementations={"torch": layer_torch},
     negative_controls={"probs_applied_twice": layer_probs_applied_twice,
                        "not_renormalized": layer_not_renormalized,

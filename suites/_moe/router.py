@@ -34,6 +34,16 @@ def router_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
         # logits spread over more than 88 within a row (x 16, exact): a softmax shifted by
         # anything but the row's maximum (its first logit, its mean) overflows exp
         x = x * 16.0
+    if params.get("values") == "masked":
+        # every expert but three per token at -inf (group-limited routing masks so): with
+        # top-4 the fourth is the lowest masked expert at prob 0, never one taken twice
+        # (renormalised: a softmax over the top k alone is the same here)
+        keep = torch.zeros_like(x, dtype=torch.bool).scatter_(1, x.topk(3, dim=1).indices, True)
+        x = torch.where(keep, x, float("-inf"))
+    if params.get("values") == "low_tile":
+        # the first 64 experts 200 below the rest: a softmax shifted by one tile's maximum
+        # (a kernel that reduces 64 experts at a time) overflows exp in the others
+        x[:, :64] -= 200.0
     if params.get("values") == "nan":
         # a NaN logit in every third token, at an expert that moves along: it is chosen
         # first and makes the token's probs NaN (reference_kernels.moe.router); two NaNs in
@@ -143,13 +153,17 @@ ROUTER = OpSpec(
                     _case(64, 60, 4, False, values="spread"),
                     # top-1 without renormalisation: the prob is the softmax's, not 1; and
                     # ties across 64-expert tiles (the lower expert first, whichever tile)
-                    _case(40, 8, 1, False), _case(24, 256, 8, False, values="ties")],
+                    _case(40, 8, 1, False), _case(24, 256, 8, False, values="ties"),
+                    _case(32, 16, 4, True, values="masked"),
+                    _case(24, 256, 8, True, values="low_tile")],
           "nightly": [_case(16384, e, k, r) for e in (8, 60, 64, 256) for k in (4, 8)
                       for r in (True, False)]
           + [_case(16384, e, 8, False, values="ties") for e in (64, 256)]
           + [_case(16384, 256, 8, True, values="nan"),
              _case(16384, 256, 8, True, values="shifted"),
-             _case(16384, 256, 8, False, values="spread")]},
+             _case(16384, 256, 8, False, values="spread"),
+             _case(16384, 256, 8, True, values="masked"),
+             _case(16384, 256, 8, True, values="low_tile")]},
     implementations={"torch": router_torch},
     negative_controls={"softmax_after_topk": router_softmax_after_topk,
                        "ties_higher_first": router_ties_higher_first,
