@@ -175,12 +175,30 @@ def reduction_tolerance(params: Mapping[str, Any], world_size: int) -> Tolerance
             return allclose(rtol=rtol + max(world_size - 1, 1) * unit_roundoff,
                             atol=torch.finfo(dtype).tiny)
         # inputs in [-1, 1): sum|x_i| <= W, so |err| <= (W-1) * u * W before the last rounding;
-        # avg divides that error by W (a bound W times too loose let a dropped rank pass)
-        scale = 1 if op == "avg" else world_size
-        return allclose(rtol=rtol, atol=max(world_size - 1, 1) * unit_roundoff * scale)
+        # avg divides that error by W (a bound W times too loose let a dropped rank pass),
+        # and NCCL's premultiplied avg adds two roundings a term (_premul_avg_roundings)
+        if op == "avg":
+            roundings = max(world_size - 1, 1) + _premul_avg_roundings(world_size)
+            return allclose(rtol=rtol, atol=roundings * unit_roundoff)
+        return allclose(rtol=rtol, atol=max(world_size - 1, 1) * unit_roundoff * world_size)
     if op == "avg":
+        if _premul_avg_roundings(world_size) and dtype.is_floating_point:
+            # each term x_i * fl(1/W) off by 2u|x_i|/W, and the W - 1 sums of such terms,
+            # partial sums up to the bound B, off by u*B each: (W + 1) u B at most, which on
+            # inputs that cancel is many ulps of the result (a dropped rank is B/W off)
+            bound = exact_bound(dtype, world_size)
+            return allclose(rtol=2 * torch.finfo(dtype).eps,
+                            atol=(world_size + 1) * torch.finfo(dtype).eps / 2 * bound)
         return ulp(2)
     return exact(any_nan=True)
+
+
+def _premul_avg_roundings(world_size: int) -> int:
+    """Roundings per term of NCCL's float avg beyond a sum's: NCCL multiplies each rank's
+    value by 1/W held in the dtype before summing (``ncclDevPreMulSum``, src/enqueue.cc),
+    exact where W is a power of two, two roundings a term (1/W's and the product's)
+    elsewhere."""
+    return 0 if world_size & (world_size - 1) == 0 else 2
 
 
 # ---------------------------------------------------------------- torch.distributed

@@ -32,6 +32,18 @@ def unaligned_wrong_on_rank_1(world, x, out, op):
     return out
 
 
+def avg_premultiplied(world, x, out, op):
+    """NCCL's float avg: each rank's value times 1/W held in the dtype, then summed (right)."""
+    import torch.distributed as dist
+
+    if op != "avg" or not x.dtype.is_floating_point:
+        return allreduce_torch(world, x, out, op)
+    scaled = x * torch.tensor(1.0 / world.size, dtype=x.dtype)
+    out.copy_(scaled)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM, group=world.group)
+    return out
+
+
 def off_by_one(world, x, out, op):
     """Wrong on every case: adds one to the result."""
     allreduce_torch(world, x, out, op)
