@@ -1056,3 +1056,28 @@ def test_a_refusal_that_left_the_device_faulted_is_no_refusal(world, monkeypatch
                         lambda device: "CUDA error: misaligned address")
     r = _run(world, faults, any_alignment=True)
     assert r.status == "error" and "misaligned address" in r.reason, r.reason
+
+
+def _piece_inputs(params, rank, world_size):
+    # in place, as a reduce_scatter's: out is x's second quarter
+    x = generate((64,), torch.float32, seed=3, dist="uniform")
+    return {"x": x, "out": x[16:32]}
+
+
+def test_an_in_place_call_may_write_its_output_piece_of_an_input_and_nothing_else(world):
+    spec = OpSpec(name="toy_piece", family="toy", reference=lambda x, out: x[16:32] * 2,
+                  make_inputs=_piece_inputs, grid={"smoke": [{"inplace": True}]},
+                  implementations={}, out_buffers={"out": "out"})
+    case = Case(spec, {"inplace": True}, 1)
+
+    def piece_only(x, out):
+        return out.mul_(2)
+
+    def scratch_in_x(x, out):  # the rest of x used as scratch, then the result copied in
+        x[:16].copy_(x[16:32] * 2)
+        return out.copy_(x[:16])
+
+    assert run_case(world, case, "ok", piece_only, bench=False).status == "pass"
+    r = run_case(world, case, "scratch", scratch_in_x, bench=False)
+    assert r.status == "error" and "input 'x' was modified outside the output buffer" \
+        in r.reason, r.reason

@@ -214,6 +214,25 @@ def lies_within(inner: torch.Tensor, outer: torch.Tensor) -> bool:
     return inner.device == outer.device and si == so and o0 <= i0 and i1 <= o1
 
 
+class BytesOutside:
+    """The bytes of a contiguous tensor outside the ranges of some others (an in-place
+    reduce_scatter's input ``x`` outside its own-rank piece ``out``), copied, to ask later
+    whether any changed."""
+
+    def __init__(self, t: torch.Tensor, inside: list[torch.Tensor]) -> None:
+        _, start, end = _byte_range(t)
+        self.view = torch.empty(0, dtype=torch.uint8, device=t.device).set_(
+            t.untyped_storage(), start, (end - start,))
+        self.keep = torch.ones(end - start, dtype=torch.bool, device=t.device)
+        for other in inside:
+            _, o0, o1 = _byte_range(other)
+            self.keep[max(o0, start) - start: max(min(o1, end) - start, 0)] = False
+        self.before = self.view[self.keep].clone()
+
+    def changed(self) -> bool:
+        return not torch.equal(self.view[self.keep], self.before)
+
+
 def nbytes(values: Mapping[str, Any]) -> int:
     """Bytes of the distinct storages behind the tensors of ``values``."""
     seen: dict[tuple[str, int], int] = {}

@@ -34,6 +34,7 @@ import torch
 from harness.core import compare
 from harness.core.buffers import (
     ALIGN_BYTES,
+    BytesOutside,
     Redzones,
     flat_bytes,
     fresh_memory_poisoned,
@@ -66,27 +67,44 @@ SHIFT_BYTES = ALIGN_BYTES
 RELOCATE_CAP_BYTES = 1 << 30
 
 
-def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
-    """Inputs an implementation may write: the output buffers, the in-place inputs of an
-    in-place case, and every input that overlaps one of them (x as a slice of out)."""
+def _roots(case: Case, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The buffers an implementation writes: the output buffers, the inputs every call
+    updates, and the in-place inputs of an in-place case."""
     spec = case.spec
     roots = set(spec.out_buffers.values()) | set(spec.readwrite_inputs)
     if case.params.get("inplace"):
         roots |= set(spec.inplace_inputs)
-    root_tensors = [inputs[r] for r in roots if isinstance(inputs.get(r), torch.Tensor)]
+    return {r: inputs[r] for r in roots if isinstance(inputs.get(r), torch.Tensor)}
+
+
+def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
+    """Inputs an implementation may write: the roots (``_roots``) and every input that
+    overlaps one of them (x as a slice of out, or out as x's piece: there, only out's bytes,
+    ``_guards``)."""
+    roots = _roots(case, inputs)
     return {k for k, v in inputs.items() if isinstance(v, torch.Tensor)
-            and (k in roots or any(overlaps(v, t) for t in root_tensors))}
+            and (k in roots or any(overlaps(v, t) for t in roots.values()))}
 
 
-def _guards(inputs: Mapping[str, Any], writable: set[str]) -> dict[str, Any]:
+def _guards(case: Case, inputs: Mapping[str, Any], writable: set[str]) -> dict[str, Any]:
     """A copy of each input the implementation may not write, to compare after: its tensors,
     and its lists, dicts and sets (the split sizes of an all-to-all, an MoE layer's tokens per
-    expert: a kernel that rewrites them as offsets in place corrupts its caller's next use)."""
+    expert: a kernel that rewrites them as offsets in place corrupts its caller's next use);
+    and of a contiguous input that holds an output buffer (an in-place reduce_scatter's x,
+    whose own-rank piece is out), the bytes outside it: NCCL's send buffer is const."""
     # containers copied as relocate copies them for each call
-    return {k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
-            for k, v in inputs.items()
-            if k not in writable and isinstance(v, (torch.Tensor, list, tuple, dict, set,
-                                                    bytearray))}
+    guards: dict[str, Any] = {
+        k: v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+        for k, v in inputs.items()
+        if k not in writable and isinstance(v, (torch.Tensor, list, tuple, dict, set,
+                                                bytearray))}
+    roots = _roots(case, inputs)
+    for k in writable - set(roots):
+        v = inputs[k]
+        inside = [t for t in roots.values() if lies_within(t, v) and not lies_within(v, t)]
+        if inside and v.is_contiguous():
+            guards[k] = BytesOutside(v, inside)
+    return guards
 
 
 def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[str, Any],
@@ -119,6 +137,12 @@ def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str,
     if outside:
         raise CaseError(outside)
     for k, before in guards.items():
+        if isinstance(before, BytesOutside):
+            if before.changed():
+                raise CaseError(f"input {k!r} was modified outside the output buffer it holds, "
+                                "but an in-place call may write only that buffer (NCCL's "
+                                "send buffer is const)")
+            continue
         if not same_value(inputs[k], before):
             what = "" if isinstance(before, torch.Tensor) else (
                 f" ({reprlib.repr(before)} -> {reprlib.repr(inputs[k])})")
@@ -275,7 +299,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         zones = Redzones()
         inputs = calls.inputs = setup.inputs(world.device, redzones=zones)
         calls.writable = _writable(case, inputs)
-        guards = _guards(inputs, calls.writable)
+        guards = _guards(case, inputs, calls.writable)
         expected = setup.expected
         tols = calls.tols = tolerances(case, expected)
         if interpreter:
@@ -358,7 +382,7 @@ def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: 
     assert calls.setup is not None
     setup, zones = calls.setup, Redzones()
     inputs = setup.inputs(world.device, SHIFT_BYTES, zones, misalign=misaligned_by(case))
-    guards = _guards(inputs, calls.writable)
+    guards = _guards(case, inputs, calls.writable)
     phase("call")
     try:
         try:
@@ -406,7 +430,7 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
     source = calls.setup.twin() if other_values else calls.setup
     zones = Redzones()
     inputs = source.inputs(world.device, SHIFT_BYTES if shift else 0, zones)
-    guards = _guards(inputs, calls.writable)
+    guards = _guards(case, inputs, calls.writable)
     if shift:
         for _, t in tensors(calls.inputs):
             poison_(t)
