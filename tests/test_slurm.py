@@ -62,9 +62,9 @@ def test_the_nightly_batch_script_runs_srun_at_the_allocations_sizes_and_reports
     assert [status for status, _ in runs] == ["complete"]
     argv = json.loads(runs[0][1])
     assert argv[argv.index("--launcher") + 1] == "srun"  # srun inside the allocation
-    assert {w for w, _, _ in rows} == {1, 3, 4} and {s for *_, s in rows} == {"pass"}
-    per_size = {w: sum(1 for x, _, _ in rows if x == w) for w in (1, 3, 4)}
-    assert per_size[1] == per_size[3] == per_size[4] > 0  # each size ran once, as one job
+    assert {w for w, _, _ in rows} == {1, 2, 3, 4} and {s for *_, s in rows} == {"pass"}
+    per_size = {w: sum(1 for x, _, _ in rows if x == w) for w in (1, 2, 3, 4)}
+    assert per_size[1] == per_size[2] == per_size[3] == per_size[4] > 0  # once each, one job
     assert (history / "site" / "index.html").is_file()
 
 
