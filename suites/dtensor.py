@@ -318,8 +318,11 @@ RANDOM = [_case("4", "P", "R", (13, 5), values="random"),
           _case("2x2", "P,P", "S0,R", (9, 7), values="random")]
 #: Replicate -> Partial of every op: x / n for sum, x itself for avg, min and max
 TO_PARTIAL = [_case("4", "R", f"P{op}", (9, 5)) for op in ("avg", "min", "max")]
-#: Partial(avg) on one dim of a 2-D mesh: averaged over that dim's ranks, not the world's
-PARTIAL_2D = [_case("2x2", "Pavg,R", "R,R", (9, 7)), _case("2x2", "R,Pavg", "R,S0", (9, 7))]
+#: Partial avg, max and min on one dim of a 2-D mesh: reduced over that dim's ranks with
+#: its own op (not the world's ranks, not a sum); and a _StridedShard destination
+PARTIAL_2D = [_case("2x2", "Pavg,R", "R,R", (9, 7)), _case("2x2", "R,Pavg", "R,S0", (9, 7)),
+              _case("2x2", "Pmax,S0", "R,R", (9, 7)), _case("2x2", "R,Pmin", "S1,R", (9, 7)),
+              _case("2x2", "R,R", "SS0sf2,S0", (8, 3))]
 #: moves of special values (no Partial source: a sum of them is no move)
 SPECIAL = [_case("4", s, d, (13, 5), values="special")
            for s, d in (("S0", "R"), ("R", "S0"), ("S0", "S1"), ("S1", "S0"))]

@@ -223,6 +223,10 @@ def _smoke() -> list[dict]:
         # takes such rows for one contiguous run (x[3:, 4:36])
         _view("rows16", "f32", (34, 32), (53, 1), 3 * 53 + 4),
         _view("rows16", "bf16", (34, 32), (53, 1), 3 * 53 + 4),
+        # rows that start 16-byte aligned at an aligned pitch and end in a partial vector
+        # (x[:, :99] of an (8, 128) x): a vector path taken on the start and pitch alone
+        _view("aligned_pitch_tail", "f32", (8, 99), (128, 1)),
+        _view("aligned_pitch_tail", "bf16", (8, 99), (128, 1)),
         # a dim of size 1 between others (x[:, 2:3, :] of a (4, 7, 5) x), and an empty view
         # whose innermost dim is the empty one
         _view("unit_dim", "f32", (4, 1, 5), (35, 5, 1), 10),
@@ -251,6 +255,7 @@ def _nightly() -> list[dict]:
         _view("offset_big", "i8", (1 << 20, 100), (128, 1), (1 << 30) + 3),
         _view("transpose_slice", "bf16", (4000, 4000), (1, 4097), 5 + 2 * 4097),
         _view("rows16", "f32", (4090, 4064), (4097, 1), 3 * 4097 + 4),
+        _view("aligned_pitch_tail", "bf16", (4096, 4000), (4096, 1)),
         _view("unit_dim", "f32", (64, 1, 4096), (4096 * 7, 4096, 1), 2 * 4096),
         _view("empty_inner", "i16", (4096, 0), (7, 1)),
         _view("contiguous_offset", "bf16", (4096, 4097), (4097, 1), 3 * 4097 + 5),

@@ -84,13 +84,16 @@ EDGES_ONCE = {
                               lambda p: (p["inter"] // p["groups"]) % 8},
     "hopper_tasks.argmax": {"an all -inf row, no padding":
                             lambda p: p.get("values") == "neginf",
-                            "maxima a float16 load ties": lambda p: p.get("values") == "range"},
+                            "maxima a float16 load ties": lambda p: p.get("values") == "range",
+                            "all below a padded zero": lambda p: p.get("values") == "negative"},
     "hopper_tasks.paged_attention": {"scores past exp's range":
                                      lambda p: p.get("scores") == "wide",
                                      "pages of no power of two":
                                      lambda p: not _pow2(p["page_size"]),
                                      "a zero and a near-eps token": _near_eps},
     "hopper_tasks.rmsnorm_linear": {"a zero and a near-eps row": _near_eps},
+    "hopper_tasks.linear": {"activations past float16's range, one row":
+                            lambda p: p.get("values") == "wide" and p["b"] == 1},
     "hopper_tasks.embedding": {"one valid id": lambda p: p["b"] == 1 and p.get("ids") == "valid",
                                "rows of no whole vector": lambda p: p["hidden"] % 8},
     "hopper_tasks.attention_split_kv": {"a chunk of very negative scores, whole chunks":
@@ -127,7 +130,7 @@ EDGES_ONCE = {
                   and p["precision"] == "fp8"},
     "strided_copy": {view: (lambda v: lambda p: p["view"] == v)(view)
                      for view in ("transpose_slice", "rows16", "unit_dim", "empty_inner",
-                                  "contiguous_offset", "overlap")},
+                                  "contiguous_offset", "overlap", "aligned_pitch_tail")},
     "allreduce": {"min and max specials": lambda p: _special(p) and p["op"] in ("min", "max"),
                   "f16 random": lambda p: p["dtype"] == "f16" and p["mode"] == "random"},
     "reduce_scatter": {"max specials": lambda p: _special(p) and p["op"] == "max",

@@ -23,8 +23,8 @@ def send_counts(params: Mapping[str, Any], world_size: int) -> list[list[int]]:
     n = int(params["n"])
     if params["splits"] == "equal":
         return [[n] * world_size for _ in range(world_size)]
-    if params["splits"] != "uneven":
-        raise ValueError(f"splits {params['splits']!r}: use equal or uneven")
+    if params["splits"] not in ("uneven", "idle"):
+        raise ValueError(f"splits {params['splits']!r}: use equal, uneven or idle")
     index = torch.arange(world_size * world_size, dtype=torch.int64)
     draws = hash32(index, seed_from("all_to_all.splits", n, world_size)) % (2 * n + 1)
     counts = draws.view(world_size, world_size).tolist()
@@ -33,6 +33,9 @@ def send_counts(params: Mapping[str, Any], world_size: int) -> list[list[int]]:
             counts[j][(j + 1) % world_size] = 0
         else:
             counts[j][j] = max(counts[j][j], 1)
+    if params["splits"] == "idle" and world_size > 1:
+        # rank 1 sends nothing to anyone, and still receives its pieces
+        counts[1] = [0] * world_size
     return counts
 
 
@@ -151,7 +154,9 @@ def _smoke() -> list[dict]:
             _case("bf16", 1031, "uneven", mode="special"),
             _case("f32", 67, "equal", mode="special"),
             # counts a vector width divides (a kernel's aligned fast path)
-            _case("f32", 1024, "equal"), _case("bf16", 4096, "uneven", mode="special")]
+            _case("f32", 1024, "equal"), _case("bf16", 4096, "uneven", mode="special"),
+            # a rank with nothing to send still unpacks what it receives
+            _case("f32", 1031, "idle")]
 
 
 def _nightly() -> list[dict]:
@@ -160,7 +165,8 @@ def _nightly() -> list[dict]:
         for n in sweep_counts(dt, high_bytes=16 << 20):  # per peer: W * 16 MiB per rank
             cases += [_case(dt, n, "equal"), _case(dt, n, "uneven")]
     cases += [_case(dt, 1000003, "uneven") for dt in ("f16", "i32")]
-    cases += [_case("f32", (1 << 18) + 17, "uneven", mode="random")]
+    cases += [_case("f32", (1 << 18) + 17, "uneven", mode="random"),
+              _case("f32", (1 << 18) + 17, "idle")]
     cases += [_case(dt, (1 << 18) + 17, "uneven", mode="special") for dt in ("f32", "bf16")]
     return unique(cases)
 

@@ -35,6 +35,16 @@ def splits_for(n: int, tensors: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def _splits(params: Mapping[str, Any]) -> tuple[int, ...]:
+    """The parameters' sizes: ``splits_for``, or with ``sizes=small_first`` a bias of 7 and a
+    norm weight of 3 before one large weight (small neighbours a kernel may bucket together,
+    each of which must still land whole in every rank's region)."""
+    n, tensors = int(params["n"]), int(params["tensors"])
+    if params.get("sizes") == "small_first":
+        return (7, 3, n - 10)
+    return splits_for(n, tensors)
+
+
 def _values(params: Mapping[str, Any], rank: int, world_size: int) -> torch.Tensor:
     return rank_values("allgather", params, rank, world_size, int(params["n"]), sums=False)
 
@@ -50,12 +60,12 @@ def allgather_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> d
             raise ValueError("an in-place allgather gathers one tensor (tensors=1)")
         out[rank * n : (rank + 1) * n] = x
         x = out[rank * n : (rank + 1) * n]
-    return {"x": x, "out": out, "splits": splits_for(n, tensors)}
+    return {"x": x, "out": out, "splits": _splits(params)}
 
 
 def allgather_expected(params: Mapping[str, Any], rank: int, world_size: int) -> torch.Tensor:
     inputs = [_values(params, r, world_size) for r in range(world_size)]
-    return ref.allgather(inputs, splits_for(int(params["n"]), int(params["tensors"])))
+    return ref.allgather(inputs, _splits(params))
 
 
 def allgather_work(params: Mapping[str, Any], world_size: int) -> Work:
@@ -160,8 +170,9 @@ def allgather_stale_buffer(world: Any, x: torch.Tensor, out: torch.Tensor,
 
 # ---------------------------------------------------------------- grids
 def _case(dtype: str, n: int, tensors: int = 1, inplace: bool = False,
-          mode: str = "exact") -> dict:
-    return {"dtype": dtype, "n": n, "tensors": tensors, "inplace": inplace, "mode": mode}
+          mode: str = "exact", **extra: Any) -> dict:
+    return {"dtype": dtype, "n": n, "tensors": tensors, "inplace": inplace, "mode": mode,
+            **extra}
 
 
 def _smoke() -> list[dict]:
@@ -176,6 +187,8 @@ def _smoke() -> list[dict]:
         _case("f32", 262147, 8),
         # counts a vector width divides (a kernel's aligned fast path)
         _case("f32", 1024), _case("bf16", 4096, mode="special"),
+        # a bias and a norm weight beside a weight: small neighbours, each whole
+        _case("f32", 1031, 3, sizes="small_first"),
     ]
 
 
@@ -191,6 +204,7 @@ def _nightly() -> list[dict]:
             cases.append(_case(dt, n))
     cases += [_case("f32", (1 << 20) + 17, 4, mode="random"), _case("bf16", 65539, 64)]
     cases += [_case(dt, (1 << 20) + 17, mode="special") for dt in ("f32", "bf16")]
+    cases += [_case("f32", (1 << 20) + 17, 3, sizes="small_first")]
     return unique(cases)
 
 

@@ -37,6 +37,10 @@ def argmax_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
         return {"logits": logits, "chunk": chunk}
     if params.get("values") == "range":
         return {"logits": argmax_range(logits, chunk), "chunk": chunk}
+    if params.get("values") == "negative":
+        # every logit below zero: where the vocab does not fill its chunk, a padded zero wins
+        # (the answer is the vocab size), which a single pass over the real logits misses
+        return {"logits": -(logits.abs() + 0.5), "chunk": chunk}
     where = hash32(torch.arange(b), seed_from("argmax.max", b, vocab)) % vocab
     logits[torch.arange(b), where] = 4.0
     return {"logits": logits, "chunk": chunk}
@@ -172,12 +176,14 @@ ARGMAX = OpSpec(
                     {"b": 2, "vocab": 64, "chunk": 16, "values": "neginf"},
                     {"b": 2, "vocab": 200, "chunk": 64, "values": "range"},
                     # a chunk past 256: an index within it kept in 8 bits wraps
-                    {"b": 4, "vocab": 1500, "chunk": 512}],
+                    {"b": 4, "vocab": 1500, "chunk": 512},
+                    {"b": 2, "vocab": 50, "chunk": 64, "values": "negative"}],
           "nightly": [{"b": b, "vocab": v, "chunk": 4096} for b in BATCHES
                       for v in (128256, 151936, 152064)]
           + [{"b": 6, "vocab": 151936, "chunk": 4096, "values": v} for v in ("ties", "nan")]
           + [{"b": 2, "vocab": 131072, "chunk": 4096, "values": "neginf"},
-             {"b": 2, "vocab": 151936, "chunk": 4096, "values": "range"}]},
+             {"b": 2, "vocab": 151936, "chunk": 4096, "values": "range"},
+             {"b": 2, "vocab": 3000, "chunk": 4096, "values": "negative"}]},
     implementations={"torch": argmax_torch, "triton": triton_impl("hopper:argmax")},
     negative_controls={"no_chunk_offset": argmax_no_chunk_offset,
                        "index_in_8_bits": argmax_index_in_8_bits,

@@ -183,6 +183,10 @@ def linear_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
     b, n, k = params["b"], params["n"], params["k"]
     inputs = {"x": tensor("linear", params, "x", (b, k)), "weight": weight("linear", params, "w",
                                                                           n, k)}
+    if params.get("values") == "wide":
+        # every 97th activation times 2**17 (exact in bf16): past float16's 65504, where a
+        # path that stages x or W through float16 turns them to inf
+        inputs["x"][:, ::97] *= 131072.0
     if params.get("residual"):
         inputs["residual"] = tensor("linear", params, "r", (b, n))
     return inputs
@@ -229,10 +233,12 @@ def _linear_grid(residual: bool) -> dict[str, list[dict]]:
     # of those sizes has a tail to mask (or drops it)
     # (the one-row case, a decode step, with a K tail too: a GEMV path of its own)
     smoke = [{"b": 4, "n": 384, "k": 1024}, {"b": 1, "n": 100, "k": 1096},
-             {"b": 3, "n": 96, "k": 1096}, {"b": 2, "n": 130, "k": 1544}]
+             {"b": 3, "n": 96, "k": 1096}, {"b": 2, "n": 130, "k": 1544},
+             {"b": 1, "n": 100, "k": 1096, "values": "wide"}]
     nightly = [{"b": b, "n": n, "k": h} for b in BATCHES for h in HIDDENS
                for n in (6144, h)]
-    nightly += [{"b": 16, "n": 6144, "k": 4104}, {"b": 1, "n": 4100, "k": 7000}]
+    nightly += [{"b": 16, "n": 6144, "k": 4104}, {"b": 1, "n": 4100, "k": 7000},
+                {"b": 1, "n": 4100, "k": 7000, "values": "wide"}]
     if residual:
         for case in smoke + nightly:
             case["residual"] = True
