@@ -253,7 +253,7 @@ _COLLECTIVE_CONTROLS = {
     ("reduce_scatter", "no_tail"): {1: "some", 4: "unaligned"},
     ("all_to_all", "rank_order"): {1: "none", 4: "all"},
     ("all_to_all", "no_tail"): {1: "unaligned", 4: "unaligned"},
-    ("all_to_all", "splits_transposed"): {1: "none", 4: "splits=uneven"},
+    ("all_to_all", "splits_transposed"): {1: "none", 4: "splits=uneven|splits=idle"},
     ("broadcast", "root_zero"): {1: "none", 4: "root!=0"},
     ("broadcast", "no_tail"): {1: "some", 4: "unaligned"},
     ("broadcast", "root_out_unwritten"): {1: "inplace=false", 4: "inplace=false"},
@@ -408,7 +408,8 @@ def test_hopper_task_controls_fail_and_the_pipeline_names_the_planted_stage(cont
     # decide too, and an all -inf row ties every logit)
     # and the controls of the cases made for the red team's bugs: gates past exp's float32
     # range, squares past float16's, an index within a chunk past 8 bits
-    for control, marker in (("last_on_ties", "values=ties|values=nan|values=neginf"),
+    for control, marker in (("last_on_ties",
+                             "values=ties|values=nan|values=neginf|values=negative"),
                             ("zero_id_as_padding", "ids=edges"),
                             ("min_shift", "scores=wide|scores=low_first"),
                             ("sigmoid_as_exp_ratio", "values=wide"),

@@ -176,9 +176,11 @@ def test_demo_made_real_runs_with_the_planted_slowdown_and_bug(demo):
         key=lambda p: p["case_id"]), (points, medians)
     for case in (step, contiguous):
         may_begin = {r["run_id"] for r in case[1:4]}
-        if case[3]["median_ns"] <= 1.5 * max(r["median_ns"] for r in case[:3]):
-            # night 4 no slower than a night of the old level a loaded machine slowed (night 1
-            # once 2x): it is the old level's, and the step's first night is surely night 5
+        if case[3]["median_ns"] <= 2 * max(r["median_ns"] for r in case[:3]):
+            # night 4 within twice a night of the old level a loaded machine slowed (night 1
+            # once 2x; in a full-suite run night 2 was 1.6x and night 4 2.7x the level, which
+            # the analysis took for the old level's noise): it may be the old level's, and
+            # the step's first night is surely night 5
             may_begin.add(None)
         assert earliest[case[4]["case_id"]] in may_begin, (points, medians)
     assert (contiguous[6]["run_id"], "new_failure", contiguous[6]["case_id"]) in findings
