@@ -169,7 +169,8 @@ class OpSpec:
     #: inputs one, two or four elements off alignment (by case) and checked against the
     #: reference (a vectorised kernel's paths for such inputs are otherwise never reached).
     #: An implementation that needs alignment (TMA, 16-byte vector loads) may refuse them
-    #: by raising; a wrong value, a write outside its buffers or a device fault fails it
+    #: by raising; a wrong value, a write outside its buffers or a device fault fails it.
+    #: At world sizes up to 4 (the same paths run at 8)
     any_alignment: bool = False
     #: same inputs give the same bits (enables "bits changed" detection)
     deterministic: bool = True

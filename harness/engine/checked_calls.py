@@ -65,6 +65,10 @@ from harness.engine.verdict import golden_check
 SHIFT_BYTES = ALIGN_BYTES
 #: inputs bigger than this are not copied for the shifted check
 RELOCATE_CAP_BYTES = 1 << 30
+#: the misaligned call runs up to this world size: a kernel's unaligned paths are the same at
+#: 8 ranks as at 4 (each rank's pieces are misaligned alike), and at 8 oversubscribed ranks
+#: the call cost the smoke tier 3 s of its 90
+MISALIGNED_MAX_WORLD = 4
 
 
 def _roots(case: Case, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -327,7 +331,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         if small:
             calls.held = _own_memory(outputs, inputs)
         del outputs
-        if spec.any_alignment and small:
+        if spec.any_alignment and small and world.size <= MISALIGNED_MAX_WORLD:
             failed = _misaligned_call(world, case, impl, calls, phase, failed, checks)
         shift, other_values = spec.shift_buffers and small, other_values and small
         if shift or other_values:
