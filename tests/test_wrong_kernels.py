@@ -72,6 +72,21 @@ def split_kv_running_max_from_zero(q, k, v, chunk):
         torch.Tensor.amax = real
 
 
+def split_kv_skips_negligible_keys(q, k, v, chunk):
+    """A sparse P @ V: the values of keys whose probability in their chunk is under 2**-24
+    are never loaded (taken as 0), so a NaN there never reaches the output."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = torch.einsum("hd,shd->hs", q.float(), k.float()) * scale
+    chunks = torch.arange(k.shape[0]) // chunk
+    far = torch.zeros_like(scores, dtype=torch.bool)
+    for c in chunks.unique():
+        cols = chunks == c
+        m = scores[:, cols].amax(dim=-1, keepdim=True)
+        far[:, cols] = torch.exp(scores[:, cols] - m) < 2.0**-24
+    return attention.split_kv_torch(
+        q, k, torch.where(far.t()[..., None], torch.zeros((), dtype=v.dtype), v), chunk)
+
+
 def split_kv_one_chunk_too_many(q, k, v, chunk):
     """S // chunk + 1 chunks: an empty one where the chunk divides S."""
     pad = chunk if k.shape[0] % chunk == 0 else 0
@@ -185,6 +200,7 @@ HOPPER = [
     ("hopper_tasks.embedding", embedding_minus_one_only, {"ids": "edges", "vocab": 17}),
     ("hopper_tasks.attention_split_kv", split_kv_running_max_from_zero, {"scores": "wide"}),
     ("hopper_tasks.attention_split_kv", split_kv_one_chunk_too_many, {"scores": "wide"}),
+    ("hopper_tasks.attention_split_kv", split_kv_skips_negligible_keys, {"v": "nan_far"}),
     ("hopper_tasks.paged_attention", paged_attention_unshifted_softmax, {"scores": "wide"}),
     ("hopper_tasks.attention_split_kv", split_kv_merge_relative_to_first,
      {"scores": "low_first"}),
