@@ -313,9 +313,8 @@ def measure(
             m.sum_dot += sq
             continue
         g_raw = None if g_flat is None else g_flat[start : start + chunk_elems]
-        _measure_chunk(m, a_raw, e_raw, elem, actual.dtype, start, rank, g_raw)
-        if row:  # a chunk bitwise equal to the reference has rows of calc_diff 0
-            _row_cos_diff(m, a_raw, e_raw, row, start // row, rank)
+        # (a chunk bitwise equal to the reference, skipped above, has rows of calc_diff 0)
+        _measure_chunk(m, a_raw, e_raw, elem, actual.dtype, start, rank, g_raw, row)
     return m
 
 
@@ -327,13 +326,12 @@ def _row_length(t: torch.Tensor) -> int:
     return max(t.shape[-1], 1) if t.dim() else 1
 
 
-def _row_cos_diff(m: Metrics, a_raw: torch.Tensor, e_raw: torch.Tensor, row: int,
+def _row_cos_diff(m: Metrics, af: torch.Tensor, ef: torch.Tensor, row: int,
                   first_row: int, rank: int) -> None:
-    """The chunk's rows' own calc_diff (whole rows), over their finite elements (a NaN or a
-    wrong infinity fails apart); the worst one kept."""
-    a, e = a_raw.to(torch.float64).view(-1, row), e_raw.to(torch.float64).view(-1, row)
-    finite = torch.isfinite(a) & torch.isfinite(e)
-    a, e = torch.where(finite, a, 0.0), torch.where(finite, e, 0.0)
+    """The chunk's rows' own calc_diff (whole rows), over their finite elements (``af``,
+    ``ef``: float64, non-finite ones zeroed; a NaN or a wrong infinity fails apart); the
+    worst one kept."""
+    a, e = af.view(-1, row), ef.view(-1, row)
     denom = (a * a).sum(1) + (e * e).sum(1)
     dot = (a * e).sum(1)
     cd = torch.where(denom > 0, 1 - 2 * dot / torch.where(denom > 0, denom, 1.0), 0.0)
@@ -358,6 +356,7 @@ def _measure_chunk(
     offset: int,
     rank: int,
     g_raw: torch.Tensor | None = None,
+    row: int = 0,
 ) -> None:
     a = a_raw.to(torch.float64)
     e = e_raw.to(torch.float64)
@@ -380,7 +379,9 @@ def _measure_chunk(
     if diff.numel():
         m.max_abs = max(m.max_abs, float(diff.max()))
         m.max_rel = max(m.max_rel, float(rel.max()))
-    _add_sums(m, a, e, finite, bad_special)
+    af, ef = _add_sums(m, a, e, finite, bad_special)
+    if row:  # a per-row tolerance: rows of ``row`` elements, whole in the chunk
+        _row_cos_diff(m, af, ef, row, offset // row, rank)
     if elem is None:
         bad = bad_special
     elif elem.kind == "exact":
@@ -394,8 +395,9 @@ def _measure_chunk(
 
 
 def _add_sums(m: Metrics, a: torch.Tensor, e: torch.Tensor, finite: torch.Tensor,
-              bad_special: torch.Tensor) -> None:
-    """The chunk's sums of squares and products (rel_l2, cos_diff), over its finite values."""
+              bad_special: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk's sums of squares and products (rel_l2, cos_diff), over its finite values;
+    the values with the non-finite ones zeroed (for per-row sums)."""
     af = torch.where(finite, a, torch.zeros_like(a))
     ef = torch.where(finite, e, torch.zeros_like(e))
     if bool(bad_special.any()):
@@ -404,6 +406,7 @@ def _add_sums(m: Metrics, a: torch.Tensor, e: torch.Tensor, finite: torch.Tensor
     m.sum_sq_expected += float((ef * ef).sum())
     m.sum_sq_actual += float((af * af).sum())
     m.sum_dot += float((af * ef).sum())
+    return af, ef
 
 
 def _out_of_bounds(m: Metrics, elem: Tolerance, a_raw: torch.Tensor, e_raw: torch.Tensor,

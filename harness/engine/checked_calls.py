@@ -376,8 +376,8 @@ def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: 
     """A call on the case's values with every input off 16-byte alignment by one, two or
     four elements (``misaligned_by``; ``OpSpec.any_alignment``): a kernel that picks its
     vector width from the pointer's alignment (torch's ``can_vectorize_up_to``) has a path
-    for each. Checked against the reference under the case's tolerance
-    but not for the first call's bits (a kernel may sum a misaligned head apart, as torch's
+    for each. Checked against the reference under the case's tolerance but not for the
+    first call's bits (a kernel may sum a misaligned head apart, as torch's
     vectorised reductions do). An implementation may refuse such inputs by raising (what a
     kernel that needs alignment should do); it may not return wrong values, write outside its
     buffers or leave the device faulted. What has failed on this rank so far is returned,
