@@ -324,24 +324,56 @@ FP8 = [
 
 # ------------------------------------------------------------------ moe
 
-def router_unshifted_softmax(logits, topk, renormalize):
-    x = logits.float()
-    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
-    e = torch.exp(x)
-    probs = (e / e.sum(-1, keepdim=True)).gather(-1, experts)
+def _top(x, topk):
+    """The router's choice: the k largest logits, ties lower expert first."""
+    return torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
+
+
+def _softmax_shifted_by(x, shift):
+    e = torch.exp(x - shift)
+    return e / e.sum(-1, keepdim=True)
+
+
+def _routed(probs, experts, renormalize):
+    """The router's outputs from every expert's prob and the experts chosen."""
+    probs = probs.gather(-1, experts)
     if renormalize:
         probs = probs / probs.sum(-1, keepdim=True)
     return probs, experts.to(torch.int32)
+
+
+def router_unshifted_softmax(logits, topk, renormalize):
+    x = logits.float()
+    return _routed(_softmax_shifted_by(x, 0.0), _top(x, topk), renormalize)
 
 
 def router_first_64_experts(logits, topk, renormalize):
     """A top-k over one 64-wide register tile of experts."""
     x = logits.float()
-    experts = torch.sort(x[:, :64], dim=-1, descending=True, stable=True).indices[:, :topk]
-    probs = torch.softmax(x, dim=-1).gather(-1, experts)
-    if renormalize:
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs, experts.to(torch.int32)
+    return _routed(torch.softmax(x, dim=-1), _top(x[:, :64], topk), renormalize)
+
+
+def router_shifted_by_first_logit(logits, topk, renormalize):
+    x = logits.float()
+    return _routed(_softmax_shifted_by(x, x[:, :1]), _top(x, topk), renormalize)
+
+
+def router_taken_marked_neginf(logits, topk, renormalize):
+    """Top-k by repeated argmax, each taken expert set to -inf: where fewer than k logits are
+    finite, the same -inf expert is taken again."""
+    x = logits.float().clone()
+    picks = []
+    for _ in range(topk):
+        picks.append(x.argmax(dim=-1, keepdim=True))
+        x.scatter_(1, picks[-1], float("-inf"))
+    return _routed(torch.softmax(logits.float(), dim=-1), torch.cat(picks, dim=1), renormalize)
+
+
+def router_shifted_by_first_tile(logits, topk, renormalize):
+    """The softmax shifted by the maximum of the first 64-expert tile, not the row's."""
+    x = logits.float()
+    return _routed(_softmax_shifted_by(x, x[:, :64].max(dim=-1, keepdim=True).values),
+                   _top(x, topk), renormalize)
 
 
 def unpermute_half_accumulator(permuted, rowmap, routemap, permuted_probs, num_tokens,
@@ -353,42 +385,6 @@ def unpermute_half_accumulator(permuted, rowmap, routemap, permuted_probs, num_t
         acc += gathered[:, e]
     return acc.to(permuted.dtype), torch_ops.unpermute(
         permuted, rowmap, routemap, permuted_probs, num_tokens, num_experts)[1]
-
-
-def router_shifted_by_first_logit(logits, topk, renormalize):
-    x = logits.float()
-    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
-    e = torch.exp(x - x[:, :1])
-    probs = (e / e.sum(-1, keepdim=True)).gather(-1, experts)
-    if renormalize:
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs, experts.to(torch.int32)
-
-
-def router_taken_marked_neginf(logits, topk, renormalize):
-    """Top-k by repeated argmax, each taken expert set to -inf: where fewer than k logits are
-    finite, the same -inf expert is taken again."""
-    x = logits.float().clone()
-    picks = []
-    for _ in range(topk):
-        picks.append(x.argmax(dim=-1, keepdim=True))
-        x.scatter_(1, picks[-1], float("-inf"))
-    experts = torch.cat(picks, dim=1)
-    probs = torch.softmax(logits.float(), dim=-1).gather(-1, experts)
-    if renormalize:
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs, experts.to(torch.int32)
-
-
-def router_shifted_by_first_tile(logits, topk, renormalize):
-    """The softmax shifted by the maximum of the first 64-expert tile, not the row's."""
-    x = logits.float()
-    experts = torch.sort(x, dim=-1, descending=True, stable=True).indices[:, :topk]
-    e = torch.exp(x - x[:, :64].max(dim=-1, keepdim=True).values)
-    probs = (e / e.sum(-1, keepdim=True)).gather(-1, experts)
-    if renormalize:
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs, experts.to(torch.int32)
 
 
 MOE = [
