@@ -342,7 +342,7 @@ def _wobbly(first: int):
 @pytest.mark.parametrize("first,bench,where", [
     (2, True, "the second call, on the same inputs in shifted"),
     (3, True, "the last timed call gave other bits"),
-    (3, False, "the third call, on the first one's values again, gave other bits"),
+    (3, False, "the third call (the first one's values again) gave other bits"),
 ], ids=["second_call", "timed", "untimed"])
 def test_other_bits_for_the_same_inputs_fail_a_deterministic_op(world, first, bench, where):
     r = _run(world, _wobbly(first), bench=bench)
@@ -351,6 +351,30 @@ def test_other_bits_for_the_same_inputs_fail_a_deterministic_op(world, first, be
     loose = _run(world, _wobbly(first), bench=bench, deterministic=False)
     assert loose.status == "pass", loose.reason
     assert "same_bits" not in loose.checks
+
+
+def _alternating(phase: int):
+    """Doubles; from the third call on, every other call (odd or even, by ``phase``) one
+    float32 ulp off: a scheduler that alternates two accurate configurations call by call.
+    The checked calls are right, and so is every second later one."""
+    count = {"n": 0}
+
+    def alternating(x, out):
+        count["n"] += 1
+        torch.mul(x, 2, out=out)
+        if count["n"] >= 3 and count["n"] % 2 == phase:
+            out.copy_(torch.nextafter(out, torch.full_like(out, float("inf"))))
+        return out
+    return alternating
+
+
+@pytest.mark.parametrize("bench", [False, True], ids=["untimed", "timed"])
+@pytest.mark.parametrize("phase", [0, 1], ids=["even", "odd"])
+def test_calls_that_alternate_fail_a_deterministic_op_whatever_the_call_count(world, bench,
+                                                                                phase):
+    r = _run(world, _alternating(phase), bench=bench)
+    assert r.status == "fail", r.reason
+    assert "not deterministic" in r.reason, r.reason
 
 
 @pytest.mark.parametrize("bench", [False, True], ids=["untimed", "timed"])
@@ -487,16 +511,16 @@ def test_the_implementations_of_a_case_share_one_set_up_but_never_its_tensors(wo
         seen.append((x.data_ptr(), x.clone(), list(sizes)))
         return torch.mul(x, 2, out=out)
 
-    for _ in range(3):  # three implementations, three calls each, untimed: the second on
-        # the twin case's values (made once too), the third on the case's again
+    for _ in range(3):  # three implementations, four calls each, untimed: the second on
+        # the twin case's values (made once too), the third and fourth on the case's again
         r = run_case(world, case, "ok", ok, bench=False, setups=setups)
         assert r.status == "pass", r.reason
-    assert len(seen) == 9 and calls == {"inputs": 2, "reference": 2}
+    assert len(seen) == 12 and calls == {"inputs": 2, "reference": 2}
     fresh = _inputs({"n": 1031}, 0, 1)["x"]
     with reseeded(setups.get(case, 0).twin().salt):  # other values from the same generator
         twin = _inputs({"n": 1031}, 0, 1)["x"]
     assert not torch.equal(fresh, twin)
-    assert all(torch.equal(x, twin if i % 3 == 1 else fresh) and sizes == [1, 2, 3]
+    assert all(torch.equal(x, twin if i % 4 == 1 else fresh) and sizes == [1, 2, 3]
                for i, (_, x, sizes) in enumerate(seen))
     pristine = setups.get(case, 0).pristine
     assert pristine is not None  # never handed out: every call got a copy
@@ -559,7 +583,7 @@ def test_a_token_timing_still_checks_its_call(world):
     case = Case(_spec(), {"n": 1031}, 1)
     token = TIMING.for_placement("8 ranks on 2 CPU(s) of vm")
     r = run_case(world, case, "b", breaks_on_third_call, bench=True, timing=token)
-    assert calls["n"] == 3 and r.status == "fail"
+    assert calls["n"] == 4 and r.status == "fail"  # the token call and one right after it
     assert r.reason.startswith("on new input values written into buffers an earlier call used")
     assert r.timing["minimal"] and r.timing["n"] == 1
 
@@ -898,7 +922,7 @@ def test_in_process_cases_after_one_that_tainted_the_process_are_not_run(monkeyp
     results = run_cases(spec, taints_on_second)
     assert [r.status for r in results] == ["pass", "pass", "skip"]
     assert results[2].reason == TAINTED and results[2].case_id.endswith("n=64]")
-    assert len(calls) == 2 * 3  # each run case's three calls (untimed); none for the skip
+    assert len(calls) == 2 * 4  # each run case's four calls (untimed); none for the skip
     assert {r.status for r in run_cases(spec, "ok")} == {"skip"}  # nor in a later call
     # and a control's skipped cases are no catch (harness tolerance)
     from harness.engine.tolerance_use import controls_caught, uses

@@ -249,6 +249,9 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
         finally:
             children.leave_if_forked()
 
+    # the last repeat and one more right after it must both give the checked call's bits: a
+    # kernel whose calls alternate (two configurations, a flipped workspace) differs in one
+    consecutive = recheck and spec.deterministic and bool(calls.digest)
     local_error = ""
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
     try:
@@ -256,6 +259,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
             call()
         else:
             result.timing = time_call(call, world, spec.distributed, cfg)
+        if consecutive:
+            last["before"] = _snapshot(last["value"])
+            _poison_next(rotation, slots, out_names)
+            call()
     except KeyboardInterrupt:
         raise
     except IMPL_RAISES as exc:
@@ -273,12 +280,9 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
                                     values.magnitudes)
             checks.append(after)
             # every timed call is on the first call's values (the token one put them back)
-            if spec.deterministic and calls.digest:
+            if consecutive:
                 checks.append("same_bits")
-                if output_hashes(outputs)[0] != calls.digest:
-                    repeat = ("the third call, on the first one's values again, gave other "
-                              "bits than the first" if untimed else "the last timed call gave "
-                              "other bits than the checked call on the same inputs")
+                repeat = _repeat_differs(last["before"], outputs, calls.digest, spec, untimed)
             if after == "reused_buffers":
                 local_error = changed_since(calls.held)
             if real and nbytes(inputs) <= RELOCATE_CAP_BYTES:
@@ -300,6 +304,41 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
         _take(result, verdict)
         return
     _judge_honesty(world, result, tampered, impossible_why)
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of what a call returned, its tensors cloned (the next call may reuse them)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_snapshot(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _snapshot(v) for k, v in value.items()}
+    return value
+
+
+def _poison_next(rotation: Any, slots: list[dict[str, Any]], out_names: set[str]) -> None:
+    """Poison the output buffers of the slot the next call takes (``rotation`` peeked by
+    cycling it once round), so that a call that writes nothing cannot pass as one more
+    that gives the same bits."""
+    upcoming = [next(rotation) for _ in slots]  # a full turn: the cycle's position is kept
+    for name in out_names:
+        buf = upcoming[0].get(name)
+        if isinstance(buf, torch.Tensor):
+            poison_(buf)
+
+
+def _repeat_differs(before: Any, outputs: Mapping[str, Any], digest: str, spec: OpSpec,
+                    untimed: bool) -> str:
+    """Why the last repeat (``before``) or the call right after it (``outputs``) is not the
+    checked call's bits (``digest``), or ""."""
+    last = "the third call (the first one's values again)" if untimed else "the last timed call"
+    if output_hashes(normalize_outputs(before, spec.outputs, implementation=True))[0] != digest:
+        return f"{last} gave other bits than the checked call on the same inputs"
+    if output_hashes(outputs)[0] != digest:
+        return (f"one more call right after {last}, on the same inputs, gave other bits than "
+                "the checked call (calls that alternate)")
+    return ""
 
 
 def _timed_inputs(world: World, case: Case, calls: Calls, cfg: TimingConfig, recheck: bool,
