@@ -59,7 +59,7 @@ from harness.engine.case_setup import (
     normalize_outputs,
     tolerances,
 )
-from harness.engine.verdict import golden_check
+from harness.engine.verdict import STAGE_PREFIX, golden_check
 
 #: the second check moves inputs this far into fresh memory
 SHIFT_BYTES = ALIGN_BYTES
@@ -407,7 +407,7 @@ def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: 
     except CaseError as exc:
         if failed:
             return failed
-        why = f"on inputs off 16-byte alignment: {exc}"
+        why = f"{STAGE_PREFIX['misaligned']}{exc}"
         if not (case.spec.distributed and world.size > 1):
             raise CaseError(why) from exc
         return why

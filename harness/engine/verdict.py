@@ -19,7 +19,8 @@ from harness.device.memory import NOT_MEASURED
 from harness.device.runtime import World
 from harness.engine.case_setup import EXACT_SUFFIX
 
-_STAGE_PREFIX = {
+#: the words that open a failure found at each stage (one wording per stage, whatever failed)
+STAGE_PREFIX = {
     "call": "",
     "shifted": "with the inputs moved to fresh shifted memory and the old buffers poisoned: ",
     "misaligned": ("on inputs off 16-byte alignment (a vectorised kernel's path for "
@@ -242,4 +243,4 @@ def _judge_stage(per_rank: list[dict[str, Any]], stage: str, spec: OpSpec
         text = f"first divergence at stage {first!r}: {why}"
         if later:
             text += f"; later stages diverging too: {', '.join(later)}"
-    return "fail", _STAGE_PREFIX.get(stage, "") + text, outputs, wrong
+    return "fail", STAGE_PREFIX.get(stage, "") + text, outputs, wrong
