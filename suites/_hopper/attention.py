@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from harness.api import OpSpec, Work, allclose, default_for, exact, hash32, seed_from
 from reference_kernels import hopper_tasks as ref
 
-from .common import ATTENTION_TOLERANCE, BF16, near_eps_rows, norm_weight, tensor
+from .common import ATTENTION_LENS, ATTENTION_TOLERANCE, BF16, near_eps_rows, norm_weight, tensor
 
 FAMILY = "hopper_tasks"
 
@@ -142,6 +142,18 @@ def paged_attention_full_last_page_empty(**inputs: Any) -> dict[str, torch.Tenso
     return torch_paged_attention(**{**inputs, "last_page_len": inputs["last_page_len"] % size})
 
 
+def paged_attention_magnitude(**inputs: Any) -> dict[str, torch.Tensor]:
+    """sum_j p_j |v_j| of each output element (float64): the attention of |v|, new values
+    and cache alike (the lens's bound grows with it)."""
+    hkv, group = inputs["num_kv_heads"], inputs["num_q_heads"] // inputs["num_kv_heads"]
+    qkv = inputs["qkv"].clone()
+    rows = qkv.view(qkv.shape[0], hkv, group + 2, -1)
+    rows[:, :, group + 1].abs_()
+    wide = ref.paged_attention_decode(**{**inputs, "qkv": qkv, "v_cache": inputs["v_cache"].abs()},
+                                      wide=True)
+    return {"out:exact": wide["out"]}
+
+
 def paged_attention_work(params: Mapping[str, Any], world_size: int) -> Work:
     """Keys read per token: the mean sequence length; 4*S*Hq*D flops per token (qk and pv)."""
     indptr, _, last, _ = paged_layout(params)
@@ -165,9 +177,10 @@ PAGED_ATTENTION = OpSpec(
     description="Decode attention over a paged KV cache (GQA, qk-norm, NeoX RoPE, write-back).",
     make_inputs=paged_attention_inputs,
     outputs=("out", "k_cache", "v_cache"),
-    tolerance={"out": ATTENTION_TOLERANCE, "k_cache": default_for(BF16),
-               "v_cache": exact()},
+    tolerance={"out": ATTENTION_TOLERANCE, "out:exact": ATTENTION_LENS,
+               "k_cache": default_for(BF16), "v_cache": exact()},
     exact=lambda **inputs: {"out": ref.paged_attention_decode(**inputs, wide=True)["out"]},
+    magnitude=paged_attention_magnitude,
     out_buffers={"k_cache": "k_cache", "v_cache": "v_cache"},
     readwrite_inputs=("k_cache", "v_cache"),
     # the call on other values gets other RoPE tables (Llama 3's base): cos and sin are made
@@ -293,12 +306,18 @@ def split_kv_exact(q, k, v, chunk) -> dict[str, torch.Tensor]:
     return {"out": out, "lse": lse}
 
 
+def split_kv_magnitude(q, k, v, chunk) -> dict[str, torch.Tensor]:
+    """sum_j p_j |v_j| of each output element (float64; ``ATTENTION_LENS``)."""
+    return {"out:exact": split_kv_exact(q, k, v.abs(), chunk)["out"]}
+
+
 SPLIT_KV = OpSpec(
     name="hopper_tasks.attention_split_kv", family=FAMILY, reference=ref.attention_split_kv,
     description="One token's attention in KV chunks, merged by log-sum-exp.",
     make_inputs=split_kv_inputs, outputs=("out", "lse"),
-    tolerance={"out": ATTENTION_TOLERANCE, "lse": allclose(rtol=1e-5, atol=1e-4)},
-    exact=split_kv_exact,
+    tolerance={"out": ATTENTION_TOLERANCE, "out:exact": ATTENTION_LENS,
+               "lse": allclose(rtol=1e-5, atol=1e-4)},
+    exact=split_kv_exact, magnitude=split_kv_magnitude,
     work=lambda p, w: Work(flops=4.0 * p["seq"] * p["heads"] * p["d"],
                            bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"], flops_dtype="bf16"),
     grid={"smoke": [{"heads": 4, "d": 64, "seq": 300, "chunk": 64},

@@ -22,6 +22,14 @@ BF16 = torch.bfloat16
 GEMM_TOLERANCE = all_of(cos_diff(1e-5), allclose(rtol=1.6e-2, atol=8e-3))
 #: decode attention in bf16 (published threshold: rtol 2e-2, atol 8e-3)
 ATTENTION_TOLERANCE = allclose(rtol=2e-2, atol=8e-3)
+#: the precision lens of attention's output, against its float64 value. FlashAttention-style
+#: kernels round P to bf16 for the P @ V MMA (each term off by up to 2**-8 of p_j |v_j|, bf16's
+#: unit roundoff), some store each split's partial output in bf16 (as much again), then the
+#: output is rounded once (2**-8 of |out|): such a kernel is within 2**-8 |out| + 2**-7
+#: sum_j p_j |v_j| (the magnitude) of it, not the value rounded once; the bound, 2**-7 of
+#: each, leaves 2**-8 |out| for second-order terms. A score rounded to bf16 before exp, or
+#: weights or a probability lost, is far outside; an accumulation in bf16 only at some shapes
+ATTENTION_LENS = allclose(rtol=2**-7, atol=0.0, magnitude_rtol=2**-7)
 
 
 def tensor(tag: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...],
