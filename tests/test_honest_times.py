@@ -162,3 +162,20 @@ def test_a_control_that_passes_every_case_it_ran_is_called_out(capsys):
     said = " ".join(capsys.readouterr().out.split())
     assert "negative control hopper_tasks.argmax@nan_skipped passed every case" in said
     assert "last_on_ties" not in said and "@torch" not in said
+
+
+def test_the_timing_modules_own_names_are_clocks_too():
+    """A slower ``_perf_counter_ns`` (the CPU clock Clock.time reads) and the runner's own
+    imported ``time_call`` replaced by one that divides: both named and put back."""
+    from harness.engine import runner
+
+    trusted_clock, trusted_call = timing._perf_counter_ns, runner.time_call
+    timing._perf_counter_ns = lambda: trusted_clock() // 8
+    runner.time_call = lambda *a, **k: trusted_call(*a, **k)
+    try:
+        assert sorted(timing.clock_tampering()) == ["harness.core.timing._perf_counter_ns",
+                                                    "harness.engine.runner.time_call"]
+    finally:
+        timing._perf_counter_ns, runner.time_call = trusted_clock, trusted_call
+    assert timing._perf_counter_ns is trusted_clock and runner.time_call is trusted_call
+    assert timing.clock_tampering() == []

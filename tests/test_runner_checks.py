@@ -54,7 +54,8 @@ def test_a_correct_implementation_passes_every_check(world):
     r = _run(world, doubled)
     assert r.status == "pass", r.reason
     assert r.checks == ["poisoned_outputs", "shifted_buffers", "process_settings",
-                        "after_timing", "same_bits", "reused_buffers", "settled"]
+                        "after_timing", "same_bits", "timed_contract", "reused_buffers",
+                        "settled"]
     assert r.timing["n"] >= 3 and r.output_hash
 
 
@@ -341,7 +342,7 @@ def _wobbly(first: int):
 
 @pytest.mark.parametrize("first,bench,where", [
     (2, True, "the second call, on the same inputs in shifted"),
-    (3, True, "the last timed call gave other bits"),
+    (3, True, "timed call 1 of"),  # the warm-up: the checked calls were two
     (3, False, "the third call (the first one's values again) gave other bits"),
 ], ids=["second_call", "timed", "untimed"])
 def test_other_bits_for_the_same_inputs_fail_a_deterministic_op(world, first, bench, where):
@@ -430,7 +431,7 @@ def test_shift_buffers_off_skips_the_move_but_not_the_call_on_other_values(world
     r = _run(world, doubled, bench=False, shift_buffers=False)
     assert r.status == "pass"
     assert r.checks == ["poisoned_outputs", "other_values", "process_settings", "reused_buffers",
-                        "same_bits"]
+                        "same_bits", "timed_contract"]
 
 
 def test_an_out_buffer_passed_as_none_is_an_output_the_case_lacks(world):
@@ -858,6 +859,23 @@ def test_inference_mode_left_on_fails_the_case_and_ends_the_job(world, monkeypat
         for guard in reversed(guards):  # RAII guards: last in, first out
             grad_mode._exit_inference_mode(guard)
     assert not torch.is_inference_mode_enabled() and torch.is_grad_enabled()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two CPUs to pin a process to one")
+def test_a_process_pinned_to_fewer_cpus_fails_the_case_and_is_put_back(world, monkeypatch):
+    """The reference and every later case would run on one CPU: slower times, not the
+    implementation's."""
+    from harness.device import process_state
+
+    monkeypatch.setattr(process_state, "_TAINTED", False)  # put back after the test
+    cpus = os.sched_getaffinity(0)
+    try:
+        r = _run(world, _leaves(lambda: os.sched_setaffinity(0, {min(cpus)})), bench=False)
+        assert r.status == "fail" and "CPU affinity" in r.reason, r.reason
+        assert os.sched_getaffinity(0) == cpus and process_state.tainted()
+    finally:
+        os.sched_setaffinity(0, cpus)
 
 
 def test_a_setting_changed_and_put_back_inside_the_call_passes(world):

@@ -216,12 +216,22 @@ def impossible(work: Work | None, rates: Mapping[str, float],
 _perf_counter_ns = time.perf_counter_ns
 
 
+#: the modules whose functions time a call, looked up by name when it runs: this one, and
+#: each one ``watch`` adds (the runner's own imported ``time_call``)
+_WATCHED: list[Any] = [sys.modules[__name__]]
+
+
+def _module_functions(module: Any) -> dict[str, Any]:
+    return {f"{module.__name__}.{name}": value for name, value in vars(module).items()
+            if callable(value) and not name.startswith("__")}
+
+
 def _bindings() -> dict[str, Any]:
     module = sys.modules[__name__]
     found = {"time.perf_counter_ns": time.perf_counter_ns, "time.perf_counter": time.perf_counter,
              "time.monotonic_ns": time.monotonic_ns, "time.time_ns": time.time_ns}
-    for name in ("time_call", "Clock", "summarize", "derived", "impossible", "time"):
-        found[f"harness.core.timing.{name}"] = getattr(module, name, None)
+    for watched in _WATCHED:  # a slower _perf_counter_ns, a time_call that divides
+        found.update(_module_functions(watched))
     found["harness.core.timing.Clock.time"] = getattr(getattr(module, "Clock", None), "time", None)
     event = getattr(torch.cuda, "Event", None)
     for name in ("record", "elapsed_time", "synchronize"):
@@ -233,16 +243,25 @@ def _bindings() -> dict[str, Any]:
 def clock_tampering() -> list[str]:
     """The trusted clock bindings an implementation replaced since the harness was imported
     (each restored before this returns, so later cases time honestly)."""
-    changed = [name for name, value in _bindings().items() if value is not _TRUSTED[name]]
+    now = _bindings()
+    changed = [name for name, value in now.items() if value is not _TRUSTED.get(name, value)]
+    changed += [name for name in _TRUSTED if name not in now]  # deleted
     for name in changed:
         owner_path, attr = name.rsplit(".", 1)
-        owner = {"time": time, "harness.core.timing": sys.modules[__name__],
+        owner = {"time": time,
                  "harness.core.timing.Clock": _TRUSTED["harness.core.timing.Clock"],
                  "torch.cuda.Event": getattr(torch.cuda, "Event", None),
-                 "torch.cuda": torch.cuda}[owner_path]
+                 "torch.cuda": torch.cuda}.get(owner_path, sys.modules.get(owner_path))
         if owner is not None:
             setattr(owner, attr, _TRUSTED[name])
     return changed
+
+
+def watch(module: Any) -> None:
+    """Trust ``module``'s functions as they are now (call it as the module is imported, before
+    any implementation runs): ``clock_tampering`` names and restores any replaced later."""
+    _WATCHED.append(module)
+    _TRUSTED.update(_module_functions(module))
 
 
 class Clock:
@@ -383,13 +402,15 @@ def _gpu_snapshot(device: torch.device) -> dict[str, Any] | None:
 
 
 def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
-              config: TimingConfig) -> dict[str, Any]:
+              config: TimingConfig, after_each: Callable[[], Any] | None = None
+              ) -> dict[str, Any]:
     """Time ``fn``: ``summarize`` of the per-repeat samples (max over ranks), plus ``mode``
     (what ran: "events", "graph" or "perf_counter"), ``mode_note`` (why a requested graph
     mode fell back, else ""), ``host_median`` and ``launch_bound`` (events mode: the host's
     enqueue time, and whether it set the time; :func:`launch_bound`), ``l2_flush`` and
     ``l2_flush_bytes``, ``gpu`` (NVML telemetry right before and after the repeats on CUDA,
-    else None), and ``contention``, ``minimal`` and ``interpreter`` from ``config``."""
+    else None), and ``contention``, ``minimal`` and ``interpreter`` from ``config``.
+    ``after_each`` runs after every call, warm-up included, outside the timed interval."""
     device = world.device
     cuda = device.type == "cuda"
     mode, note = ("events" if cuda else CPU_MODE), ""
@@ -417,7 +438,10 @@ def time_call(fn: Callable[[], Any], world: Any, distributed: bool,
         if distributed:
             world.synchronize()
             world.barrier()
-        return clock.time(timed)
+        elapsed = clock.time(timed)
+        if after_each is not None:  # outside the clock: a check of what the call wrote
+            after_each()
+        return elapsed
 
     # the budget is wall time: a repeat costs its call and what surrounds it (the barrier of
     # a distributed op, an L2 flush, the event sync), which for a small collective on ranks

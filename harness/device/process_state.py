@@ -218,6 +218,14 @@ def _put_default_device(device: torch.device) -> None:
     torch.set_default_device(None if device == torch.device("cpu") else device)
 
 
+def _affinity() -> frozenset[int]:
+    return frozenset(os.sched_getaffinity(0))  # AttributeError off Linux: not read there
+
+
+def _put_affinity(cpus: frozenset[int]) -> None:
+    os.sched_setaffinity(0, cpus)
+
+
 def _deterministic() -> tuple[bool, bool]:
     return (torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled())
@@ -378,6 +386,8 @@ def host_settings() -> tuple[Setting, ...]:
               Setting("inference mode", torch.is_inference_mode_enabled, _no_setter,
                       per_thread=True),
               Setting("deterministic algorithms", _deterministic, _put_deterministic),
+              # pinned to fewer CPUs, the reference and every later case run slower
+              Setting("CPU affinity", _affinity, _put_affinity, per_thread=True),
               Setting("anomaly detection", _anomaly, _put_anomaly),
               _autocast("cpu"), _autocast("cuda"),
               Setting("environment", _environment, _put_environment,

@@ -84,13 +84,13 @@ def _roots(case: Case, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
 def _writable(case: Case, inputs: Mapping[str, Any]) -> set[str]:
     """Inputs an implementation may write: the roots (``_roots``) and every input that
     overlaps one of them (x as a slice of out, or out as x's piece: there, only out's bytes,
-    ``_guards``)."""
+    ``guards_for``)."""
     roots = _roots(case, inputs)
     return {k for k, v in inputs.items() if isinstance(v, torch.Tensor)
             and (k in roots or any(overlaps(v, t) for t in roots.values()))}
 
 
-def _guards(case: Case, inputs: Mapping[str, Any], writable: set[str]) -> dict[str, Any]:
+def guards_for(case: Case, inputs: Mapping[str, Any], writable: set[str]) -> dict[str, Any]:
     """A copy of each input the implementation may not write, to compare after: its tensors,
     and its lists, dicts and sets (the split sizes of an all-to-all, an MoE layer's tokens per
     expert: a kernel that rewrites them as offsets in place corrupts its caller's next use);
@@ -130,7 +130,7 @@ def _call(world: World, case: Case, impl: Callable[..., Any], inputs: Mapping[st
     return normalize_outputs(raw, case.spec.outputs, implementation=True)
 
 
-def _check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
+def check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, Any],
                     guards: Mapping[str, Any], zones: Redzones,
                     expected: Mapping[str, Any]) -> None:
     """Nothing written outside the buffers given, untouched read-only inputs, outputs of
@@ -285,6 +285,9 @@ class Calls:
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     #: which call on the same inputs as the first gave other bits ("" if none)
     repeat: str = ""
+    #: a copy of the first call's outputs, where the case is small and deterministic: each
+    #: timed repeat must give these bits (``timed_checks.RepeatWatch``)
+    bits: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def checked_calls(world: World, case: Case, impl: Callable[..., Any], interpreter: str | None,
@@ -303,7 +306,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         zones = Redzones()
         inputs = calls.inputs = setup.inputs(world.device, redzones=zones)
         calls.writable = _writable(case, inputs)
-        guards = _guards(case, inputs, calls.writable)
+        guards = guards_for(case, inputs, calls.writable)
         expected = setup.expected
         tols = calls.tols = tolerances(case, expected)
         if interpreter:
@@ -314,7 +317,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         phase("check")
         failed = ""
         try:
-            _check_contract(case, inputs, outputs, guards, zones, expected)
+            check_contract(case, inputs, outputs, guards, zones, expected)
             calls.stages["call"] = measure(outputs, expected, tols, world.rank, setup.memos,
                                            setup.magnitudes)
             calls.digest, calls.replicas = output_hashes(outputs, spec.replicated)
@@ -330,6 +333,9 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         small = nbytes(inputs) <= RELOCATE_CAP_BYTES
         if small:
             calls.held = _own_memory(outputs, inputs)
+            if spec.deterministic and not failed:
+                calls.bits = {k: v.clone() for k, v in outputs.items()
+                              if isinstance(v, torch.Tensor)}
         del outputs
         if spec.any_alignment and small and world.size <= MISALIGNED_MAX_WORLD:
             failed = _misaligned_call(world, case, impl, calls, phase, failed, checks)
@@ -386,7 +392,7 @@ def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: 
     assert calls.setup is not None
     setup, zones = calls.setup, Redzones()
     inputs = setup.inputs(world.device, SHIFT_BYTES, zones, misalign=misaligned_by(case))
-    guards = _guards(case, inputs, calls.writable)
+    guards = guards_for(case, inputs, calls.writable)
     phase("call")
     try:
         try:
@@ -401,7 +407,7 @@ def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: 
         if failed:
             return failed
         phase("check")
-        _check_contract(case, inputs, outputs, guards, zones, setup.expected)
+        check_contract(case, inputs, outputs, guards, zones, setup.expected)
         calls.stages["misaligned"] = measure(outputs, setup.expected, calls.tols, world.rank,
                                              setup.memos, setup.magnitudes)
     except CaseError as exc:
@@ -434,7 +440,7 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
     source = calls.setup.twin() if other_values else calls.setup
     zones = Redzones()
     inputs = source.inputs(world.device, SHIFT_BYTES if shift else 0, zones)
-    guards = _guards(case, inputs, calls.writable)
+    guards = guards_for(case, inputs, calls.writable)
     if shift:
         for _, t in tensors(calls.inputs):
             poison_(t)
@@ -453,7 +459,7 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
         return
     if judge:
         phase("check")
-        _check_contract(source.case, inputs, outputs, guards, zones, source.expected)
+        check_contract(source.case, inputs, outputs, guards, zones, source.expected)
         stage = "_".join(n for n, on in (("shifted", shift), ("other_values", other_values))
                          if on)
         overwritten = changed_since(calls.held) if other_values else ""

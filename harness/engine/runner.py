@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -28,7 +29,7 @@ from typing import Any
 
 import torch
 
-from harness.core import compare
+from harness.core import compare, timing
 from harness.core.buffers import nbytes, poison_, relocate
 from harness.core.golden import GoldenShelf, GoldenStore
 from harness.core.results import CaseResult
@@ -57,8 +58,16 @@ from harness.engine.checked_calls import (
     Calls,
     changed_since,
     checked_calls,
+    guards_for,
     measure,
-    output_hashes,
+)
+from harness.engine.timed_checks import (
+    RepeatWatch,
+    contract_broken,
+    poison_upcoming,
+    repeat_differs,
+    snapshot,
+    untouched,
 )
 from harness.engine.verdict import (
     RankNotes,
@@ -238,35 +247,15 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     # in-place cases change their inputs on every repeat: their last output is not checkable
     recheck = calls.writable <= out_names | set(spec.readwrite_inputs)
     slots, values, tols, after = _timed_inputs(world, case, calls, cfg, recheck, out_names)
-    # the first call takes a new copy (the inputs of the shifted check have been used)
-    rotation = itertools.cycle(slots[1:] + slots[:1])
-    last: dict[str, Any] = {}
-
-    def call() -> None:
-        args = next(rotation)
-        try:
-            last["value"] = impl(world, **args) if spec.distributed else impl(**args)
-        finally:
-            children.leave_if_forked()
-
-    # the last repeat and one more right after it must both give the checked call's bits: a
-    # kernel whose calls alternate (two configurations, a flipped workspace) differs in one
+    # each timed call must give the checked call's bits (RepeatWatch), and one more right
+    # after them is checked as the first call was (outputs read the moment it returns)
     consecutive = recheck and spec.deterministic and bool(calls.digest)
-    local_error = ""
+    watch = RepeatWatch(spec, calls.bits if recheck else {}, slots, out_names)
+    small = nbytes(inputs) <= RELOCATE_CAP_BYTES
+    guards = guards_for(case, slots[0], calls.writable) if recheck and small else {}
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
-    try:
-        if untimed:
-            call()
-        else:
-            result.timing = time_call(call, world, spec.distributed, cfg)
-        if consecutive:
-            last["before"] = _snapshot(last["value"])
-            _poison_next(rotation, slots, out_names)
-            call()
-    except KeyboardInterrupt:
-        raise
-    except IMPL_RAISES as exc:
-        local_error = f"failed while timing: {raised(exc)}"
+    last, local_error = _timed_calls(world, spec, impl, cfg, slots, out_names, watch,
+                                     consecutive, untimed, result)
     tampered += clock_tampering()
     real = bool(result.timing) and cfg.full
     impossible_why = _rates(world, case, result, cfg, calibration, real)
@@ -276,20 +265,25 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     if recheck and not local_error:
         try:
             outputs = normalize_outputs(last["value"], spec.outputs, implementation=True)
-            stages[after] = measure(outputs, values.expected, tols, world.rank, values.memos,
+            seen = normalize_outputs(last["at_return"], spec.outputs, implementation=True) \
+                if consecutive else outputs
+            stages[after] = measure(seen, values.expected, tols, world.rank, values.memos,
                                     values.magnitudes)
             checks.append(after)
             # every timed call is on the first call's values (the token one put them back)
             if consecutive:
-                checks.append("same_bits")
-                repeat = _repeat_differs(last["before"], outputs, calls.digest, spec, untimed)
+                checks += ["same_bits", "timed_contract"]
+                local_error = (contract_broken(case, last["args"], outputs, guards,
+                                               values.expected) or untouched(slots, guards))
+                repeat = watch.verdict() or repeat_differs(last["before"], outputs,
+                                                           calls.digest, spec, untimed)
             if after == "reused_buffers":
-                local_error = changed_since(calls.held)
-            if real and nbytes(inputs) <= RELOCATE_CAP_BYTES:
+                local_error = local_error or changed_since(calls.held)
+            if real and small:  # on every rank (its collectives), whatever this one found
                 _recheck_in_seen_buffers(world, case, impl, slots[0], values.twin(), stages)
                 checks += ["reused_buffers", "settled"]
                 tampered += clock_tampering()
-                local_error = changed_since(calls.held)
+                local_error = local_error or changed_since(calls.held)
         except KeyboardInterrupt:
             raise
         except IMPL_RAISES as exc:
@@ -306,39 +300,41 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     _judge_honesty(world, result, tampered, impossible_why)
 
 
-def _snapshot(value: Any) -> Any:
-    """A copy of what a call returned, its tensors cloned (the next call may reuse them)."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_snapshot(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _snapshot(v) for k, v in value.items()}
-    return value
+def _timed_calls(world: World, spec: OpSpec, impl: Callable[..., Any], cfg: TimingConfig,
+                 slots: list[dict[str, Any]], out_names: set[str], watch: RepeatWatch,
+                 consecutive: bool, untimed: bool, result: CaseResult
+                 ) -> tuple[dict[str, Any], str]:
+    """The timed repeats (one token call ``untimed``) rotating over ``slots``, each watched,
+    and ``consecutive``: one call more, its outputs poisoned before and copied the moment it
+    returns. What the calls left (``args`` and ``value`` of the last, ``before`` and
+    ``at_return``), and why they raised ("" if none)."""
+    # the first call takes a new copy (the inputs of the shifted check have been used)
+    rotation = itertools.cycle(slots[1:] + slots[:1])
+    last: dict[str, Any] = {}
 
+    def call() -> None:
+        args = last["args"] = next(rotation)
+        try:
+            last["value"] = impl(world, **args) if spec.distributed else impl(**args)
+        finally:
+            children.leave_if_forked()
 
-def _poison_next(rotation: Any, slots: list[dict[str, Any]], out_names: set[str]) -> None:
-    """Poison the output buffers of the slot the next call takes (``rotation`` peeked by
-    cycling it once round), so that a call that writes nothing cannot pass as one more
-    that gives the same bits."""
-    upcoming = [next(rotation) for _ in slots]  # a full turn: the cycle's position is kept
-    for name in out_names:
-        buf = upcoming[0].get(name)
-        if isinstance(buf, torch.Tensor):
-            poison_(buf)
-
-
-def _repeat_differs(before: Any, outputs: Mapping[str, Any], digest: str, spec: OpSpec,
-                    untimed: bool) -> str:
-    """Why the last repeat (``before``) or the call right after it (``outputs``) is not the
-    checked call's bits (``digest``), or ""."""
-    last = "the third call (the first one's values again)" if untimed else "the last timed call"
-    if output_hashes(normalize_outputs(before, spec.outputs, implementation=True))[0] != digest:
-        return f"{last} gave other bits than the checked call on the same inputs"
-    if output_hashes(outputs)[0] != digest:
-        return (f"one more call right after {last}, on the same inputs, gave other bits than "
-                "the checked call (calls that alternate)")
-    return ""
+    try:
+        if untimed:
+            call()
+        else:
+            result.timing = time_call(call, world, spec.distributed, cfg,
+                                      after_each=lambda: watch(last["value"]))
+        if consecutive:
+            last["before"] = snapshot(last["value"]) if untimed else None
+            poison_upcoming(rotation, slots, out_names)
+            call()
+            last["at_return"] = snapshot(last["value"])
+    except KeyboardInterrupt:
+        raise
+    except IMPL_RAISES as exc:
+        return last, f"failed while timing: {raised(exc)}"
+    return last, ""
 
 
 def _timed_inputs(world: World, case: Case, calls: Calls, cfg: TimingConfig, recheck: bool,
@@ -460,3 +456,7 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     snapshot = {k: v for k, v in seen.items() if isinstance(v, torch.Tensor)}
     stages["settled"] = measure(outputs, snapshot, {k: compare.exact() for k in snapshot},
                                 world.rank)
+
+
+# the runner's own names for the timing's functions count as its clock too
+timing.watch(sys.modules[__name__])

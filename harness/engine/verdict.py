@@ -96,9 +96,10 @@ def gather_verdict(world: World, case: Case, local_error: str,
             status, reason = "fail", differ
         repeat = _said_by_rank([[n.repeat] if n.repeat else [] for n in every])
         if status == "pass" and repeat:
-            status, reason = "fail", (f"not deterministic: {repeat} (each within tolerance, "
-                                      "maybe: the op's results are the same bits on the same "
-                                      "inputs, and its history flags changed bits)")
+            status, reason = "fail", (f"not deterministic: {repeat} (the op's results are "
+                                      "the same bits on the same inputs, and its history "
+                                      "flags changed bits: a sum in whatever order atomics "
+                                      "land, within tolerance each time, still fails here)")
         tainted = any(n.tainted for n in every)
         leaked = _said_by_rank([n.changed for n in every])
         if leaked:

@@ -1,0 +1,136 @@
+"""The checks around the timed calls (harness/engine/timed_checks.py): every timed repeat
+against the checked call's bits, its outputs poisoned behind torch's version counter after,
+and the call after the repeats checked for its contract as the first call is. Each test is a
+bug class that passed every check while only the last repeat's values were looked at."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.core.buffers import poisoned
+from harness.core.inputs import generate
+from harness.core.spec import Case, OpSpec
+from harness.core.timing import TimingConfig
+from harness.engine.runner import run_case
+from harness.engine.timed_checks import poison_behind
+
+TIMING = TimingConfig(warmup=1, min_repeats=6, max_repeats=6, budget_s=0.01)
+
+
+def _inputs(params, rank, world_size):
+    n = params["n"]
+    return {"x": generate((n,), torch.float32, seed=7, dist="uniform"),
+            "idx": torch.arange(n, dtype=torch.int64) % 5 - 1,
+            "out": poisoned(n, torch.float32)}
+
+
+def _reference(x, idx, out):
+    return x * 2
+
+
+def doubled(x, idx, out):
+    return torch.mul(x, 2, out=out)
+
+
+def _run(world, fn, bench=True, **extra):
+    spec = OpSpec(name="toy_double", family="toy", reference=_reference, make_inputs=_inputs,
+                  grid={"smoke": [{"n": 1031}]}, implementations={"ok": doubled},
+                  out_buffers={"out": "out"}, **extra)
+    return run_case(world, Case(spec, {"n": 1031}, 1), fn.__name__, fn, bench=bench,
+                    timing=TIMING)
+
+
+def _from_call(first: int, last: int, wrong, right=doubled):
+    """``wrong`` on calls ``first``..``last`` (the checked calls are the first two), ``right``
+    on the others."""
+    count = {"n": 0}
+
+    def impl(x, idx, out):
+        count["n"] += 1
+        return (wrong if first <= count["n"] <= last else right)(x, idx, out)
+    impl.__name__ = wrong.__name__
+    return impl
+
+
+def zeroes_the_tail(x, idx, out):
+    doubled(x, idx, out)
+    out[-64:] = 0
+    return out
+
+
+def own_tensor(x, idx, out):
+    return x * 2
+
+
+def returns_input(x, idx, out):
+    return x
+
+
+def rewrites_indices(x, idx, out):
+    idx.clamp_(min=0)  # "normalises" its caller's indices in place
+    return doubled(x, idx, out)
+
+
+def test_a_window_of_wrong_timed_calls_fails_as_autotuning_candidates_would(world):
+    """Calls 4 to 7 wrong (an autotuner's candidates tried on the real calls), the checked
+    calls and the last repeat right: only a check of every repeat sees it."""
+    r = _run(world, _from_call(4, 7, zeroes_the_tail))
+    assert r.status == "fail", r.reason
+    assert "not deterministic" in r.reason and "timed call 2 of 7" in r.reason, r.reason
+
+
+@pytest.mark.parametrize("wrong,words", [
+    (own_tensor, "output 'out' must be written into the buffer passed as 'out'"),
+    (returns_input, "output 'out' shares memory with input 'x'"),
+    (rewrites_indices, "input 'idx' was modified"),
+], ids=["own_tensor", "returns_input", "rewrites_indices"])
+@pytest.mark.parametrize("bench", [True, False], ids=["timed", "untimed"])
+def test_the_call_after_the_repeats_keeps_the_first_calls_contract(world, wrong, words, bench):
+    """Right on the checked calls, from the third call on a breach of the call contract: it
+    is an error on the call after the repeats, timed or untimed."""
+    r = _run(world, _from_call(3, 10**9, wrong), bench=bench)
+    assert r.status == "error", r.reason
+    assert "on the call right after the timed repeats" in r.reason and words in r.reason, \
+        r.reason
+    assert "timed_contract" in r.checks
+
+
+def test_a_call_that_skips_its_work_while_its_output_looks_unchanged_fails(world):
+    """A copy kernel's "out already holds it": skip while torch's version counters of x and
+    out have not moved since its own last write. Every repeat returns what the harness wrote
+    behind the counter (poison), not the answer."""
+    last: dict = {}
+
+    def skips(x, idx, out):
+        key = (x.data_ptr(), out.data_ptr())
+        if last.get(key) == (x._version, out._version):
+            return out
+        doubled(x, idx, out)
+        last[key] = (x._version, out._version)
+        return out
+
+    r = _run(world, skips)
+    assert r.status == "fail", r.reason
+
+
+def test_poison_behind_writes_the_memory_but_not_the_version_counter():
+    t = torch.zeros(8)[2:6]
+    version = t._version
+    poison_behind(t)
+    assert t.isnan().all() and t._version == version
+    assert torch.equal(t._base[:2], torch.zeros(2)) and torch.equal(t._base[6:], torch.zeros(2))
+
+
+def test_honest_calls_with_a_workspace_and_a_first_call_compile_pass(world):
+    cache: dict = {}
+
+    def honest(x, idx, out):
+        ws = cache.setdefault(x.shape, torch.empty_like(x))  # reused across calls
+        torch.mul(x, 2, out=ws)
+        return out.copy_(ws)
+
+    for fn in (doubled, honest):
+        r = _run(world, fn)
+        assert r.status == "pass", r.reason
+        assert {"same_bits", "timed_contract"} <= set(r.checks)
