@@ -9,7 +9,8 @@ built-in suites too.
 - Tolerances (``harness.core.compare``): ``exact``, ``allclose``, ``ulp``, ``cos_diff``,
   ``cos_diff_per_row`` (each row's own: a fault confined to one token), ``rel_l2``,
   ``all_of``, ``default_for``, ``rounding`` (the precision lens's share, for an output
-  ``OpSpec.exact`` names: ``{"out:exact": rounding(0.1)}``), and ``Tolerance`` itself.
+  ``OpSpec.exact`` names: ``{"out:exact": rounding(0.1)}``), ``rounded_near`` (a quantizer's
+  codes against its float64 quotient), and ``Tolerance`` itself.
 - Inputs (``harness.core.inputs``): ``case_tensor`` (an op's deterministic input, by name),
   ``generate`` (the generator under it), ``seed_from``, ``hash32``, ``special_values`` and
   ``plant_specials`` (-0.0, subnormals, inf, NaN for ops that move bits), ``dtype_from_name``.
@@ -46,6 +47,7 @@ from harness.core.compare import (
     default_for,
     exact,
     rel_l2,
+    rounded_near,
     rounding,
     ulp,
 )
@@ -67,8 +69,8 @@ __all__ = [
     "DEFAULT_RTOL_ATOL", "OpSpec", "SpecError", "Tolerance", "TritonImplementation", "Work",
     "all_of", "allclose", "available_bytes", "case_tensor", "cos_diff", "cos_diff_per_row",
     "cuda_launch", "default_for", "dtype_from_name", "exact", "from_source", "generate",
-    "hash32", "overlaps", "plant_specials", "poisoned", "rel_l2", "rounding", "run_cases",
-    "seed_from", "shard", "special_values", "ulp",
+    "hash32", "overlaps", "plant_specials", "poisoned", "rel_l2", "rounded_near", "rounding",
+    "run_cases", "seed_from", "shard", "special_values", "ulp",
 ]
 
 

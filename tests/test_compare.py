@@ -680,3 +680,41 @@ def test_max_rel_against_an_expected_zero_is_infinite_not_a_huge_number():
     assert m.max_rel == math.inf and m.max_abs == 1.0
     same = compare.measure(torch.tensor([0.0, 2.0]), torch.tensor([0.0, 1.0]), compare.exact())
     assert same.max_rel == 1.0
+
+
+def test_rounded_near_takes_either_float32_quotient_and_nothing_else():
+    """A quantizer's x / s and x * (fmax / amax) (DeepGEMM's) are each a float32 rounding or
+    two off the float64 quotient: near an e4m3 rounding boundary they give neighbouring codes,
+    and both pass; a conversion rounding toward zero, or +0 for a quotient of -0, fails."""
+    g = torch.Generator().manual_seed(5)
+    # values whose quotient lands within a float32 rounding of an e4m3 midpoint, either sign
+    codes = torch.randint(1, 126, (20000,), generator=g, dtype=torch.uint8)
+    mid = (codes.view(torch.float8_e4m3fn).double()
+           + (codes + 1).view(torch.float8_e4m3fn).double()) / 2
+    amax = torch.tensor(3.7)
+    s = amax / 448.0
+    sign = torch.where(torch.rand(20000, generator=g) < 0.5, -1.0, 1.0)
+    x = (mid * s.double()).float() * sign
+    x[:5] = -1e-12  # quotients that round to -0
+    exact64 = (x.double() / s.double()).clamp(-448, 448)
+    by_div = (x / s).clamp(-448, 448).to(torch.float8_e4m3fn)
+    by_mul = (x * (448.0 / amax)).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert not torch.equal(by_div.view(torch.uint8), by_mul.view(torch.uint8))  # they differ
+    tol = compare.rounded_near(2.0**-22)
+    for q in (by_div, by_mul):
+        assert compare.check(q, exact64, tol).passed
+        assert not compare.check(q, exact64, compare.rounded_near(0.0)).passed  # ties
+    # on values anywhere, rounded toward zero: where the nearest code is larger in
+    # magnitude, the one below it (sign-magnitude codes)
+    anywhere = torch.randn(20000, generator=g, dtype=torch.float64) * 100
+    nearest = anywhere.clamp(-448, 448).to(torch.float8_e4m3fn)
+    codes = nearest.view(torch.uint8).clone()
+    away = nearest.double().abs() > anywhere.clamp(-448, 448).abs()
+    codes[away & ((codes & 0x7F) > 0)] -= 1
+    assert compare.check(nearest, anywhere.clamp(-448, 448), tol).passed
+    assert not compare.check(codes.view(torch.float8_e4m3fn), anywhere.clamp(-448, 448),
+                             tol).passed
+    positive_zero = by_div.clone()
+    positive_zero[:5] = 0.0
+    check = compare.check(positive_zero, exact64, tol)
+    assert not check.passed and check.metrics.n_mismatch == 5

@@ -583,3 +583,31 @@ def test_scores_in_bf16_still_fail_the_split_kv_lens(world):
     params = smoke_case(op, scores="wide")
     assert status(world, op, params, lambda q, k, v, chunk: _flash_split(
         q, k, v, chunk, scores_bf16=True)) == "fail"
+
+
+def quantize_times_reciprocal(x, fmt, granularity, ue8m0, scale):
+    """DeepGEMM's per_token_cast_to_fp8: q = x * (fmax / amax), scale = amax / fmax."""
+    if scale is not None or ue8m0:
+        return fp8_ref.quantize(x, fmt, granularity, ue8m0, scale)
+    fmax, x32 = fp8_ref.FMAX[fmt], x.float()
+    rows = {"tensor": x.shape[0], "token": 1, "block": 128}[granularity]
+    cols = x.shape[1] if granularity == "tensor" else 128
+    amax = fp8_ref.group_amax(x32, rows, cols)
+    scales = fp8_ref.scale_from_amax(amax, fmt)
+    inverse = fp8_ref.expand_scales(fmax / amax.clamp_min(fp8_ref.AMAX_FLOOR), rows, cols,
+                                    x.shape)
+    q = (x32 * inverse).clamp(-fmax, fmax).to(fp8_ref.FORMATS[fmt])
+    return q, scales.reshape(()) if granularity == "tensor" else scales
+
+
+def test_a_quantizer_that_multiplies_by_the_reciprocal_passes(world):
+    """Its codes differ from the reference's x / s by one where the two float32 quotients
+    fall either side of a rounding boundary (2-26 per logmag case): both are the float64
+    quotient rounded once, to float32's precision (``rounded_near``)."""
+    op = "fp8_gemm.quantize"
+    inputs = registry().specs[op].make_inputs(smoke_case(op, granularity="token",
+                                                         fmt="e4m3", dist="logmag"), 0, 1)
+    ours, theirs = quantize_times_reciprocal(**inputs)[0], fp8_ref.quantize(**inputs)[0]
+    assert not torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))
+    for params in registry().specs[op].grid["smoke"]:
+        assert status(world, op, params, quantize_times_reciprocal) == "pass", params

@@ -13,7 +13,9 @@ in the last place of the output dtype), ``cos_diff`` and ``rel_l2`` (global boun
 ``cos_diff_per_row`` (the worst row's own calc_diff: a fault confined to one token),
 ``rounding`` (the precision lens: against the op's float64 value before its one rounding, how
 many elements are not that value correctly rounded, or, for float32 outputs, carry no more
-bits than bf16 or fp16), and ``all_of`` combinations. NaN never passes unless the expected
+bits than bf16 or fp16), ``rounded_near`` (bitwise that value rounded once, or the rounding of
+a value within a relative distance of it: a quantizer's float32 quotient), and ``all_of``
+combinations. NaN never passes unless the expected
 value has NaN in the same place; an infinity passes only against the same infinity.
 """
 
@@ -29,7 +31,7 @@ from harness.core.metrics import Metrics
 
 CHUNK_ELEMS = 1 << 22
 
-ELEMENTWISE_KINDS = ("exact", "allclose", "ulp", "rounding")
+ELEMENTWISE_KINDS = ("exact", "allclose", "ulp", "rounding", "rounded_near")
 GLOBAL_KINDS = ("cos_diff", "rel_l2", "cos_diff_per_row")
 
 
@@ -84,6 +86,8 @@ class Tolerance:
         if self.kind == "rounding":
             ulps = f", ulps<={self.ulps}" if self.ulps else ""
             return f"rounding(off<={self.max_mismatch_frac:g}{ulps})"
+        if self.kind == "rounded_near":
+            return f"rounded_near(rel={self.rtol:g})"
         if self.kind in GLOBAL_KINDS:
             return f"{self.kind}<={self.bound:g}"
         return " & ".join(p.describe() for p in self.parts)
@@ -101,6 +105,8 @@ class Tolerance:
             d["ulps"] = self.ulps
         elif self.kind == "rounding":
             d.update(ulps=self.ulps, max_mismatch_frac=self.max_mismatch_frac)
+        elif self.kind == "rounded_near":
+            d["rtol"] = self.rtol
         elif self.kind in GLOBAL_KINDS:
             d["bound"] = self.bound
         elif self.kind == "all_of":
@@ -149,6 +155,16 @@ def rounding(off: float, ulps: int = 0) -> Tolerance:
     product nearly cancels, a correct float32 sum lands many ulps of the small result away
     (benchmarks/precision_lens.py: 20 at K = 4096)."""
     return Tolerance("rounding", ulps=ulps, max_mismatch_frac=off)
+
+
+def rounded_near(rel: float) -> Tolerance:
+    """Against the float64 value before the output's one rounding (``OpSpec.exact``): each
+    element bitwise the value rounded to the output's dtype (to nearest, ties to even), or,
+    where a value within ``rel`` of it rounds otherwise, that rounding. For a quantizer, whose
+    float32 arithmetic may compute x / s or x * (fmax / amax) (DeepGEMM's), each off the
+    float64 quotient by an ulp or two: near a rounding boundary the two give neighbouring
+    codes; everywhere else both must be the one code (the sign of a zero included)."""
+    return Tolerance("rounded_near", rtol=rel)
 
 
 def correctly_rounded(e: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -423,6 +439,11 @@ def _out_of_bounds(m: Metrics, elem: Tolerance, a_raw: torch.Tensor, e_raw: torc
             share = torch.where(finite & (diff > 0), diff / allowed, torch.zeros_like(diff))
             m.max_tol_ratio = max(m.max_tol_ratio, float(share.max()))
         return diff > allowed
+    if elem.kind == "rounded_near":
+        e64, bits = e_raw.to(torch.float64), _int_view(a_raw)
+        below = correctly_rounded(e64 * (1 - elem.rtol), out_dtype)
+        above = correctly_rounded(e64 * (1 + elem.rtol), out_dtype)
+        return (bits != _int_view(below)) & (bits != _int_view(above))
     if elem.kind == "rounding":
         if out_dtype.itemsize <= 2:
             # "none beyond": for 16-bit outputs only, where a float32 sum's error is far below
@@ -524,7 +545,9 @@ def _verdict_one(m: Metrics, t: Tolerance) -> tuple[bool, str]:
         allowed = t.max_mismatch_frac * m.numel if t.kind == "allclose" else 0
         if m.n_mismatch > allowed:
             what = {"exact": "not bitwise equal", "allclose": f"outside {t.describe()}",
-                    "ulp": f"more than {t.ulps} ulp off"}[t.kind]
+                    "ulp": f"more than {t.ulps} ulp off",
+                    "rounded_near": ("not the float64 value (or one within "
+                                     f"{t.rtol:g} of it) rounded once")}[t.kind]
             return False, (f"{m.n_mismatch}/{m.numel} elements {what} "
                            f"(max_abs={m.max_abs:.3g}, max_rel={m.max_rel:.3g}){where}")
         return True, ""

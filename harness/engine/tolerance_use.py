@@ -41,8 +41,9 @@ def part_uses(tolerance: Mapping[str, Any], metrics: Mapping[str, Any]
         return [u for part in tolerance["parts"] for u in part_uses(part, metrics)]
     if metrics.get("shape_error"):
         return [(tolerance["text"], math.inf)]
-    if kind == "exact":
-        return [("exact", 0.0 if metrics["n_mismatch"] == 0 else math.inf)]
+    if kind in ("exact", "rounded_near"):
+        return [(tolerance["text"] if kind == "rounded_near" else "exact",
+                 0.0 if metrics["n_mismatch"] == 0 else math.inf)]
     if kind == "allclose":
         special = metrics.get("n_bad_special", 0)
         return [(tolerance["text"], math.inf if special else float(metrics["max_tol_ratio"]))]

@@ -1,6 +1,8 @@
 """FP8 quantization (per tensor, per token 1x128, per block 128x128; UE8M0 scales; static
-scales that saturate) and Paddle's fused transpose-split-quant. Quantized values and scales
-are checked bitwise against the reference quantizer."""
+scales that saturate) and Paddle's fused transpose-split-quant. Scales are checked bitwise
+against the reference quantizer, quantized values bitwise against the float64 quotient
+rounded once (``rounded_near``: a float32 quotient in another order may land a boundary's
+other side)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from harness.api import OpSpec, Work, exact, from_source
+from harness.api import OpSpec, Work, exact, from_source, rounded_near, ulp
 from reference_kernels import fp8 as ref
 from suites._cuda import source
 from suites._cuda.fp8_quant import launch_quantize_per_token
@@ -97,6 +99,27 @@ def per_token_only(params: Mapping[str, Any]) -> str | None:
     return None
 
 
+#: a quantizer's float32 quotient may be x / s or x * (fmax / amax) (DeepGEMM's
+#: per_token_cast_to_fp8): each within two float32 roundings (2**-23) of the float64 one;
+#: where that crosses a rounding boundary the codes differ by one, elsewhere never
+QUOTIENT_REL = 2.0**-22
+#: q within one code of the reference (checked to the bit against its float64 value, below),
+#: the scales to the bit; a NaN group's values and scale are computed NaNs
+QUANT_TOLERANCE = {"q": ulp(1), "q:exact": rounded_near(QUOTIENT_REL),
+                   "scales": exact(any_nan=True)}
+
+
+def quantize_exact(x, fmt, granularity, ue8m0, scale) -> dict[str, torch.Tensor]:
+    """q before its one rounding: x / s in float64 (s the reference's float32 scales),
+    clamped to the format's range."""
+    _, s = ref.quantize(x, fmt, granularity, ue8m0, scale)
+    if granularity != "tensor":
+        rows = 1 if granularity == "token" else 128
+        s = ref.expand_scales(s, rows, 128, x.shape)
+    fmax = ref.FMAX[fmt]
+    return {"q": (x.double() / s.double()).clamp(-fmax, fmax)}
+
+
 def _qcase(fmt, granularity, m, k, ue8m0=False, dist="logmag", static=False) -> dict:
     case = {"fmt": fmt, "granularity": granularity, "m": m, "k": k, "ue8m0": ue8m0,
             "dist": dist}
@@ -109,7 +132,7 @@ QUANTIZE = OpSpec(
     name="fp8_gemm.quantize", family=FAMILY, reference=ref.quantize,
     description="FP8 quantization per tensor, per token (1x128) or per block (128x128).",
     make_inputs=quantize_inputs, outputs=("q", "scales"),
-    tolerance=exact(any_nan=True),  # a NaN group's values and scale are computed NaNs
+    tolerance=QUANT_TOLERANCE, exact=quantize_exact,
     work=lambda p, w: Work(bytes=3.0 * p["m"] * p["k"]),
     grid={
         "smoke": [
@@ -186,6 +209,19 @@ def _tsq(x, tokens_per_expert: Sequence[int], fmt, ue8m0, *, per_row_scale: bool
     return q.flatten(0, 1).T.contiguous(), s
 
 
+def tsq_exact(x, tokens_per_expert, fmt, ue8m0) -> dict[str, torch.Tensor]:
+    """q before its one rounding: each 128-token group's x / s in float64, transposed."""
+    s = tsq_expected_scales(x, tokens_per_expert, fmt, ue8m0)
+    fmax = ref.FMAX[fmt]
+    q = (x.double().unflatten(0, (-1, 128)) / s.double()[:, None, :]).clamp(-fmax, fmax)
+    return {"q": q.flatten(0, 1).T.contiguous()}
+
+
+def tsq_expected_scales(x, tokens_per_expert, fmt, ue8m0) -> torch.Tensor:
+    _, scales = ref.transpose_split_quant(x, tokens_per_expert, fmt, ue8m0)
+    return torch.cat(scales, dim=0)
+
+
 def tsq_torch(x, tokens_per_expert, fmt, ue8m0):
     return _tsq(x, tokens_per_expert, fmt, ue8m0)
 
@@ -200,7 +236,7 @@ TRANSPOSE_SPLIT_QUANT = OpSpec(
     description="Paddle's fused transpose-split-quant: pieces by expert, each (K, M_i), "
                 "128-token groups per column (pieces concatenated along M).",
     make_inputs=tsq_inputs, expected=tsq_expected, outputs=("q", "scales"),
-    tolerance=exact(any_nan=True),
+    tolerance=QUANT_TOLERANCE, exact=tsq_exact,
     work=lambda p, w: Work(bytes=3.0 * sum(p["tokens"]) * p["k"]),
     grid={"smoke": [{"tokens": (128, 0, 256), "k": 200, "fmt": "e4m3", "ue8m0": False,
                      "dist": "logmag"},
