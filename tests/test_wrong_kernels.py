@@ -18,9 +18,9 @@ import suites._fp8.quant as quant
 import suites._hopper.attention as attention
 from harness.core.discovery import registry
 from reference_kernels import fp8 as fp8_ref
-from suites._fp8.gemm import contiguous_torch, masked_torch, per_tensor_torch
+from suites._fp8.gemm import blockwise_torch, contiguous_torch, masked_torch, per_tensor_torch
 from suites._hopper.readout import argmax_torch
-from suites._hopper.tasks import embedding_torch
+from suites._hopper.tasks import embedding_torch, linear_torch, rmsnorm_torch
 from suites._moe import torch_ops
 from suites.strided_copy import copy_torch
 
@@ -192,6 +192,68 @@ def silu_mul_whole_vectors_only(x, groups):
     return out.flatten(1)
 
 
+def linear_whole_tiles_only(x, weight):
+    """A 16-row tile kernel storing whole tiles only: rows past the last multiple of 16 stay
+    zero (a batch of 16 or fewer is one partial tile, stored right)."""
+    out = linear_torch(x, weight)
+    if x.shape[0] > 16:
+        out[x.shape[0] // 16 * 16:] = 0
+    return out
+
+
+def rmsnorm_two_rows_per_block(x, weight):
+    """Past 16 rows, two rows per block whose reduction mixes their sums of squares."""
+    if x.shape[0] <= 16 or x.shape[0] % 2:
+        return rmsnorm_torch(x, weight)
+    x32 = x.float()
+    ms = x32.pow(2).mean(-1).view(-1, 2).mean(-1).repeat_interleave(2)[:, None]
+    return (x32 * torch.rsqrt(ms + 1e-6) * weight.float()).to(x.dtype)
+
+
+def rmsnorm_first_8192(x, weight):
+    """A register-cached row of 8192: the sum of squares of a wider row stops there."""
+    x32 = x.float()
+    ms = x32[:, :8192].pow(2).sum(-1, keepdim=True) / x.shape[-1]
+    return (x32 * torch.rsqrt(ms + 1e-6) * weight.float()).to(x.dtype)
+
+
+def argmax_later_across_warps(logits, chunk):
+    """Past 32 chunks, a second stage over the warps' winners that keeps the later one on a
+    tie: rows whose maximum repeats in chunks of two warps take the later index."""
+    chunks = -(-logits.shape[1] // chunk)
+    if chunks <= 32:
+        return argmax_torch(logits, chunk)
+    cut = 32 * chunk
+    head, tail = argmax_torch(logits[:, :cut], chunk), argmax_torch(logits[:, cut:], chunk)
+    padded = torch.nn.functional.pad(logits.float(), (0, chunks * chunk - logits.shape[1]))
+    first = padded[:, :cut].gather(1, head)
+    second = padded[:, cut:].gather(1, tail)
+    return torch.where(second >= first, tail + cut, head)
+
+
+def paged_attention_groups_of_4(**inputs):
+    """q heads grouped by 4 per warp: past groups of 4, the second warp's heads read the next
+    KV head's keys and values."""
+    hq, hkv = inputs["num_q_heads"], inputs["num_kv_heads"]
+    if hq // hkv <= 4:
+        return attention.paged_attention_torch(**inputs)
+    real = torch.Tensor.repeat_interleave
+
+    def shifted(t, group, dim=None):
+        out = real(t, group, dim=dim)
+        if dim == 1 and group == hq // hkv:
+            heads = torch.arange(hq)
+            kv = torch.clamp(heads // group + (heads % group >= 4).long(), max=hkv - 1)
+            return t[:, kv]
+        return out
+
+    try:
+        torch.Tensor.repeat_interleave = shifted
+        return attention.paged_attention_torch(**inputs)
+    finally:
+        torch.Tensor.repeat_interleave = real
+
+
 HOPPER = [
     ("hopper_tasks.rmsnorm", rmsnorm_eps_after_sqrt, {"rows": "zero", "hidden": 256}),
     ("hopper_tasks.rmsnorm", rmsnorm_eps_1e5, {"rows": "zero", "hidden": 256}),
@@ -211,10 +273,34 @@ HOPPER = [
     ("hopper_tasks.argmax", argmax_float16_load, {"values": "range"}),
     ("hopper_tasks.embedding", embedding_whole_vectors_only, {"hidden": 100}),
     ("hopper_tasks.silu_mul", silu_mul_whole_vectors_only, {"inter": 40}),
+    ("hopper_tasks.linear", linear_whole_tiles_only, {"b": 40}),
+    ("hopper_tasks.rmsnorm", rmsnorm_two_rows_per_block, {"b": 20}),
+    ("hopper_tasks.rmsnorm", rmsnorm_first_8192, {"hidden": 12288}),
+    ("hopper_tasks.argmax", argmax_later_across_warps, {"vocab": 600}),
+    ("hopper_tasks.paged_attention", paged_attention_groups_of_4, {"hq": 16}),
 ]
 
 
 # ------------------------------------------------------------------ fp8
+
+def quantize_static_nan_to_minus_fmax(x, fmt, granularity, ue8m0, scale):
+    """A static scale's saturation by fminf(fmaxf(v, -fmax), fmax), which drop a NaN: NaN
+    comes out -fmax."""
+    if scale is None:
+        return quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
+    fmax = fp8_ref.FMAX[fmt]
+    v = (x.float() / scale).nan_to_num(nan=-fmax).clamp(-fmax, fmax)
+    return v.to(fp8_ref.FORMATS[fmt]), torch.tensor(float(scale))
+
+
+def blockwise_small_m_scales_transposed(a, scale_a, b, scale_b, out_dtype):
+    """A swap-AB path for 2 <= M <= 16 that reads the activation scales [M, K/128] as if
+    stored K-block-major."""
+    if not 2 <= a.shape[0] <= 16:
+        return blockwise_torch(a, scale_a, b, scale_b, out_dtype)
+    wrong = scale_a.T.contiguous().view(scale_a.shape)
+    return blockwise_torch(a, wrong, b, scale_b, out_dtype)
+
 
 def quantize_floor_on_zero_only(x, fmt, granularity, ue8m0, scale):
     """amax floored to 1e-4 only where it is 0: a group of amax 1e-5 gets a 10x smaller scale."""
@@ -314,7 +400,10 @@ FP8 = [
     ("fp8_gemm.quantize", quantize_static_scale_multiplies, {"static": 0.375},
      {"static": True}),
     ("fp8_gemm.quantize", quantize_tensor_amax_without_nan,
-     {"dist": "nan", "granularity": "tensor"}, {"granularity": "tensor"}),
+     {"dist": "nan", "granularity": "tensor", "m": 5}, {"granularity": "tensor"}),
+    ("fp8_gemm.quantize", quantize_static_nan_to_minus_fmax,
+     {"dist": "nan", "static": True}, {"static": True}),
+    ("fp8_gemm.blockwise", blockwise_small_m_scales_transposed, {"m": 8}, {}),
     ("fp8_gemm.grouped_contiguous", contiguous_group_per_64_rows, {"align": 32}, {}),
     ("fp8_gemm.quantize", quantize_static_scale_in_bf16, {"static": 0.3}, {"static": 0.375}),
     ("fp8_gemm.transpose_split_quant", tsq_whole_vectors_only, {"k": 100}, {}),

@@ -6,7 +6,7 @@ times a power of two in [2**-8, 2**8] per 128x128 block (so block scales differ 
 read from the wrong block shows); ``edge``, logmag with the
 first 128x128 block all zero (the 1e-4 amax clamp) and the block below it with an amax of
 exactly fmax / 2**k (a power-of-two scale, UE8M0's boundary); ``wide``, uniform in [-2 fmax, 2 fmax)
-for a static scale of 1 (saturation)."""
+for a static scale of 1 (saturation), its second row zero (a padding token)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,10 @@ def values(tag: str, params: Mapping[str, Any], name: str, shape: tuple[int, ...
         return generate(shape, BF16, seed=seed, low=-1.0, high=1.0)
     if dist == "wide":
         fmax = ref.FMAX[params.get("fmt", "e4m3")]
-        return generate(shape, BF16, seed=seed, low=-2 * fmax, high=2 * fmax)
+        x = generate(shape, BF16, seed=seed, low=-2 * fmax, high=2 * fmax)
+        if shape[0] > 1:  # a padding token: its products and outputs are exactly 0
+            x[1] = 0
+        return x
     if dist == "blocky":
         rows = torch.arange(shape[0])[:, None] // 128
         cols = torch.arange(shape[1])[None, :] // 128

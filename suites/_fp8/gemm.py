@@ -242,12 +242,16 @@ GEMM_BLOCKWISE = OpSpec(
     grid={"smoke": [_mnk(130, 200, 300, fmt="e4m3", ue8m0=False, out="bf16", dist="blocky"),
                     _mnk(64, 384, 1024, fmt="e4m3", ue8m0=True, out="bf16", dist="blocky"),
                     _mnk(17, 256, 640, fmt="e4m3", ue8m0=False, out="f32", dist="logmag"),
+                    # 8 rows, a decode step (a swap-AB path for small M); an all-zero
+                    # 128-wide K group (a zero partial sum, scaled)
+                    _mnk(8, 256, 640, fmt="e4m3", ue8m0=False, out="bf16", dist="edge"),
                     # K not a multiple of 128: the last scale group is partial
                     _mnk(40, 260, 1000, fmt="e4m3", ue8m0=True, out="f32", dist="blocky")],
           "nightly": [_mnk(m, n, k, fmt="e4m3", ue8m0=u, out="bf16") for m, n, k in NIGHTLY_MNK
                       for u in (False, True)]
           + [_mnk(m, n, k, fmt="e4m3", ue8m0=False, out="bf16") for m, n, k in
-             ((4096, 7168, 2000), (64, 4100, 7000))]},
+             ((4096, 7168, 2000), (64, 4100, 7000))]
+          + [_mnk(8, 4096, 7168, fmt="e4m3", ue8m0=True, out="bf16", dist="edge")]},
     implementations={"torch": blockwise_torch},
     negative_controls={"scales_transposed": blockwise_scales_transposed,
                        "block_off_by_one": blockwise_block_off_by_one,

@@ -147,6 +147,8 @@ QUANTIZE = OpSpec(
             _qcase("e4m3", "tensor", 64, 100, dist="wide", static=0.375),
             # 0.3 is no bf16 or fp16 value, and UE8M0 rounds derived scales, not a given one
             _qcase("e4m3", "tensor", 64, 100, ue8m0=True, dist="wide", static=0.3),
+            # a NaN under a static scale: a clamp by fminf/fmaxf makes it -fmax
+            _qcase("e4m3", "tensor", 64, 100, dist="nan", static=True),
             _qcase("e4m3", "token", 7, 128, dist="uniform"),
             # NaN and infinities: their groups' scales and values (reference_kernels.fp8);
             # a UE8M0 scale keeps them too
@@ -168,6 +170,7 @@ QUANTIZE = OpSpec(
            _qcase("e4m3", "tensor", 4096, 7168, dist="nan"),
            _qcase("e4m3", "tensor", 4096, 7168, dist="wide", static=0.375),
            _qcase("e4m3", "tensor", 4096, 7168, ue8m0=True, dist="wide", static=0.3),
+           _qcase("e5m2", "tensor", 4096, 7168, dist="nan", static=True),
            _qcase("e4m3", "block", 4096, 7000)],  # a partial last group
     },
     implementations={"torch": quantize_torch,

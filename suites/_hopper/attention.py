@@ -192,17 +192,22 @@ PAGED_ATTENTION = OpSpec(
                     _attention_case(2, 3, 4, 4, 16, 8, 4, last="edges"),
                     # a head of 48: the per-head RMSNorm over a row that is no power of two
                     _attention_case(2, 2, 4, 2, 48, 8, 3, last="edges"),
-                    _attention_case(2, 2, 4, 2, 32, 8, 3, scores="wide"),
+                    # one page per request, scores of a few hundred either way: some token's
+                    # every visible score is far below 0 (a running max started at 0 gives
+                    # 0/0 there)
+                    _attention_case(8, 1, 4, 2, 32, 8, 1, scores="wide"),
                     _attention_case(2, 3, 4, 2, 32, 8, 3, rows="zero"),
-                    # pages of 12 tokens: a page and slot found by shift and mask are wrong
-                    _attention_case(2, 2, 4, 2, 32, 12, 4)],
+                    # pages of 12 tokens: a page and slot found by shift and mask are wrong;
+                    # groups of 8 q heads per KV head (64 over 8), past one 4-head warp
+                    _attention_case(2, 2, 16, 2, 32, 12, 4)],
           "nightly": [_attention_case(b, t, 32, 8, 128, 64, 64) for b in (1, 4, 16)
                       for t in (1, 4)]
           + [_attention_case(4, t, 32, 8, 128, 64, 64, last="edges") for t in (1, 4)]
           + [_attention_case(4, 1, 32, 8, 96, 64, 64, last="edges"),
              _attention_case(4, 1, 32, 8, 128, 64, 64, scores="wide"),
              _attention_case(4, 4, 32, 8, 128, 64, 64, rows="zero"),
-             _attention_case(4, 1, 32, 8, 128, 12, 64)]},
+             _attention_case(4, 1, 32, 8, 128, 12, 64),
+             _attention_case(16, 1, 64, 8, 128, 64, 1, scores="wide")]},
     implementations={"torch": paged_attention_torch},
     negative_controls={"rope_before_norm": paged_attention_rope_before_norm,
                        "visibility_off_by_one": paged_attention_visibility_off_by_one,
@@ -320,7 +325,8 @@ SPLIT_KV = OpSpec(
     exact=split_kv_exact, magnitude=split_kv_magnitude,
     work=lambda p, w: Work(flops=4.0 * p["seq"] * p["heads"] * p["d"],
                            bytes=2.0 * 2 * p["seq"] * p["heads"] * p["d"], flops_dtype="bf16"),
-    grid={"smoke": [{"heads": 4, "d": 64, "seq": 300, "chunk": 64},
+    # a chunk of 256: past one 128-key tile, where a kernel runs an online softmax of its own
+    grid={"smoke": [{"heads": 4, "d": 64, "seq": 600, "chunk": 256},
                     {"heads": 2, "d": 32, "seq": 77, "chunk": 32},
                     # seq a multiple of the chunk: no empty last chunk (0/0)
                     {"heads": 2, "d": 32, "seq": 96, "chunk": 32, "scores": "wide"},

@@ -160,12 +160,16 @@ RMSNORM = OpSpec(
     work=lambda p, w: Work(bytes=2.0 * (2 * p["b"] * p["hidden"] + p["hidden"])),
     # hidden 768 and 1280: multiples of 256 that are not powers of two, where a kernel that
     # divides by its padded block (1024, 2048) instead of the row length is wrong
-    grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 1, "hidden": 512},
+    # 20 rows of other magnitudes: a kernel that reduces two rows per block and mixes their
+    # sums; a row of 12288, past the 8192 a register-cached row holds
+    grid={"smoke": [{"b": 4, "hidden": 256}, {"b": 1, "hidden": 12288},
                     {"b": 3, "hidden": 256, "rows": "zero"}, {"b": 2, "hidden": 768},
                     {"b": 3, "hidden": 1280, "rows": "zero"},
-                    {"b": 3, "hidden": 512, "values": "wide"}],
+                    {"b": 20, "hidden": 512, "values": "wide"}],
           "nightly": [{"b": b, "hidden": h} for b in BATCHES for h in HIDDENS]
-          + [{"b": 16, "hidden": 5120, "rows": "zero"}]},
+          + [{"b": 16, "hidden": 5120, "rows": "zero"}, {"b": 20, "hidden": 5120,
+                                                         "values": "wide"},
+             {"b": 4, "hidden": 16384}]},
     implementations={"torch": rmsnorm_torch, "triton": triton_impl("hopper:rmsnorm")},
     negative_controls={"rms_of_weighted": rmsnorm_rms_of_weighted,
                        "squares_in_fp16": rmsnorm_squares_in_fp16,
@@ -232,13 +236,16 @@ def _linear_grid(residual: bool) -> dict[str, list[dict]]:
     # and K = 1096, 1544: 8 past a multiple of 16, 32 and 64, so a K loop over tiles of any
     # of those sizes has a tail to mask (or drops it)
     # (the one-row case, a decode step, with a K tail too: a GEMV path of its own)
+    # b = 40: rows past two whole 16-row tiles (a kernel that stores whole tiles only);
+    # K = 4104: past 4096, where GEMMs switch to split-K, and 8 past it
     smoke = [{"b": 4, "n": 384, "k": 1024}, {"b": 1, "n": 100, "k": 1096},
-             {"b": 3, "n": 96, "k": 1096}, {"b": 2, "n": 130, "k": 1544},
+             {"b": 40, "n": 96, "k": 1096}, {"b": 2, "n": 130, "k": 4104},
              {"b": 1, "n": 100, "k": 1096, "values": "wide"}]
     nightly = [{"b": b, "n": n, "k": h} for b in BATCHES for h in HIDDENS
                for n in (6144, h)]
     nightly += [{"b": 16, "n": 6144, "k": 4104}, {"b": 1, "n": 4100, "k": 7000},
-                {"b": 1, "n": 4100, "k": 7000, "values": "wide"}]
+                {"b": 1, "n": 4100, "k": 7000, "values": "wide"},
+                {"b": 40, "n": 4096, "k": 4104}]
     if residual:
         for case in smoke + nightly:
             case["residual"] = True
