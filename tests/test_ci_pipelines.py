@@ -39,7 +39,7 @@ FAILED = {"fail", "error", "timeout", "crash"}
 GPU_RUNNERS = {
     ("self-hosted", "linux", "gpu-1"): [1],
     ("self-hosted", "linux", "gpu-4"): [1, 2, 3, 4],  # 2: two-GPU paths; 3: no power of two
-    ("self-hosted", "linux", "gpu-8"): [1, 2, 3, 4, 8],
+    ("self-hosted", "linux", "gpu-8"): [1, 2, 3, 4, 6, 8],
 }
 
 
