@@ -251,8 +251,10 @@ def _smoke() -> list[dict]:
               _case("bf16", 67, "sum", inplace=True, mode="special"),
               _case("f32", 1031, "max", mode="special"), _case("bf16", 1031, "min", mode="special")]
     # counts a vector width divides (a kernel's aligned fast path, where the odd counts above
-    # take the general one)
-    cases += [_case("f16", 1024, "sum", mode="special"), _case("bf16", 4096, "max")]
+    # take the general one); max and min at 64-512 KiB, a protocol of its own with its own
+    # table of reduction ops
+    cases += [_case("f16", 1024, "sum", mode="special"), _case("bf16", 65536, "max"),
+              _case("f32", 32771, "min")]
     return cases
 
 
