@@ -323,9 +323,15 @@ TO_PARTIAL = [_case("4", "R", f"P{op}", (9, 5)) for op in ("avg", "min", "max")]
 PARTIAL_2D = [_case("2x2", "Pavg,R", "R,R", (9, 7)), _case("2x2", "R,Pavg", "R,S0", (9, 7)),
               _case("2x2", "Pmax,S0", "R,R", (9, 7)), _case("2x2", "R,Pmin", "S1,R", (9, 7)),
               _case("2x2", "R,R", "SS0sf2,S0", (8, 3))]
-#: moves of special values (no Partial source: a sum of them is no move)
+#: moves of special values (no Partial source: a sum of them is no move), on a 2-D mesh too
+#: (a gather done as a sum of zero-filled buffers turns -0.0 into +0.0)
 SPECIAL = [_case("4", s, d, (13, 5), values="special")
            for s, d in (("S0", "R"), ("R", "S0"), ("S0", "S1"), ("S1", "S0"))]
+SPECIAL += [_case("2x2", "S0,S1", "R,R", (9, 7), values="special")]
+#: Partial(sum) sources on one mesh dim to a Shard, rounding (a float32 partial sent as bf16);
+#: Replicate to a Partial on a mesh whose dims differ (x / 2 on the dim of 2, not x / 4)
+RANDOM += [_case("4", "P", "S1", (13, 5), values="random")]
+TO_PARTIAL += [_case("4x2", "R,R", "R,P", (9, 7))]
 
 
 def _one_d(n: int, lengths: Sequence[int] | None = None) -> list[dict]:
@@ -394,7 +400,7 @@ def _nightly() -> list[dict]:
                                                    ("R,R", "S0,S1"))]
     cases += [_case("8", "P", "S1", big, values="random"),
               _case("4x2", "P,P", "R,S0", big, values="random")]
-    return unique(cases + _special() + RANDOM + SPECIAL + PARTIAL_2D)
+    return unique(cases + _special() + RANDOM + SPECIAL + TO_PARTIAL + PARTIAL_2D)
 
 
 def _work(params: Mapping[str, Any], world_size: int) -> Work:

@@ -1123,3 +1123,15 @@ def test_an_in_place_call_may_write_its_output_piece_of_an_input_and_nothing_els
     r = run_case(world, case, "scratch", scratch_in_x, bench=False)
     assert r.status == "error" and "input 'x' was modified outside the output buffer" \
         in r.reason, r.reason
+
+
+def test_the_misaligned_call_runs_on_every_case_up_to_4_ranks_and_a_quarter_past():
+    from harness.core.discovery import registry
+
+    spec = registry().specs["reduce_scatter"]
+    cases = [Case(spec, p, 8) for p in spec.grid["smoke"]]
+    assert all(checked_calls.misaligned_here(c, w) for c in cases for w in (1, 2, 3, 4))
+    chosen = [c for c in cases if checked_calls.misaligned_here(c, 8)]
+    assert 0 < len(chosen) < len(cases)
+    assert chosen == [c for c in cases if checked_calls.misaligned_here(c, 16)]  # the same
+    assert not checked_calls.misaligned_here(Case(_spec(), {"n": 7}, 1), 1)  # not opted in

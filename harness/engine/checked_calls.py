@@ -65,10 +65,20 @@ from harness.engine.verdict import STAGE_PREFIX, golden_check
 SHIFT_BYTES = ALIGN_BYTES
 #: inputs bigger than this are not copied for the shifted check
 RELOCATE_CAP_BYTES = 1 << 30
-#: the misaligned call runs up to this world size: a kernel's unaligned paths are the same at
-#: 8 ranks as at 4 (each rank's pieces are misaligned alike), and at 8 oversubscribed ranks
+#: the misaligned call runs on every case up to this world size; past it on one case in
+#: ``MISALIGNED_SHARE`` (by case id): a library may take another path at 8 ranks (NVLS, a
+#: tree) with an unaligned fallback of its own, but on every case at 8 oversubscribed ranks
 #: the call cost the smoke tier 3 s of its 90
 MISALIGNED_MAX_WORLD = 4
+MISALIGNED_SHARE = 4
+
+
+def misaligned_here(case: Case, world_size: int) -> bool:
+    """Whether ``case`` at ``world_size`` makes the misaligned call (``OpSpec.any_alignment``)."""
+    if not case.spec.any_alignment:
+        return False
+    return (world_size <= MISALIGNED_MAX_WORLD
+            or zlib.crc32(f"misaligned:{case.id}".encode()) % MISALIGNED_SHARE == 0)
 
 
 def _roots(case: Case, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -337,7 +347,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
                 calls.bits = {k: v.clone() for k, v in outputs.items()
                               if isinstance(v, torch.Tensor)}
         del outputs
-        if spec.any_alignment and small and world.size <= MISALIGNED_MAX_WORLD:
+        if small and misaligned_here(case, world.size):
             failed = _misaligned_call(world, case, impl, calls, phase, failed, checks)
         shift, other_values = spec.shift_buffers and small, other_values and small
         if shift or other_values:
