@@ -342,8 +342,8 @@ def _wobbly(first: int):
 
 @pytest.mark.parametrize("first,bench,where", [
     (2, True, "the second call, on the same inputs in shifted"),
-    (3, True, "timed call 1 of"),  # the warm-up: the checked calls were two
-    (3, False, "the third call (the first one's values again) gave other bits"),
+    (3, True, "repeat 1 of 7"),  # the warm-up: the checked calls were two
+    (3, False, "repeat 1 of 2 on the checked call's inputs"),  # the third call
 ], ids=["second_call", "timed", "untimed"])
 def test_other_bits_for_the_same_inputs_fail_a_deterministic_op(world, first, bench, where):
     r = _run(world, _wobbly(first), bench=bench)

@@ -77,7 +77,7 @@ def test_a_window_of_wrong_timed_calls_fails_as_autotuning_candidates_would(worl
     calls and the last repeat right: only a check of every repeat sees it."""
     r = _run(world, _from_call(4, 7, zeroes_the_tail))
     assert r.status == "fail", r.reason
-    assert "not deterministic" in r.reason and "timed call 2 of 7" in r.reason, r.reason
+    assert "not deterministic" in r.reason and "repeat 2 of 7" in r.reason, r.reason
 
 
 @pytest.mark.parametrize("wrong,words", [
@@ -88,10 +88,10 @@ def test_a_window_of_wrong_timed_calls_fails_as_autotuning_candidates_would(worl
 @pytest.mark.parametrize("bench", [True, False], ids=["timed", "untimed"])
 def test_the_call_after_the_repeats_keeps_the_first_calls_contract(world, wrong, words, bench):
     """Right on the checked calls, from the third call on a breach of the call contract: it
-    is an error on the call after the repeats, timed or untimed."""
+    is an error on the last call after the checked ones, timed or untimed."""
     r = _run(world, _from_call(3, 10**9, wrong), bench=bench)
     assert r.status == "error", r.reason
-    assert "on the call right after the timed repeats" in r.reason and words in r.reason, \
+    assert "on the last call on the checked call's inputs" in r.reason and words in r.reason, \
         r.reason
     assert "timed_contract" in r.checks
 

@@ -62,11 +62,10 @@ from harness.engine.checked_calls import (
     measure,
 )
 from harness.engine.timed_checks import (
+    CONSECUTIVE_MAX_WORLD,
     RepeatWatch,
     contract_broken,
     poison_upcoming,
-    repeat_differs,
-    snapshot,
     untouched,
 )
 from harness.engine.verdict import (
@@ -247,15 +246,20 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     # in-place cases change their inputs on every repeat: their last output is not checkable
     recheck = calls.writable <= out_names | set(spec.readwrite_inputs)
     slots, values, tols, after = _timed_inputs(world, case, calls, cfg, recheck, out_names)
-    # each timed call must give the checked call's bits (RepeatWatch), and one more right
-    # after them is checked as the first call was (outputs read the moment it returns)
-    consecutive = recheck and spec.deterministic and bool(calls.digest)
-    watch = RepeatWatch(spec, calls.bits if recheck else {}, slots, out_names)
+    # every call after the checked ones must give the checked call's bits (RepeatWatch); a
+    # lone one (untimed, a token timing) an even number of calls after the first gets a
+    # second right after it, so that calls that alternate show
     small = nbytes(inputs) <= RELOCATE_CAP_BYTES
-    guards = guards_for(case, slots[0], calls.writable) if recheck and small else {}
+    watch = RepeatWatch(spec, calls.bits if recheck else {}, slots, out_names,
+                        active=recheck and small)
+    made = (1 + bool({"misaligned", "misaligned_refused"} & set(checks))
+            + bool({"shifted_buffers", "other_values"} & set(checks)))  # the checked calls
+    pair = (bool(watch.bits) and watch.active and made % 2 == 0
+            and world.size <= CONSECUTIVE_MAX_WORLD)
+    guards = guards_for(case, slots[0], calls.writable) if watch.active else {}
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
-    last, local_error = _timed_calls(world, spec, impl, cfg, slots, out_names, watch,
-                                     consecutive, untimed, result)
+    last, local_error = _timed_calls(world, spec, impl, cfg, slots, out_names, watch, pair,
+                                     untimed, result)
     tampered += clock_tampering()
     real = bool(result.timing) and cfg.full
     impossible_why = _rates(world, case, result, cfg, calibration, real)
@@ -265,18 +269,16 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     if recheck and not local_error:
         try:
             outputs = normalize_outputs(last["value"], spec.outputs, implementation=True)
-            seen = normalize_outputs(last["at_return"], spec.outputs, implementation=True) \
-                if consecutive else outputs
+            # the last call's outputs as it returned them (the watch poisoned them since)
+            seen = watch.last if watch.last is not None else outputs
             stages[after] = measure(seen, values.expected, tols, world.rank, values.memos,
                                     values.magnitudes)
             checks.append(after)
-            # every timed call is on the first call's values (the token one put them back)
-            if consecutive:
-                checks += ["same_bits", "timed_contract"]
+            if watch.active:
+                checks += ["same_bits"] * bool(watch.bits) + ["timed_contract"]
                 local_error = (contract_broken(case, last["args"], outputs, guards,
                                                values.expected) or untouched(slots, guards))
-                repeat = watch.verdict() or repeat_differs(last["before"], outputs,
-                                                           calls.digest, spec, untimed)
+                repeat = watch.verdict()
             if after == "reused_buffers":
                 local_error = local_error or changed_since(calls.held)
             if real and small:  # on every rank (its collectives), whatever this one found
@@ -302,12 +304,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
 
 def _timed_calls(world: World, spec: OpSpec, impl: Callable[..., Any], cfg: TimingConfig,
                  slots: list[dict[str, Any]], out_names: set[str], watch: RepeatWatch,
-                 consecutive: bool, untimed: bool, result: CaseResult
-                 ) -> tuple[dict[str, Any], str]:
+                 pair: bool, untimed: bool, result: CaseResult) -> tuple[dict[str, Any], str]:
     """The timed repeats (one token call ``untimed``) rotating over ``slots``, each watched,
-    and ``consecutive``: one call more, its outputs poisoned before and copied the moment it
-    returns. What the calls left (``args`` and ``value`` of the last, ``before`` and
-    ``at_return``), and why they raised ("" if none)."""
+    and with ``pair`` one call more after a lone one, its outputs poisoned before. What the
+    last call left (``args``, ``value``), and why a call raised ("" if none)."""
     # the first call takes a new copy (the inputs of the shifted check have been used)
     rotation = itertools.cycle(slots[1:] + slots[:1])
     last: dict[str, Any] = {}
@@ -322,14 +322,14 @@ def _timed_calls(world: World, spec: OpSpec, impl: Callable[..., Any], cfg: Timi
     try:
         if untimed:
             call()
+            watch(last["value"])
         else:
             result.timing = time_call(call, world, spec.distributed, cfg,
                                       after_each=lambda: watch(last["value"]))
-        if consecutive:
-            last["before"] = snapshot(last["value"]) if untimed else None
+        if pair and watch.count == 1:
             poison_upcoming(rotation, slots, out_names)
             call()
-            last["at_return"] = snapshot(last["value"])
+            watch(last["value"])
     except KeyboardInterrupt:
         raise
     except IMPL_RAISES as exc:

@@ -1,13 +1,14 @@
-"""The checks around an implementation's timed calls (``runner._time_and_recheck``).
+"""The checks around an implementation's calls after the checked ones (``runner``).
 
-The timed repeats run on the checked call's values. ``RepeatWatch`` compares each repeat's
-outputs with the checked call's bits on the device, outside the clock, then poisons the
-buffers it wrote: a result that changes from call to call (a window of autotuning
+Those calls, the timed repeats or the token call, run on the checked call's values.
+``RepeatWatch`` compares each one's outputs with the checked call's bits on the device,
+outside the clock, keeps a copy of them as the call returned them, then poisons the buffers it
+wrote: a result that changes from call to call (calls that alternate, a window of autotuning
 candidates, a stale or shared buffer) and a call that skips its work because nothing changed
-since the last one (its outputs stay poison) both show. One call more after them
-(``one_more``) is checked as the first one was: outputs poisoned before and read the moment it
-returns, written into the buffers given, no memory shared with a read-only input, which
-stays untouched (``untouched``: in every slot the timed calls used).
+since the last one (its outputs stay poison) both show. The last of them is checked for its
+contract as the first call is (``contract_broken``: outputs written into the buffers given,
+of their own memory), and the read-only inputs of every slot they used must still hold their
+values (``untouched``).
 """
 
 from __future__ import annotations
@@ -27,30 +28,41 @@ from harness.core.buffers import (
 )
 from harness.core.spec import Case, OpSpec
 from harness.engine.case_setup import CaseError, normalize_outputs
-from harness.engine.checked_calls import check_contract, output_hashes
+from harness.engine.checked_calls import check_contract
+
+#: a lone call after the checked ones (untimed, or a token timing) at an even distance from
+#: the first call gets one more right after it, so that calls that alternate show; up to this
+#: world size (past it a kernel's call-to-call state is the one at 4, and at 8 oversubscribed
+#: ranks the call cost the smoke tier 15% of its 8-rank time)
+CONSECUTIVE_MAX_WORLD = 4
 
 
 class RepeatWatch:
-    """After each timed repeat: its outputs against ``bits`` (the checked call's; empty: no
-    check), one device flag per repeat, read once at the end; then the outputs poisoned
-    where they are the case's output buffers or memory of the implementation's own."""
+    """After each call on the checked call's values (``__call__``): its outputs against
+    ``bits`` (the checked call's; empty for an op whose bits may vary: no compare), one
+    device flag per call, read once at the end; a copy of them as the call left them
+    (``last``: what the check after the calls measures); then the outputs poisoned where they
+    are the case's output buffers or memory of the implementation's own."""
 
     def __init__(self, spec: OpSpec, bits: Mapping[str, torch.Tensor],
-                 slots: list[dict[str, Any]], out_names: set[str]) -> None:
-        self.spec, self.bits = spec, dict(bits)
+                 slots: list[dict[str, Any]], out_names: set[str], active: bool = True) -> None:
+        self.spec, self.bits, self.active = spec, dict(bits), active
+        self.count = 0  # the calls watched (or, inactive, seen)
         # input tensors a poisoned output may not lie in: any but the output buffers
         self.kept = [t for slot in slots for name, t in slot.items()
                      if isinstance(t, torch.Tensor) and name not in out_names]
         self.flags: list[torch.Tensor] = []
+        self.last: dict[str, Any] | None = None
         self.error = ""
 
     def __call__(self, value: Any) -> None:
-        if not self.bits or self.error:
+        self.count += 1
+        if self.error or not self.active:
             return
         try:
             outputs = normalize_outputs(value, self.spec.outputs, implementation=True)
         except CaseError as exc:
-            self.error = f"timed call {len(self.flags) + 1}: {exc}"
+            self.error = f"repeat {len(self.flags) + 1}: {exc}"
             return
         differs = None
         for name, want in self.bits.items():
@@ -63,22 +75,23 @@ class RepeatWatch:
             differs = d if differs is None else differs | d
         if differs is not None:
             self.flags.append(differs)
+        self.last = snapshot(outputs)
         for t in outputs.values():
             if isinstance(t, torch.Tensor) and not any(lies_within(t, k) for k in self.kept):
                 poison_behind(t)
 
     def verdict(self) -> str:
-        """Why a timed repeat was not the checked call ("" when every one was)."""
+        """Why a call was not the checked call's bits ("" when every one was)."""
         if self.error or not self.flags:
             return self.error
         differing = torch.stack(self.flags).cpu().nonzero()
         if not len(differing):
             return ""
-        return (f"timed call {int(differing[0]) + 1} of {len(self.flags)} (warm-up included) "
-                "gave other bits than the checked call on the same inputs, its outputs "
-                "poisoned before it (a result that changes from call to call: a window of "
-                "autotuning candidates, a stale or shared buffer, or work skipped because "
-                "nothing changed)")
+        return (f"repeat {int(differing[0]) + 1} of {len(self.flags)} on the checked call's "
+                "inputs (warm-up included) gave other bits than the checked call, its outputs "
+                "poisoned before it (a result that changes from call to call: calls that "
+                "alternate, a window of autotuning candidates, a stale or shared buffer, or "
+                "work skipped because nothing changed)")
 
 
 def poison_upcoming(rotation: Any, slots: list[dict[str, Any]], out_names: set[str]
@@ -112,31 +125,16 @@ def snapshot(value: Any) -> Any:
     return value
 
 
-def repeat_differs(before: Any, outputs: Mapping[str, Any], digest: str, spec: OpSpec,
-                   untimed: bool) -> str:
-    """Why the token call (``before``, untimed) or the call right after the repeats
-    (``outputs``) is not the checked call's bits (``digest``), or ""."""
-    if before is not None and output_hashes(
-            normalize_outputs(before, spec.outputs, implementation=True))[0] != digest:
-        return ("the third call (the first one's values again) gave other bits than the "
-                "checked call on the same inputs")
-    if output_hashes(outputs)[0] != digest:
-        last = "the third call" if untimed else "the timed repeats"
-        return (f"one more call right after {last}, on the same inputs, gave other bits than "
-                "the checked call (calls that alternate)")
-    return ""
-
-
 def contract_broken(case: Case, args: Mapping[str, Any], outputs: Mapping[str, Any],
                     guards: Mapping[str, Any], expected: Mapping[str, Any]) -> str:
-    """Why the call after the repeats broke the call contract on its slot ``args`` (outputs
-    in the buffers given, of their own memory, dense; read-only inputs untouched where
-    ``guards`` holds their copies), or ""."""
+    """Why the last call after the checked ones broke the call contract on its slot ``args``
+    (outputs in the buffers given, of their own memory, dense; read-only inputs untouched
+    where ``guards`` holds their copies), or ""."""
     plain = {k: v for k, v in guards.items() if not isinstance(v, BytesOutside)}
     try:
         check_contract(case, args, outputs, plain, Redzones(), expected)
     except CaseError as exc:
-        return f"on the call right after the timed repeats: {exc}"
+        return f"on the last call on the checked call's inputs: {exc}"
     return ""
 
 
