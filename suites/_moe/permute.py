@@ -104,7 +104,9 @@ def _case(tokens, hidden_size, experts, topk, align, dtype, **extra) -> dict:
 NIGHTLY = [_case(s, 7168, e, k, 128, dt) for s in (5000, 16384) for e in (4, 8, 16, 32, 64)
            for k in (4, 8) for dt in ("bf16", "fp8")] + [
     _case(16384, 7168, 64, 8, 128, "bf16", unrouted=True, values="special"),
-    _case(5000, 7100, 128, 8, 24, "bf16")]
+    _case(5000, 7100, 128, 8, 24, "bf16"),
+    # a prefill past 65535 tokens: a grid whose y dimension is the token stops there
+    _case(70000, 128, 8, 2, 128, "bf16")]
 SMOKE = [_case(300, 256, 8, 4, 128, "bf16"), _case(257, 320, 16, 8, 128, "fp8"),
          _case(100, 128, 4, 4, 16, "bf16"), _case(700, 128, 64, 8, 128, "fp8"),
          # tokens routed to no expert beside idle experts; permute's rows carry special floats
