@@ -8,12 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.core.buffers import poisoned
+from harness.core.buffers import poison_behind, poisoned
 from harness.core.inputs import generate
 from harness.core.spec import Case, OpSpec
 from harness.core.timing import TimingConfig
 from harness.engine.runner import run_case
-from harness.engine.timed_checks import poison_behind
 
 TIMING = TimingConfig(warmup=1, min_repeats=6, max_repeats=6, budget_s=0.01)
 

@@ -52,6 +52,14 @@ def poison_(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(poison_value(t.dtype))
 
 
+def poison_behind(t: torch.Tensor) -> None:
+    """Poison ``t`` through an alias of its memory that torch's version counter does not see,
+    as another kernel writing through the pointer would: an implementation that skips its work
+    while ``t._version`` has not moved ("the output already holds it") returns the poison."""
+    alias = torch.empty(0, dtype=t.dtype, device=t.device)
+    poison_(alias.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride()))
+
+
 #: the byte free device memory is filled with: 0xFF is a NaN in f32, bf16, f16 and both fp8s
 FREE_POISON_BYTE = 0xFF
 

@@ -170,7 +170,7 @@ class OpSpec:
     #: reference (a vectorised kernel's paths for such inputs are otherwise never reached).
     #: An implementation that needs alignment (TMA, 16-byte vector loads) may refuse them
     #: by raising; a wrong value, a write outside its buffers or a device fault fails it.
-    #: At world sizes up to 4 (the same paths run at 8)
+    #: Every case up to 4 ranks, one in four past that (``checked_calls.misaligned_here``)
     any_alignment: bool = False
     #: same inputs give the same bits (enables "bits changed" detection)
     deterministic: bool = True

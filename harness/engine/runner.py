@@ -9,9 +9,11 @@ A case is checked on several calls, each catching a class of bug the others miss
 checked calls before any timing (``harness.engine.checked_calls``: fresh inputs with poisoned
 outputs, then a second call on shifted memory, on other values where no real timing follows),
 then ``after_timing``: the timed repeats rotate over shifted copies of the inputs (as
-nccl-tests shifts its buffers between iterations) and the last repeat's output is checked again
-where the case does not write its inputs in place; a real timing ends with a call on other
-values in buffers the timed calls used, and the checks that its time could be honest.
+nccl-tests shifts its buffers between iterations); where the case does not write its inputs in
+place, each of them (or untimed, the one call after the checked ones) is compared with the
+checked call's bits and the last is checked again, for its values and its contract
+(``harness.engine.timed_checks``); a real timing ends with a call on other values in buffers
+the timed calls used, and the checks that its time could be honest.
 
 A case's inputs, reference and tolerances are ``harness.engine.case_setup``'s; merging every
 rank's checks into one verdict is ``harness.engine.verdict``'s.
@@ -250,8 +252,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     # lone one (untimed, a token timing) an even number of calls after the first gets a
     # second right after it, so that calls that alternate show
     small = nbytes(inputs) <= RELOCATE_CAP_BYTES
-    watch = RepeatWatch(spec, calls.bits if recheck else {}, slots, out_names,
-                        active=recheck and small)
+    watch = RepeatWatch(spec, calls.bits, slots, out_names, active=recheck and small)
     made = (1 + bool({"misaligned", "misaligned_refused"} & set(checks))
             + bool({"shifted_buffers", "other_values"} & set(checks)))  # the checked calls
     pair = (bool(watch.bits) and watch.active and made % 2 == 0

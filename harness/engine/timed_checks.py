@@ -23,7 +23,7 @@ from harness.core.buffers import (
     Redzones,
     flat_bytes,
     lies_within,
-    poison_,
+    poison_behind,
     same_value,
 )
 from harness.core.spec import Case, OpSpec
@@ -104,14 +104,6 @@ def poison_upcoming(rotation: Any, slots: list[dict[str, Any]], out_names: set[s
         if isinstance(buf, torch.Tensor):
             poison_behind(buf)
     return upcoming[0]
-
-
-def poison_behind(t: torch.Tensor) -> None:
-    """Poison ``t`` through an alias of its memory that torch's version counter does not see,
-    as another kernel writing through the pointer would: an implementation that skips its work
-    while ``t._version`` has not moved ("the output already holds it") returns the poison."""
-    alias = torch.empty(0, dtype=t.dtype, device=t.device)
-    poison_(alias.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride()))
 
 
 def snapshot(value: Any) -> Any:
