@@ -29,7 +29,7 @@ from harness.core.spec import PlannedItem, Registry, SpecError
 from harness.core.timing import TimingConfig
 from harness.device import children, process_state, triton_impl
 from harness.device.envinfo import env_id
-from harness.engine import alive
+from harness.engine import alive, shm_sweep
 from harness.engine.options import (
     FAST_EXIT_ENV,
     JOB_ENDED_EXIT,
@@ -88,6 +88,18 @@ def _calibration_for(path: Path | None, device: Any) -> dict[str, Any] | None:
     return calibrations.get(device_key(device))
 
 
+def _write_placement(path: Path, world: Any) -> None:
+    """Rank 0's report of the ranks' devices and of where each ran, for the launcher."""
+    facts = world.facts
+    write_json(path, {
+        "backend": world.backend, "warning": world.placements[0].warning,
+        "devices": [p.device for p in world.placements],
+        "gpus": [p.gpu_uuid for p in world.placements],
+        # where each rank ran: its node, its place on it, the ranks there, its CPUs
+        "nodes": [f.node for f in facts], "local_ranks": [f.local_rank for f in facts],
+        "local_sizes": [f.local_size for f in facts], "cpus": [list(f.cpus) for f in facts]})
+
+
 class HarnessSession:
     """Per-process state: the World, the registry, and where results go."""
 
@@ -98,12 +110,14 @@ class HarnessSession:
         from harness.engine.watchdog import StacksBoard, Watchdog
 
         opt = config.option
+        size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
+        files = self.files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
+        if files and MPI.COMM_WORLD.Get_rank() == 0:  # what a killed job leaves, before a wait
+            shm_sweep.record(files.of(size, "shm.json"))
         if opt.harness_wait_for:
             alive.stop_watching()  # the wait for the go file is the run's planning, not a stall
             _wait_for(Path(opt.harness_wait_for))
             alive.watch_quiet()
-        size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
-        files = self.files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
         options, info = rank_settings(config, files)
         self.options = options
         self.tier, self.selectors, self.impls = options.tier, options.selectors, options.impls
@@ -143,15 +157,7 @@ class HarnessSession:
             # every rank is past its wait: the world above was made by all of them
             Path(opt.harness_wait_for).unlink(missing_ok=True)
         if placement_path is not None and self.world.rank == 0:
-            facts = self.world.facts
-            write_json(placement_path, {
-                "backend": self.world.backend, "warning": self.world.placements[0].warning,
-                "devices": [p.device for p in self.world.placements],
-                "gpus": [p.gpu_uuid for p in self.world.placements],
-                # where each rank ran: its node, its place on it, the ranks there, its CPUs
-                "nodes": [f.node for f in facts], "local_ranks": [f.local_rank for f in facts],
-                "local_sizes": [f.local_size for f in facts],
-                "cpus": [list(f.cpus) for f in facts]})
+            _write_placement(placement_path, self.world)
         board = None if files is None else StacksBoard(
             files.of(size, "stacks-request"),
             [files.of(size, f"rank{r}.stacks") for r in range(size)], self.world.rank,

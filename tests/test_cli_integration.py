@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.device import shm
+
 HELPERS = Path(__file__).parent / "helpers"
 pytestmark = pytest.mark.mpi
 
@@ -788,16 +790,20 @@ def faults_run(tmp_path_factory):
     # two ranks: the hung (or dead) one and one left waiting on it, each relaunch half the
     # cost of four ranks on two cores. A case here takes well under 0.1 s: 3 s is a deadline
     # a slow machine still meets, and each of the three timeouts costs it
+    before = {path for path, _ in shm.leftovers()}
     out = harness(tmp_path, "run", *_FAULT_SELECTORS, "--world-sizes", "2", "--no-bench",
                   "--timeout", "3", "--grace", "20", *impls, timeout=400)
+    # MPI segments the run's killed jobs left that no process holds (none: the launcher
+    # removed them)
+    left = {path for path, _ in shm.leftovers()} - before
     results = rows(tmp_path / "h.db", "SELECT case_id, impl, status, reason FROM results "
                                       "ORDER BY started_at")
     planned = planned_items(tmp_path, *_FAULT_SELECTORS, "--world-sizes", "2", *impls)
-    return out, results, planned
+    return out, results, planned, {"dir": tmp_path, "shm_left": left}
 
 
 def _fault_statuses(faults_run, impl):
-    out, results, planned = faults_run
+    out, results, planned, _ = faults_run
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     mine = [r for r in results if r["impl"] == impl]
     assert len(mine) == len(planned) // len(_FAULT_IMPLS)  # every case ran, after the fault too
@@ -837,6 +843,18 @@ def test_a_fault_that_leaves_the_process_unusable_costs_one_case(faults_run):
     assert "illegal memory access" in faulted["reason"]
     assert "rank(s) 1 unusable" in faulted["reason"] and "ran in a new one" in faulted["reason"]
     assert got and {r["status"] for r in got.values()} == {"pass"}, got
+
+
+def test_jobs_that_were_stopped_or_crashed_leave_no_mpi_shared_memory(faults_run):
+    """MPICH unlinks its /dev/shm segment in MPI_Finalize, which a killed job never reaches:
+    each would keep 1-8 MiB of memory until reboot (harness.device.shm)."""
+    *_, run = faults_run
+    logs = "".join(p.read_text(errors="replace") for p in run["dir"].glob("runs/*/*.log"))
+    removed = re.findall(r"^harness: removed (\S+) \(", logs, re.M)
+    # the timeouts, the crash and the sticky fault each ended a job that left one
+    assert len(removed) >= 4, logs[-3000:]
+    assert not any(Path(p).exists() for p in removed)
+    assert not run["shm_left"], run["shm_left"]
 
 
 def test_an_implementation_that_deadlocks_in_every_case_is_given_up_after_two(faults_run):

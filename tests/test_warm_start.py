@@ -4,6 +4,7 @@ folder behind, and that a first world size with nothing to run costs nothing but
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -90,3 +91,22 @@ def test_a_refused_run_kills_its_warm_job_and_leaves_no_folder(tmp_path):
     while _harness_processes() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _harness_processes()
+
+
+def test_a_cancelled_warm_job_leaves_no_mpi_shared_memory(tmp_path):
+    """Its ranks wired up MPI, whose segment in /dev/shm only MPI_Finalize unlinks, and wait
+    for a go file that never comes: the kill leaves the segment unless the harness removes
+    it (harness.engine.shm_sweep)."""
+    from harness.device.envinfo import find_launcher
+
+    job = warm.start(RunOptions.from_mapping({"world_sizes": (2,)}), find_launcher(None),
+                     tmp_path / "runs", "cancelled")
+    record = job.cfg.files.of(2, "shm.json")
+    deadline = time.monotonic() + 120
+    while not record.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    named = json.loads(record.read_text())["shm"]
+    assert named and all(Path(p).exists() for p in named)
+    job.cancel()
+    assert not any(Path(p).exists() for p in named)
+    assert not (tmp_path / "runs").exists()

@@ -344,14 +344,25 @@ def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tup
 @click.option("--launcher", default=None, help="mpiexec to report on.")
 @click.option("--check", is_flag=True,
               help="Print the GPU bring-up checklist only; exit 2 on a blocker.")
+@click.option("--clean-shm", is_flag=True,
+              help="Remove your MPI segments in /dev/shm that no process holds (left by "
+                   "killed MPI jobs), then report.")
 @click.pass_context
-def env(ctx: click.Context, as_json: bool, launcher: str | None, check: bool) -> None:
+def env(ctx: click.Context, as_json: bool, launcher: str | None, check: bool,
+        clean_shm: bool) -> None:
     """Report torch, CUDA devices, MPI library and launcher, NCCL and NVRTC, then the bring-up
     checklist: a verdict per line (ok, note, warn, blocker) with the remedy. CUDA is queried
     through the driver (cuda-python), never initialised by torch unless cuda-python cannot use
     the driver. Exit 2 when --check finds a blocker."""
     from harness.device import bringup, envinfo
 
+    if clean_shm:
+        from harness.device import shm
+
+        removed = shm.remove_unheld(path for path, _ in shm.leftovers())
+        click.echo(f"removed {len(removed)} MPI shared-memory file(s) that no process held "
+                   f"({sum(size for _, size in removed) / 2**20:.1f} MiB) from {shm.SHM_DIR}",
+                   err=True)
     mpiexec = envinfo.find_launcher(launcher)
     data = {"machine": envinfo.machine(), **envinfo.environment(mpiexec)}
     checks = bringup.checklist(envinfo.site_facts(mpiexec, env=data))

@@ -80,6 +80,8 @@ class SiteFacts:
     headers_version: int | None = None
     headers_path: str = ""
     shm_bytes: int | None = None
+    #: MPI segments in /dev/shm that no process holds (harness.device.shm): files, bytes
+    shm_leftovers: tuple[int, int] = (0, 0)
     #: NCCL_SHM_DISABLE=1 in the environment
     nccl_shm_disabled: bool = False
     nccl_version: str | None = None
@@ -277,6 +279,18 @@ def check_shm(f: SiteFacts) -> Check | None:
     return Check("/dev/shm", "ok", _gib(f.shm_bytes))
 
 
+def check_shm_leftovers(f: SiteFacts) -> Check | None:
+    """MPI segments that killed jobs left in /dev/shm: memory no one gets back until reboot,
+    which fills a container's /dev/shm in a few jobs."""
+    files, size = f.shm_leftovers
+    if not files:
+        return None
+    return Check("/dev/shm leftovers", "warn",
+                 f"{files} MPI shared-memory file(s) that no process holds take "
+                 f"{_gib(size)} of memory (left by killed MPI jobs): `harness env "
+                 "--clean-shm` removes them")
+
+
 def check_mpi(f: SiteFacts) -> Check:
     lib = " ".join((f.mpi_library or "unknown").split())
     if f.mpi_gpu and "mpich" in lib.lower():
@@ -342,8 +356,8 @@ def check_triton(f: SiteFacts) -> Check | None:
 def checklist(f: SiteFacts) -> list[Check]:
     """Every verdict about this machine, in bring-up order."""
     out = [check_torch(f), check_driver(f), *check_gpus(f), check_nvrtc(f)]
-    out += [c for c in (check_headers(f), check_shm(f), check_nccl(f), check_triton(f))
-            if c is not None]
+    out += [c for c in (check_headers(f), check_shm(f), check_shm_leftovers(f), check_nccl(f),
+                        check_triton(f)) if c is not None]
     out += [check_mpi(f), check_launcher(f)]
     return out + [c for c in (check_timing(f),) if c is not None]
 

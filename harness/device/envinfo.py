@@ -157,6 +157,14 @@ def shm_bytes(path: str = "/dev/shm") -> int | None:
     return st.f_frsize * st.f_blocks
 
 
+def _leftovers() -> tuple[int, int]:
+    """Files and bytes of this user's MPI segments in /dev/shm that no process holds."""
+    from harness.device import shm
+
+    found = shm.leftovers()
+    return len(found), sum(size for _, size in found)
+
+
 def mpi_links_cuda() -> bool | None:
     """Whether the MPI library mpi4py loads was built with GPU support (it names the CUDA
     runtime or driver: an MPICH configured with CUDA, a CUDA-aware Open MPI); None when
@@ -185,7 +193,8 @@ def mpi_links_cuda() -> bool | None:
 def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None,
                mpi: bool = True) -> Any:
     """The bring-up facts of this machine (``bringup.SiteFacts``) as this process sees them;
-    ``mpi=False`` skips reading the MPI library (what ``harness run`` does not need)."""
+    ``mpi=False`` skips reading the MPI library and the MPI segments left in /dev/shm (what
+    ``harness run`` does not need)."""
     import torch
 
     from harness.device.bringup import SiteFacts
@@ -213,7 +222,8 @@ def site_facts(launcher: str | None = None, *, env: dict[str, Any] | None = None
         nvml_gpu_count=cuda.nvml_gpu_count(), gpu_errors=tuple(cuda.device_errors()),
         nvrtc_version=cuda.nvrtc_version(), nvrtc_error=cuda.nvrtc_missing() or "",
         headers_version=headers_version, headers_path=str(headers or ""),
-        shm_bytes=shm_bytes(), nccl_shm_disabled=os.environ.get("NCCL_SHM_DISABLE") == "1",
+        shm_bytes=shm_bytes(), shm_leftovers=_leftovers() if mpi else (0, 0),
+        nccl_shm_disabled=os.environ.get("NCCL_SHM_DISABLE") == "1",
         nccl_version=env.get("nccl"), mpi_library=env.get("mpi_library"),
         mpi_gpu=mpi_links_cuda() if mpi else None,
         mpich_gpu_setting=os.environ.get("MPIR_CVAR_ENABLE_GPU"),

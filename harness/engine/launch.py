@@ -28,6 +28,7 @@ from harness.core.results import CaseResult
 from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
+from harness.engine import shm_sweep
 from harness.engine.alive import ALIVE_ENV, STALL_ENV
 from harness.engine.giveup import JobEndingStreaks
 from harness.engine.joblog import PYTEST_NORMAL, LostNodes, death, lost_node_message, tail
@@ -565,6 +566,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         if placement and placement.get("error"):
             raise PlacementFailed(f"world size {world_size}: {placement['error']}")
         outcome.placement = placement or outcome.placement
+        shm_sweep.sweep(files.of(world_size, "shm.json"), log_path)  # unfinalized
         after = recorded.update()
         new = len(after - done)
         prog = _read_progress(progress_path)

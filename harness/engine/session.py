@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.core.results import CaseResult, RunInfo
-from harness.engine import runlock
+from harness.engine import runlock, shm_sweep
 from harness.engine.options import RunDir, RunOptions
 
 
@@ -410,6 +410,8 @@ def _launch_all(cfg: Any, the_plan: Plan, reporter: Reporter, outcome: Outcome,
         except PlacementFailed as exc:
             outcome.placement_error = str(exc)
             return
+        finally:  # a job stopped by Ctrl-C or a lost node: what its MPI left on this node
+            shm_sweep.sweep(cfg.files.of(w, "shm.json"))
         warning = (world.placement or {}).get("warning")
         for said in ([warning] if warning else []) + world.notes:
             reporter.warning(w, said)

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from harness.engine import launch
+from harness.engine import launch, shm_sweep
 from harness.engine.launch import LaunchConfig
 from harness.engine.options import RunOptions
 
@@ -68,6 +68,7 @@ class WarmJob:
         if self.adopted:
             return
         launch.kill_group(self.proc)
+        shm_sweep.sweep(self.cfg.files.of(self.world_size, "shm.json"), self.log_path)
         if not self.cfg.files.run_json.exists():
             _remove(self.cfg.run_dir, self.made)
             return
