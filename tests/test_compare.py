@@ -718,3 +718,24 @@ def test_rounded_near_takes_either_float32_quotient_and_nothing_else():
     positive_zero[:5] = 0.0
     check = compare.check(positive_zero, exact64, tol)
     assert not check.passed and check.metrics.n_mismatch == 5
+
+
+def test_allclose_is_exact_where_the_magnitude_is_zero():
+    """Every term of a zero-magnitude element has a zero factor, so no arithmetic order makes
+    it anything but the expected value: the atol and rtol allow nothing there."""
+    tol = compare.allclose(rtol=2e-2, atol=1e-3, magnitude_rtol=2.0**-14)
+    expected = t64([0.0, 0.0, 0.5, 3.0])
+    magnitude = t64([0.0, 1.0, 0.0, 4.0])
+    tiny = 2.0**-125  # 0 with an exponent added to its bits
+    for actual, bad in (([0.0, tiny, 0.5, 3.0], 0), ([-0.0, 0.0, 0.5, 3.0], 0),
+                        ([tiny, 0.0, 0.5, 3.0], 1), ([0.0, 0.0, 0.5 + 2.0**-20, 3.0], 1),
+                        ([0.0, 0.0, 0.5, 3.0 + 2.0**-20], 0)):
+        m = compare.measure(torch.tensor(actual, dtype=torch.float32), expected, tol,
+                            magnitude=magnitude)
+        assert m.n_mismatch == bad, actual
+        ok, why = compare.verdict(m, tol)
+        assert ok is (bad == 0)
+        assert bad == 0 or "(exact where the magnitude is 0)" in why
+    # without a magnitude from the op, the atol holds everywhere as before
+    m = compare.measure(torch.tensor([tiny, 0.0, 0.5, 3.0]), expected, tol)
+    assert m.n_mismatch == 0

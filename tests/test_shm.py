@@ -94,7 +94,7 @@ def test_another_users_file_is_never_removed(tmp_path):
 def test_leftovers_are_the_mpi_segments_no_process_holds(tmp_path, holder):
     _, a, b = holder
     names = ("mpich_shm_1a2b_0", "mpich_vci_1a2b_0", "vader_segment.n1.0.1",
-             "sm_segment.n1.0.1.0")
+             "sm_segment.n1.0.1.0", "ucx_shm_posix_5c512549")
     left = [_segment(tmp_path / n) for n in names]
     _segment(tmp_path / "nccl-abc123")  # not a segment MPI unlinks only at finalize
     found = shm.leftovers(shm_dir=tmp_path)
@@ -149,22 +149,25 @@ def test_the_bring_up_check_reports_leftovers_and_the_remedy():
     assert "50 MiB" in check.detail and "harness env --clean-shm" in check.detail
 
 
-@pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm")
-def test_env_clean_shm_removes_unheld_segments_and_keeps_held_ones(tmp_path):
-    tag = uuid.uuid4().hex[:8]
-    free = _segment(shm.SHM_DIR / f"mpich_shm_{tag}_0")
-    busy = _segment(shm.SHM_DIR / f"mpich_shm_{tag}_1")
+def test_env_clean_shm_removes_unheld_segments_and_keeps_held_ones(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from harness.cli.main import cli
+
+    monkeypatch.setattr(shm, "SHM_DIR", tmp_path)  # never the machine's own /dev/shm
+    free = _segment(tmp_path / "mpich_shm_5e5e_0")
+    busy = _segment(tmp_path / "mpich_shm_5e5e_1")
+    other = _segment(tmp_path / "nccl-5e5e")  # not an MPI segment: not the command's
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(busy), str(busy),
                              str(_segment(tmp_path / "gone"))], stdout=subprocess.PIPE,
                             text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
-        out = subprocess.run([sys.executable, "-m", "harness", "env", "--clean-shm", "--check"],
-                             capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert "removed" in out.stderr and not free.exists() and busy.exists()
+        out = CliRunner().invoke(cli, ["env", "--clean-shm", "--check"])
+        assert out.exit_code == 0, out.output[-2000:]
+        assert "removed 1 MPI shared-memory file(s)" in out.output
+        assert not free.exists() and busy.exists() and other.exists()
+        assert "leftovers" not in out.output  # the checklist after the clean-up
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        free.unlink(missing_ok=True)
-        busy.unlink(missing_ok=True)

@@ -339,6 +339,18 @@ def per_tensor_half_epilogue(a, scale_a, b, scale_b, out_dtype):
     return per_tensor_torch(a, scale_a, b, scale_b, torch.float32).half().to(out_dtype)
 
 
+def per_tensor_exponent_add_epilogue(a, scale_a, b, scale_b, out_dtype):
+    """A power-of-two scale product applied by adding to the float32 exponent field: right
+    for every normal accumulator, but an exact 0 (a padding token's row) comes out 2**-125."""
+    acc = per_tensor_torch(a, torch.ones_like(scale_a), b, torch.ones_like(scale_b),
+                           torch.float32)
+    mantissa, exponent = torch.frexp((scale_a.float() * scale_b.float()).reshape(()))
+    if float(mantissa) != 0.5:
+        return per_tensor_torch(a, scale_a, b, scale_b, out_dtype)
+    bits = acc.contiguous().view(torch.int32) + ((int(exponent) - 1) << 23)
+    return bits.view(torch.float32).to(out_dtype)
+
+
 def quantize_static_scale_multiplies(x, fmt, granularity, ue8m0, scale):
     q, s = quant.quantize_torch(x, fmt, granularity, ue8m0, scale)
     if scale is None:
@@ -397,6 +409,8 @@ FP8 = [
     ("fp8_gemm.quantize", quantize_ue8m0_of_nan_is_one,
      {"dist": "nan", "granularity": "token", "ue8m0": True}, {"granularity": "token"}),
     ("fp8_gemm.per_tensor", per_tensor_half_epilogue, {"dist": "wide"}, {}),
+    ("fp8_gemm.per_tensor", per_tensor_exponent_add_epilogue, {"dist": "wide", "out": "bf16"},
+     {}),
     ("fp8_gemm.quantize", quantize_static_scale_multiplies, {"static": 0.375},
      {"static": True}),
     ("fp8_gemm.quantize", quantize_tensor_amax_without_nan,

@@ -8,7 +8,8 @@ full host copy), as partial sums so that the metrics of every rank merge into on
 
 Tolerance kinds: ``exact`` (bitwise, a NaN's sign and payload too unless ``any_nan``),
 ``allclose`` (|a-e| <= atol + rtol*|e|, plus ``magnitude_rtol`` times a per-element magnitude
-the op gives beside its reference, with an optional mismatch budget), ``ulp`` (at most n units
+the op gives beside its reference, exact where that magnitude is 0, with an optional mismatch
+budget), ``ulp`` (at most n units
 in the last place of the output dtype), ``cos_diff`` and ``rel_l2`` (global bounds),
 ``cos_diff_per_row`` (the worst row's own calc_diff: a fault confined to one token),
 ``rounding`` (the precision lens: against the op's float64 value before its one rounding, how
@@ -133,7 +134,10 @@ def exact(any_nan: bool = False) -> Tolerance:
 def allclose(rtol: float, atol: float, max_mismatch_frac: float = 0.0,
              magnitude_rtol: float = 0.0) -> Tolerance:
     """|a-e| <= atol + rtol*|e| (+ magnitude_rtol * the element's magnitude, where the op
-    gives one) for all but ``max_mismatch_frac`` of the elements."""
+    gives one) for all but ``max_mismatch_frac`` of the elements. Where the op's magnitude
+    is exactly 0 (every term of the element's sum has a zero factor: a padding token's row),
+    any order of any arithmetic gives exactly the expected value, so nothing is allowed:
+    an epilogue that makes 2**-125 of a zero (a scale applied by an exponent add) fails."""
     return Tolerance("allclose", rtol=rtol, atol=atol, max_mismatch_frac=max_mismatch_frac,
                      magnitude_rtol=magnitude_rtol)
 
@@ -434,7 +438,8 @@ def _out_of_bounds(m: Metrics, elem: Tolerance, a_raw: torch.Tensor, e_raw: torc
     if elem.kind == "allclose":
         allowed = elem.atol + elem.rtol * e.abs()
         if g_raw is not None:
-            allowed = allowed + elem.magnitude_rtol * g_raw.to(torch.float64).abs()
+            g = g_raw.to(torch.float64).abs()
+            allowed = torch.where(g > 0, allowed + elem.magnitude_rtol * g, 0.0)
         if diff.numel():
             share = torch.where(finite & (diff > 0), diff / allowed, torch.zeros_like(diff))
             m.max_tol_ratio = max(m.max_tol_ratio, float(share.max()))
@@ -544,7 +549,9 @@ def _verdict_one(m: Metrics, t: Tolerance) -> tuple[bool, str]:
     if t.kind in ELEMENTWISE_KINDS:
         allowed = t.max_mismatch_frac * m.numel if t.kind == "allclose" else 0
         if m.n_mismatch > allowed:
-            what = {"exact": "not bitwise equal", "allclose": f"outside {t.describe()}",
+            exact_at_0 = " (exact where the magnitude is 0)" if t.magnitude_rtol else ""
+            what = {"exact": "not bitwise equal",
+                    "allclose": f"outside {t.describe()}{exact_at_0}",
                     "ulp": f"more than {t.ulps} ulp off",
                     "rounded_near": ("not the float64 value (or one within "
                                      f"{t.rtol:g} of it) rounded once")}[t.kind]

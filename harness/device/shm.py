@@ -27,8 +27,10 @@ from pathlib import Path
 SHM_DIR = Path("/dev/shm")
 #: names MPI libraries give the segments they unlink only at finalize: MPICH's (above) and
 #: Open MPI's shared-memory BTL (``vader_segment.*`` in 4.x, ``sm_segment.*`` in 5.x), which
-#: its runtime removes unless it is killed too
-MPI_SEGMENTS = ("mpich_shm_*", "mpich_vci_*", "vader_segment.*", "sm_segment.*")
+#: its runtime removes unless it is killed too; and UCX's, which it unlinks once mapped, left
+#: by a rank killed in between
+MPI_SEGMENTS = ("mpich_shm_*", "mpich_vci_*", "vader_segment.*", "sm_segment.*",
+                "ucx_shm_posix_*")
 
 
 def mapped(maps: Path = Path("/proc/self/maps"), shm_dir: Path | None = None) -> list[str]:
