@@ -1,4 +1,4 @@
-"""MPI shared-memory files a killed job leaves in /dev/shm (harness.device.shm,
+"""MPI and NCCL shared-memory files a killed job leaves in /dev/shm (harness.device.shm,
 harness.engine.shm_sweep): which files count as held, which are removed, and the bring-up
 line that reports them. Processes here are real ones that map or hold the files."""
 
@@ -94,9 +94,10 @@ def test_another_users_file_is_never_removed(tmp_path):
 def test_leftovers_are_the_mpi_segments_no_process_holds(tmp_path, holder):
     _, a, b = holder
     names = ("mpich_shm_1a2b_0", "mpich_vci_1a2b_0", "vader_segment.n1.0.1",
-             "sm_segment.n1.0.1.0", "ucx_shm_posix_5c512549")
+             "sm_segment.n1.0.1.0", "ucx_shm_posix_5c512549", "nccl-Ab12Cd")
     left = [_segment(tmp_path / n) for n in names]
-    _segment(tmp_path / "nccl-abc123")  # not a segment MPI unlinks only at finalize
+    _segment(tmp_path / "torch_1234_5678")  # another program's: not ours to judge
+    _segment(tmp_path / "nccl-Ab12Cd.lock")
     found = shm.leftovers(shm_dir=tmp_path)
     assert sorted(p for p, _ in found) == sorted(str(p) for p in left)
     assert str(a) not in dict(found) and str(b) not in dict(found)
@@ -145,7 +146,7 @@ def test_the_sweep_waits_for_the_jobs_ranks_to_let_go(monkeypatch, tmp_path):
 def test_the_bring_up_check_reports_leftovers_and_the_remedy():
     assert bringup.check_shm_leftovers(bringup.SiteFacts()) is None
     check = bringup.check_shm_leftovers(bringup.SiteFacts(shm_leftovers=(12, 50 << 20)))
-    assert check.level == "warn" and "12 MPI shared-memory file(s)" in check.detail
+    assert check.level == "warn" and "12 MPI/NCCL shared-memory file(s)" in check.detail
     assert "50 MiB" in check.detail and "harness env --clean-shm" in check.detail
 
 
@@ -157,7 +158,7 @@ def test_env_clean_shm_removes_unheld_segments_and_keeps_held_ones(monkeypatch, 
     monkeypatch.setattr(shm, "SHM_DIR", tmp_path)  # never the machine's own /dev/shm
     free = _segment(tmp_path / "mpich_shm_5e5e_0")
     busy = _segment(tmp_path / "mpich_shm_5e5e_1")
-    other = _segment(tmp_path / "nccl-5e5e")  # not an MPI segment: not the command's
+    other = _segment(tmp_path / "torch_5e5e_0")  # another program's: not the command's
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(busy), str(busy),
                              str(_segment(tmp_path / "gone"))], stdout=subprocess.PIPE,
                             text=True)
@@ -165,7 +166,7 @@ def test_env_clean_shm_removes_unheld_segments_and_keeps_held_ones(monkeypatch, 
         assert proc.stdout.readline().strip() == "ready"
         out = CliRunner().invoke(cli, ["env", "--clean-shm", "--check"])
         assert out.exit_code == 0, out.output[-2000:]
-        assert "removed 1 MPI shared-memory file(s)" in out.output
+        assert "removed 1 MPI/NCCL shared-memory file(s)" in out.output
         assert not free.exists() and busy.exists() and other.exists()
         assert "leftovers" not in out.output  # the checklist after the clean-up
     finally:

@@ -345,8 +345,8 @@ def list_cmd(selectors: tuple[str, ...], tier: str, world_sizes: str, impls: tup
 @click.option("--check", is_flag=True,
               help="Print the GPU bring-up checklist only; exit 2 on a blocker.")
 @click.option("--clean-shm", is_flag=True,
-              help="Remove your MPI segments in /dev/shm that no process holds (left by "
-                   "killed MPI jobs), then report.")
+              help="Remove your MPI and NCCL segments in /dev/shm that no process holds "
+                   "(left by killed jobs), then report.")
 @click.pass_context
 def env(ctx: click.Context, as_json: bool, launcher: str | None, check: bool,
         clean_shm: bool) -> None:
@@ -360,7 +360,7 @@ def env(ctx: click.Context, as_json: bool, launcher: str | None, check: bool,
         from harness.device import shm
 
         removed = shm.remove_unheld(path for path, _ in shm.leftovers())
-        click.echo(f"removed {len(removed)} MPI shared-memory file(s) that no process held "
+        click.echo(f"removed {len(removed)} MPI/NCCL shared-memory file(s) no process held "
                    f"({sum(size for _, size in removed) / 2**20:.1f} MiB) from {shm.SHM_DIR}",
                    err=True)
     mpiexec = envinfo.find_launcher(launcher)

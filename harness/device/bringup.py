@@ -286,8 +286,8 @@ def check_shm_leftovers(f: SiteFacts) -> Check | None:
     if not files:
         return None
     return Check("/dev/shm leftovers", "warn",
-                 f"{files} MPI shared-memory file(s) that no process holds take "
-                 f"{_gib(size)} of memory (left by killed MPI jobs): `harness env "
+                 f"{files} MPI/NCCL shared-memory file(s) that no process holds take "
+                 f"{_gib(size)} of memory (left by killed jobs): `harness env "
                  "--clean-shm` removes them")
 
 

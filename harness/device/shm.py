@@ -13,9 +13,9 @@ placement file); when the job has ended the launcher removes those of them that 
 maps or holds open any more (:func:`remove_unheld`). A file no process holds cannot be used
 again: every rank of a job attaches during its start, while the creator holds it. UCX unlinks
 its segments as soon as they are mapped, and Open MPI's runtime removes its own
-(``opal_pmix_register_cleanup``). ``harness env --check`` counts the MPI segments no process
-holds (:func:`leftovers`), such as those of jobs killed outside the harness, and ``harness
-env --clean-shm`` removes them. Linux only (``/proc``); elsewhere nothing is found.
+(``opal_pmix_register_cleanup``). ``harness env --check`` counts the MPI and NCCL segments no
+process holds (:func:`leftovers`), such as those of jobs killed outside the harness, and
+``harness env --clean-shm`` removes them. Linux only (``/proc``); elsewhere nothing is found.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
-#: names MPI libraries give the segments they unlink only at finalize: MPICH's (above) and
-#: Open MPI's shared-memory BTL (``vader_segment.*`` in 4.x, ``sm_segment.*`` in 5.x), which
-#: its runtime removes unless it is killed too; and UCX's, which it unlinks once mapped, left
-#: by a rank killed in between
-MPI_SEGMENTS = ("mpich_shm_*", "mpich_vci_*", "vader_segment.*", "sm_segment.*",
-                "ucx_shm_posix_*")
+#: names of the segments communication libraries keep named while a job runs: MPICH's until
+#: finalize (above), Open MPI's shared-memory BTL's (``vader_segment.*`` in 4.x,
+#: ``sm_segment.*`` in 5.x; its runtime removes them unless it is killed too); UCX's and
+#: NCCL's (``nccl-XXXXXX``, mkstemp) until every peer mapped them, left by a rank killed in
+#: between. Each is held by its creator from creation on, so one no process holds is garbage
+SEGMENTS = ("mpich_shm_*", "mpich_vci_*", "vader_segment.*", "sm_segment.*",
+            "ucx_shm_posix_*", "nccl-??????")
 
 
 def mapped(maps: Path = Path("/proc/self/maps"), shm_dir: Path | None = None) -> list[str]:
@@ -126,11 +127,11 @@ def remove_unheld(paths: Iterable[str], proc: Path = Path("/proc"),
 
 def leftovers(proc: Path = Path("/proc"), shm_dir: Path | None = None
               ) -> list[tuple[str, int]]:
-    """This user's MPI segments in ``shm_dir`` (``SHM_DIR``; ``MPI_SEGMENTS``) that no
+    """This user's MPI and NCCL segments in ``shm_dir`` (``SHM_DIR``; ``SEGMENTS``) that no
     process maps or holds open: (path, bytes of memory) each."""
     shm_dir = shm_dir or SHM_DIR
     names: dict[str, None] = {}
-    for pattern in MPI_SEGMENTS:
+    for pattern in SEGMENTS:
         names.update((str(p), None) for p in shm_dir.glob(pattern))
     sizes = {p: _own_file(Path(p), shm_dir) for p in names}
     owned = [p for p, size in sizes.items() if size is not None]
