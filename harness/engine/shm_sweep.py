@@ -45,13 +45,14 @@ def sweep(path: Path, log_path: Path | None = None, wait_s: float = RANKS_GONE_S
         return []
     left = [str(p) for p in noted.get("shm") or [] if Path(str(p)).exists()]
     removed: list[tuple[str, int]] = []
-    end = time.monotonic() + wait_s
+    end, pause = time.monotonic() + wait_s, 0.05
     while left:
-        removed += shm.remove_unheld(left)
+        removed += shm.remove_unheld(left)  # reads every process's maps: not too often
         left = [p for p in left if Path(p).exists()]
         if not left or time.monotonic() >= end:
             break
-        time.sleep(0.1)
+        pause = min(2 * pause, 1.0)
+        time.sleep(pause)
     if removed and log_path is not None:
         with open(log_path, "a") as log:
             for name, size in removed:
