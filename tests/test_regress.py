@@ -925,3 +925,37 @@ def test_a_step_reported_tonight_is_not_also_a_suspicious_run_off_the_old_level(
         conn.close()
     [night] = [run for run, fs in found.items() if any(f.kind == "regression" for f in fs)]
     assert [f.kind for f in found[night]] == ["regression"]
+
+
+def test_a_creeping_error_is_drift_once_it_added_up_to_10x_and_again_at_the_next_10x(tmp_path):
+    """Twice a night is never 10x of the night before; against the lowest value since the
+    last drift it is, on the fourth night, and that night alone."""
+    values = [1e-6, 2e-6, 4e-6, 8e-6, 1.6e-5, 1.6e-5, 3.2e-5, 8e-6, 6.4e-5, 1.28e-4, 1.2e-6]
+    conn = store.connect(tmp_path / "history.db")
+    try:
+        for i, v in enumerate(values):
+            run = f"r{i:02d}"
+            put(conn, run, T0 + i * 86400,
+                [result(run, outputs={"out": output(ALLCLOSE, max_abs=v)})])
+        found = {i: regress.analyze_run(conn, f"r{i:02d}") for i in range(len(values))}
+        assert {i for i, f in found.items() if f} == {4, 9}, found
+        first, second = found[4][0], found[9][0]
+        assert first.kind == "drift" and first.baseline_run == "r00"
+        assert first.baseline == 1e-6 and first.current == 1.6e-5
+        assert "4 runs back: it crept" in first.detail
+        # the level after the first drift is the lowest since: r07's 8e-6, 2 runs back
+        assert second.baseline_run == "r07" and second.baseline == 8e-6
+        assert second.ratio == pytest.approx(16.0)
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("values, level", [
+    ([("a", 1e-6)], ("a", 1e-6, 1)),
+    ([("a", 1e-6), ("b", 5e-7), ("c", 9e-7)], ("b", 5e-7, 2)),
+    ([("a", 1e-6), ("b", 2e-5), ("c", 3e-5)], ("b", 2e-5, 2)),  # b drifted: a level of its own
+    ([("a", 0.0), ("b", 1e-9), ("c", 0.0)], ("c", 0.0, 1)),
+    ([("a", 0.0), ("b", 1e-9), ("c", 2e-9)], ("b", 1e-9, 2)),
+])
+def test_the_drift_level_is_the_lowest_since_the_last_drift(values, level):
+    assert regress.drift_level(values) == level

@@ -9,8 +9,9 @@ least the op's threshold is a "regression" of the run that confirmed it, a faste
 confirms or drops it.
 
 Correctness: pass -> failure ("new_failure"), failure -> pass ("fixed"), an error metric grown
-DRIFT_FACTOR x while still passing ("drift"), and a changed output hash of a deterministic op
-("bits_changed").
+DRIFT_FACTOR x while still passing ("drift": against the lowest value since the series' last
+such growth, so a creep of 2x a night is found when it has added up to 10x, once), and a
+changed output hash of a deterministic op ("bits_changed").
 
 Ops are looked up through ``harness.core.discovery.registry()`` only; results of ops it does
 not know (ingested from elsewhere) get the defaults.
@@ -203,34 +204,58 @@ def _metric_value(entry: Any, metric: str) -> float | None:
     return max(value, 0.0)  # cos_diff rounds to tiny negatives when nothing differs
 
 
-def _drift(base: CaseResult, cur: CaseResult) -> list[Finding]:
+def _grew(level: float, value: float) -> bool:
+    """Whether an error metric at ``value`` has drifted from ``level``."""
+    return value > 0.0 if level == 0.0 else value >= DRIFT_FACTOR * level
+
+
+def drift_level(values: Sequence[tuple[str, float]]) -> tuple[str, float, int]:
+    """The level an error metric's next value is held against, from the series' earlier
+    (run id, value) pairs, oldest first: the lowest value since the last one that drifted
+    from the level before it (which starts a level of its own), with its run and how many
+    runs ago it was."""
+    run, level, at = values[0][0], values[0][1], 0
+    for i, (run_id, value) in enumerate(values[1:], start=1):
+        if _grew(level, value) or value < level:
+            run, level, at = run_id, value, i
+    return run, level, len(values) - at
+
+
+def _drift(history: Sequence[CaseResult], cur: CaseResult) -> list[Finding]:
+    """``history``: the series' earlier passing results, newest first."""
     out = []
     for name, entry in cur.outputs.items():
         if not isinstance(entry, dict) or entry.get("passed") is False:
             continue
         metric = _drift_metric(entry.get("tolerance"))
-        b = _metric_value(base.outputs.get(name), metric)
         c = _metric_value(entry, metric)
-        if b is None or c is None:
+        values = [(r.run_id, v) for r in reversed(history)
+                  if (v := _metric_value(r.outputs.get(name), metric)) is not None]
+        if c is None or not values:
+            continue
+        run, b, ago = drift_level(values)
+        if not _grew(b, c):
             continue
         tol = entry.get("tolerance")
         tol_text = tol.get("text", tol.get("kind", "")) if isinstance(tol, dict) else str(tol)
-        if b == 0.0 and c > 0.0:
+        if b == 0.0:
             detail = f"{metric} of {name!r} grew from 0 to {c:.3g}, still within {tol_text}"
             ratio = None
-        elif b > 0.0 and c >= DRIFT_FACTOR * b:
+        else:
             ratio = c / b
             detail = (f"{metric} of {name!r} {b:.3g} -> {c:.3g} (x{ratio:.1f}), "
                       f"still within {tol_text}")
-        else:
-            continue
-        out.append(_finding("drift", cur, name, f"{detail} vs run {_short(base.run_id)}",
-                            baseline=b, current=c, ratio=ratio, baseline_run=base.run_id))
+        since = f"vs run {_short(run)}" + ("" if ago == 1 else f", {ago} runs back: it crept")
+        out.append(_finding("drift", cur, name, f"{detail} {since}",
+                            baseline=b, current=c, ratio=ratio, baseline_run=run))
     return out
 
 
-def correctness_findings(base: CaseResult, cur: CaseResult) -> list[Finding]:
-    """new_failure, fixed, drift and bits_changed of ``cur`` against an earlier ``base``."""
+def correctness_findings(base: CaseResult, cur: CaseResult,
+                         history: Sequence[CaseResult] = ()) -> list[Finding]:
+    """new_failure, fixed, drift and bits_changed of ``cur`` against an earlier ``base``;
+    drift against ``history`` (the series' earlier results, newest first, ``base`` the first
+    with a verdict) where given, else against ``base`` alone."""
     vs = f"vs run {_short(base.run_id)}"
     if base.status == "pass" and cur.status in FAILING:
         reason = cur.reason.splitlines()[0] if cur.reason else "no reason recorded"
@@ -241,7 +266,7 @@ def correctness_findings(base: CaseResult, cur: CaseResult) -> list[Finding]:
                          baseline_run=base.run_id)]
     if base.status != "pass" or cur.status != "pass":
         return []
-    out = _drift(base, cur)
+    out = _drift([r for r in history if r.status == "pass"] or [base], cur)
     deterministic = deterministic_of(cur.op)
     # an op not in the registry may still be deterministic: flag it, and say so
     if (deterministic is not False and base.output_hash and cur.output_hash
@@ -319,7 +344,7 @@ def analyze(conn: sqlite3.Connection, run_id: str,
                 _series_changes(conn, out, run, cur, timed[::-1], threshold(cur.op))
         reference = next((p for p in prior if p.status != "skip"), None)
         if reference is not None:
-            out.findings.extend(correctness_findings(reference, cur))
+            out.findings.extend(correctness_findings(reference, cur, prior[:history_runs]))
     return out
 
 
