@@ -15,12 +15,14 @@ from harness.engine.launch import (
     HEAVY_YIELD,
     LaunchConfig,
     RecordedKeys,
+    _fruitless,
+    _JobEnd,
     build_command,
     one_node,
-    srun_args,
     wait_environment,
 )
 from harness.engine.options import RunOptions
+from harness.engine.srun import srun_args
 
 
 def cfg(tmp_path: Path, **options) -> LaunchConfig:
@@ -63,6 +65,21 @@ def test_srun_serves_the_ranks_pmi2_unless_told_which_mpi(tmp_path):
     cmd = build_command(cfg(tmp_path, launcher_args=["-bind-to", "core"]), 4, 1)
     assert cmd[:5] == ["/venv/bin/mpiexec", "-bind-to", "core", "-n", "4"]  # mpiexec as given
     assert cmd[cmd.index("--harness-world-size") + 1] == "4"
+
+
+def test_a_world_size_srun_never_wired_up_says_what_cut_mpichs_pmi_requests(tmp_path):
+    """slurmstepd reads a PMI-1 request with one read() of 1024 bytes; MPICH's business-card
+    puts across nodes can be longer (harness.engine.srun). The log lines are slurmstepd's."""
+    log = tmp_path / "w4.launch-2.log"
+    log.write_text("$ srun --mpi=pmi2 -n 4 python -m pytest\n"
+                   "slurmstepd: error: mpi/pmi2: value not properly terminated in client "
+                   "request\nslurmstepd: error: mpi/pmi2: invalid client request\n"
+                   "srun: error: n2: task 3: Exited with exit code 16\n")
+    why = _fruitless(4, _JobEnd(16, None, None, log), 2, 60.0)
+    assert why.startswith("world size 4: the MPI job exited with code 16 2 times in a row")
+    assert "1024 bytes" in why and "--launcher mpiexec" in why and "--mpi=pmix" in why
+    log.write_text("$ srun --mpi=pmi2 -n 4 python -m pytest\nsrun: error: task 3: Killed\n")
+    assert "1024" not in _fruitless(4, _JobEnd(137, None, None, log), 2, 60.0)
 
 
 def test_a_rank_whose_mpi_world_is_not_the_job_started_says_why():

@@ -150,9 +150,9 @@ def test_a_node_lost_mid_run_ends_it_in_one_line_and_resume_finishes_it(two_node
     # torch's result is recorded, then every rank waits in the stall implementation while
     # n2 goes; mpi would come after it
     # a job stuck in its start-up is stopped after 60 s and tried again inside the wait
-    # below (a CI run once sat there for minutes; another's srun pmi2 plugin refused the
-    # ranks' wire-up requests, "value not properly terminated", and UCX aborted one rank;
-    # a warning says so if it comes back)
+    # below (a CI run once sat there for minutes; in another, srun's pmi2 plugin cut the
+    # ranks' PMI-1 wire-up requests at 1024 bytes, "value not properly terminated", and UCX
+    # aborted one rank on the garbled address: harness.engine.srun)
     run = [sys.executable, "-m", "harness", "run", SELECTORS[0], "--world-sizes", "4",
            "--no-bench", "--launcher", "srun", "--impl", "torch", "--impl", STALL, "--impl",
            "mpi", "--db", db, "--stall-timeout", "60"]
@@ -176,9 +176,10 @@ def test_a_node_lost_mid_run_ends_it_in_one_line_and_resume_finishes_it(two_node
             if "began no case within" in err and "mpi/pmi2: invalid client request" in logs:
                 # the harness did its part (stopped the stuck job, tried again, said so in one
                 # line); MPI never wired up, so no node can be lost mid-case
-                pytest.skip("srun's pmi2 plugin refused MPICH's wire-up requests on every "
-                            "start (value not properly terminated): the node loss could not "
-                            "be staged on this machine now")
+                pytest.skip("srun's pmi2 plugin cut MPICH's PMI-1 wire-up requests on every "
+                            "start (value not properly terminated: it reads one in a single "
+                            "1024-byte read, harness.engine.srun): the node loss could not be "
+                            "staged with this install's business cards")
             pytest.fail(f"the stalling case did not begin within 240 s; harness run: "
                         f"{out[-1500:]}{err[-1500:]}\n{_launch_logs(tmp_path)}\n"
                         + "\n".join(cluster._logs(name) for name in ("ctl", "n1", "n2")))

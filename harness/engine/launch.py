@@ -28,7 +28,7 @@ from harness.core.results import CaseResult
 from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
-from harness.engine import shm_sweep
+from harness.engine import shm_sweep, srun
 from harness.engine.alive import ALIVE_ENV, STALL_ENV
 from harness.engine.giveup import JobEndingStreaks
 from harness.engine.joblog import PYTEST_NORMAL, LostNodes, death, lost_node_message, tail
@@ -183,20 +183,6 @@ def wait_environment(world_size: int, cpus: int, single_node: bool) -> dict[str,
     return {}
 
 
-#: the PMI that srun serves the ranks unless told otherwise: the mpich wheel's MPICH (and any
-#: MPICH built with its own "simple" PMI) speaks the PMI-1/PMI-2 wire protocol, which Slurm's
-#: mpi/pmi2 plugin serves (Slurm's mpi_guide: "srun --mpi=pmi2" for MPICH). Under a
-#: cluster's MpiDefault of none each rank came up alone, as its own world of one (seen on
-#: Slurm 22.05 with the mpich 4 wheel: four ranks of "world size 4" each ran every case at 1).
-SRUN_MPI = "--mpi=pmi2"
-
-
-def srun_args(launcher_args: Sequence[str]) -> list[str]:
-    """srun's own options: the user's, with SRUN_MPI first unless they chose an --mpi."""
-    chosen = any(a == "--mpi" or a.startswith("--mpi=") for a in launcher_args)
-    return list(launcher_args) if chosen else [SRUN_MPI, *launcher_args]
-
-
 def build_command(cfg: LaunchConfig, world_size: int, attempt: int, go: Path | None = None
                   ) -> list[str]:
     """The mpiexec (or srun) command line of one job: the ranks get the run directory and
@@ -204,7 +190,8 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int, go: Path | N
     exists, where given: harness.engine.warm)."""
     opts, files = cfg.options, cfg.files
     name = Path(cfg.launcher).name
-    args = srun_args(opts.launcher_args) if name.startswith("srun") else opts.launcher_args
+    args = srun.srun_args(opts.launcher_args) if name.startswith("srun") \
+        else opts.launcher_args
     cmd = [cfg.launcher, *args, "-n", str(world_size)]
     if opts.hostfile and name != "srun":
         cmd += ["-hostfile", opts.hostfile]
@@ -518,7 +505,9 @@ def _fruitless(world_size: int, end: _JobEnd, jobs: int, stall_limit: float) -> 
     else:
         why = (f"the MPI job exited with code {end.rc} {jobs} times in a row without running "
                f"a case; last lines of {end.log_path}:\n{tail(end.log_path)}")
-    return f"world size {world_size}: {why}"
+    hint = srun.pmi1_cut(end.log_path.read_text(errors="replace")
+                         if end.log_path.exists() else "")
+    return f"world size {world_size}: {why}" + (f"\n{hint}" if hint else "")
 
 
 def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
