@@ -195,3 +195,41 @@ def test_leftover_processes_of_a_run_are_stopped_and_no_others(tmp_path):
         for p in (mine, other):
             p.kill()
             p.wait()
+
+
+_SUITE = '''
+import torch
+from harness.api import OpSpec, case_tensor
+
+
+def make_inputs(params, rank, world_size):
+    return {"x": case_tensor("mine.double", params, "x", (params["n"],), torch.float32)}
+
+
+def reference(x):
+    return x * 2
+
+
+SPECS = [OpSpec(name="mine.double", family="mine", reference=reference,
+                make_inputs=make_inputs, grid={"smoke": [{"n": 5}, {"n": 7}]},
+                implementations={"torch": lambda x: x + x},
+                negative_controls={"plus_one": lambda x: x * 2 + 1})]
+'''
+
+
+def test_a_run_of_a_suite_of_ones_own_resumes_with_that_suite(tmp_path):
+    """The harness that resumes plans with the run's own suites, as its ranks load them:
+    without them a run of a --suite op alone came back as every built-in case."""
+    suite = tmp_path / "mine.py"
+    suite.write_text(_SUITE)
+    run_dir = _run_dir(tmp_path, "feedc0de" * 4, options={
+        "selectors": [], "tier": "smoke", "world_sizes": [1], "impls": ["torch"],
+        "device": "cpu", "bench": False, "suite_sources": [str(suite)]})
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_DB"}
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--resume", "feedc0de",
+                          "--db", str(tmp_path / "h.db")], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert sorted(d["case_id"] for d in lines) == ["mine.double[n=5]", "mine.double[n=7]"]
+    assert {d["status"] for d in lines} == {"pass"}

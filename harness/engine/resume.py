@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
+from harness.core.discovery import use_suites
 from harness.core.results import ResultsError, RunInfo
 from harness.engine import runlock
 from harness.engine.options import RunOptions
@@ -159,6 +160,10 @@ def prepare(now: RunOptions, text: str, given: Collection[str] = ()
 
     run_dir, info = locate(store.runs_root(store.resolve_db_path(now.db), now.out_dir), text)
     options = options_of(info).resumed_with(now, given)
+    # the run's own suites (its --suite or project file's), as its ranks load them: planned
+    # without them, a run of a --suite op alone came back as every built-in case
+    use_suites(options.suite_sources, options.suite_golden_dir
+               and Path(options.suite_golden_dir))
     check_same_machine(info, envinfo.machine())
     check_same_commit(info, envinfo.git_commit())
     try:  # held until the resumed run ends (session.execute)
