@@ -895,3 +895,53 @@ def test_a_golden_made_on_another_cpu_verifies_within_the_ops_magnitude_toleranc
     off = (out.double() + 0.5 * tol.magnitude_rtol * magnitude.double()).float()
     plain = golden.check_output(out, off, tol)
     assert not compare.verdict(plain.metrics, plain.tolerance)[0]
+
+
+_SUITE = '''
+import torch
+from harness.api import OpSpec, case_tensor
+
+
+def seeded(params, rank, world_size):
+    return {"x": case_tensor("mine.scaled", params, "x", (params["n"],), torch.float32)}
+
+
+def unseeded(params, rank, world_size):
+    return {"x": torch.rand(params["n"])}
+
+
+def raising(params, rank, world_size):
+    if params["n"] == 9:
+        raise ValueError("nine does not split")
+    return seeded(params, rank, world_size)
+
+
+def spec(name, make_inputs):
+    return OpSpec(name=name, family="mine", reference=lambda x: x * 3, make_inputs=make_inputs,
+                  grid={"smoke": [{"n": 8}, {"n": 9}]},
+                  implementations={"torch": lambda x: x + x + x})
+
+
+SPECS = [spec("mine.scaled", seeded), spec("mine.unseeded", unseeded),
+         spec("mine.raising", raising)]
+'''
+
+
+def test_generate_refuses_inputs_that_change_from_one_derivation_to_the_next(tmp_path):
+    """An unseeded make_inputs would store goldens every later run fails against, blaming the
+    implementation; one line names the case and the cause, and nothing of it is stored."""
+    suite = tmp_path / "mine.py"
+    suite.write_text(_SUITE)
+    gdir = tmp_path / "goldens"
+    proc = harness(gdir, "generate", "--suite", str(suite), "mine.unseeded",
+                   "--world-sizes", "1")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "mine.unseeded[n=8] at world size 1: two derivations of its golden differ" in \
+        proc.stderr and "not deterministic" in proc.stderr
+    assert not list(gdir.rglob("*.safetensors"))
+    proc = harness(gdir, "generate", "--suite", str(suite), "mine.scaled", "--world-sizes", "1")
+    assert proc.returncode == 0 and "2 new" in proc.stdout, proc.stderr[-2000:]
+    # a case whose make_inputs raises: one line naming it, exit 2
+    proc = harness(gdir, "generate", "--suite", str(suite), "mine.raising", "--world-sizes", "1")
+    assert proc.returncode == 2 and "mine.raising[n=9] at world size 1: its reference or " \
+        "make_inputs raised ValueError: nine does not split" in proc.stderr, proc.stderr[-2000:]

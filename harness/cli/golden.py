@@ -115,6 +115,42 @@ def derive(case: Any, tier: str) -> Derived:
                    {rank: magnitudes for rank, (_, magnitudes) in made.items()})
 
 
+def _same_bits(a: Derived, b: Derived) -> bool:
+    import torch
+
+    def raw(t: Any) -> Any:
+        return t.contiguous().reshape(-1).view(torch.uint8)
+
+    return a.tensors.keys() == b.tensors.keys() and all(
+        torch.equal(raw(a.tensors[k]), raw(b.tensors[k])) for k in a.tensors)
+
+
+def derived(case: Any, tier: str, checked: set[str]) -> Derived:
+    """``derive``, as a golden is stored: the first case of each op derived twice, whose
+    bits must agree (a ``make_inputs`` drawing from an unseeded generator would store a
+    golden every later run fails against); the spec's own exception is one line naming the
+    case (HarnessExit, exit 2)."""
+    from harness.core.spec import raised
+
+    where = f"{case.id} at world size {case.world_size}"
+    try:
+        new = derive(case, tier)
+        if case.spec.name not in checked:
+            checked.add(case.spec.name)
+            if not _same_bits(new, derive(case, tier)):
+                raise HarnessExit(
+                    f"{where}: two derivations of its golden differ: its make_inputs (or "
+                    "reference) is not deterministic; draw inputs with harness.api.case_tensor "
+                    "or a torch.Generator seeded with seed_from(...), not torch.rand; no golden "
+                    "of it was stored", EXIT_USAGE)
+    except HarnessExit:
+        raise
+    except Exception as exc:  # noqa: BLE001 (the spec's code: its error, said as its)
+        raise HarnessExit(f"{where}: its reference or make_inputs raised {raised(exc)}; no "
+                          "golden of it was stored", EXIT_USAGE) from exc
+    return new
+
+
 @dataclass
 class Difference:
     """How a stored golden and a re-derived one differ."""
@@ -206,10 +242,11 @@ def generate(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_si
     cases = _cases(selectors, tier, parse_world_sizes(world_sizes))
     counts = {"new": 0, "unchanged": 0, "changed": 0, "refused": 0}
     today = datetime.date.today().isoformat()
+    checked: set[str] = set()
     try:
         for case in _walk(cases, "goldens"):
             store = _store(shelf, case.spec.name)
-            new = derive(case, tier)
+            new = derived(case, tier, checked)
             old = store.entry(case.id, case.world_size)
             if old is not None:
                 try:

@@ -15,6 +15,7 @@ import shlex
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -502,6 +503,8 @@ def _main(argv: Sequence[str] | None) -> None:
         # without standalone mode click returns ctx.exit()'s code instead of exiting
         code = cli.main(args=list(argv) if argv is not None else None, standalone_mode=False)
     except HarnessExit as exc:
+        if debug and (exc.__cause__ or exc.__context__):  # what the one line stands for
+            traceback.print_exception(exc.__cause__ or exc.__context__)
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         sys.exit(exc.code)
     except click.exceptions.Exit as exc:

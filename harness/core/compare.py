@@ -58,6 +58,16 @@ class Tolerance:
         kinds = ELEMENTWISE_KINDS + GLOBAL_KINDS + ("all_of",)
         if self.kind not in kinds:
             raise ValueError(f"unknown tolerance kind {self.kind!r}; use one of {kinds}")
+        for name in ("rtol", "atol", "ulps", "bound", "max_mismatch_frac", "magnitude_rtol"):
+            value = getattr(self, name)
+            # a negative bound passes nothing but exact values, which looks like a pass
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not value >= 0:
+                raise ValueError(f"{self.kind}: {name}={value!r}; a tolerance's bounds are "
+                                 "numbers >= 0")
+        if self.max_mismatch_frac > 1:
+            raise ValueError(f"{self.kind}: max_mismatch_frac={self.max_mismatch_frac!r} is a "
+                             "share of the elements, at most 1")
         if self.kind == "all_of":
             elementwise = [p for p in self.parts if p.kind in ELEMENTWISE_KINDS]
             if len(elementwise) > 1:

@@ -18,11 +18,13 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.core.spec_checks import grid_problem, tolerance_problem
 from harness.device.pyfile import import_file
 
 TIERS = ("smoke", "nightly", "stress")
@@ -186,6 +188,9 @@ class OpSpec:
     description: str = ""
 
     def __post_init__(self) -> None:
+        problem = grid_problem(self.grid) or tolerance_problem(self.tolerance, self.outputs)
+        if problem:
+            raise SpecError(f"{self.name}: {problem}")
         unknown = set(self.grid) - set(TIERS)
         if unknown:
             raise SpecError(f"{self.name}: unknown tiers {sorted(unknown)}; use {TIERS}")
@@ -527,7 +532,11 @@ def import_failure(exc: BaseException) -> str:
     would end harness with the module's code, and no word of why)."""
     if isinstance(exc, SystemExit):
         return f"it called sys.exit({exc.code!r}) while being imported"
-    return f"{type(exc).__name__}: {exc}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    # where it was raised (a SyntaxError's message names its own line)
+    at = "" if isinstance(exc, SyntaxError) or not frames else \
+        f" (at {frames[-1].filename}, line {frames[-1].lineno})"
+    return f"{type(exc).__name__}: {exc}{at}"
 
 
 def add_entry_point_impls(registry: Registry) -> None:

@@ -13,7 +13,8 @@ import torch
 from harness.core import compare
 from harness.core.buffers import Redzones, nbytes, relocate
 from harness.core.inputs import reseeded, seed_from
-from harness.core.spec import Case
+from harness.core.spec import Case, SpecError
+from harness.core.spec_checks import tolerance_problem
 
 
 class CaseError(Exception):
@@ -83,6 +84,9 @@ def tolerances(case: Case, expected: Mapping[str, torch.Tensor]) -> dict[str, co
     tol = case.spec.tolerance
     if callable(tol) and not isinstance(tol, compare.Tolerance):
         tol = tol(case.params, case.world_size)
+        problem = tolerance_problem(tol, case.spec.outputs, answer=True)
+        if problem:
+            raise SpecError(f"{case.spec.name}: {problem}")
     out = {}
     for name, exp in expected.items():
         if name.endswith(EXACT_SUFFIX):  # the precision lens (OpSpec.exact)
@@ -106,13 +110,37 @@ def interpreted_lens(tols: Mapping[str, compare.Tolerance]) -> dict[str, compare
             for name, t in tols.items()}
 
 
+def reference_outputs(case: Case, value: Any) -> dict[str, torch.Tensor]:
+    """What the op's reference (or ``expected``) returned, as ``normalize_outputs`` gives it;
+    a return value it refuses is the spec's mistake, said as such (not the implementation's,
+    whose return value the same words describe)."""
+    spec = case.spec
+    try:
+        return normalize_outputs(value, spec.outputs)
+    except CaseError as exc:
+        made_by = "expected" if spec.expected is not None else "reference"
+        raise SpecError(f"{spec.name}: its {made_by} {exc}; fix it, or the spec's outputs="
+                        f"{spec.outputs}") from None
+
+
+def made_inputs(case: Case, rank: int) -> dict[str, Any]:
+    """``make_inputs`` of one rank, checked to be the reference's keyword arguments."""
+    spec = case.spec
+    made = spec.make_inputs(case.params, rank, case.world_size)
+    if not isinstance(made, Mapping) or not all(isinstance(k, str) for k in made):
+        raise SpecError(f"{spec.name}: make_inputs returned a {type(made).__name__}; it must "
+                        "return a dict of the reference's keyword arguments ({'x': tensor, "
+                        "...})")
+    return made
+
+
 def expected_outputs(case: Case, rank: int) -> dict[str, torch.Tensor]:
     spec = case.spec
     if spec.expected is not None:
         value = spec.expected(case.params, rank, case.world_size)
     else:
-        value = spec.reference(**spec.make_inputs(case.params, rank, case.world_size))
-    return normalize_outputs(value, spec.outputs)
+        value = spec.reference(**made_inputs(case, rank))
+    return reference_outputs(case, value)
 
 
 def expected_with_magnitudes(case: Case, rank: int
@@ -123,12 +151,12 @@ def expected_with_magnitudes(case: Case, rank: int
     spec = case.spec
     if spec.magnitude is None:
         return expected_outputs(case, rank), {}
-    made = spec.make_inputs(case.params, rank, case.world_size)
+    made = made_inputs(case, rank)
     if spec.expected is not None:
         value = spec.expected(case.params, rank, case.world_size)
     else:
         value = spec.reference(**relocate(made))  # its own copy: it may write its inputs
-    return normalize_outputs(value, spec.outputs), dict(spec.magnitude(**made))
+    return reference_outputs(case, value), dict(spec.magnitude(**made))
 
 
 #: a case's pristine inputs are kept for its next implementation up to this size; bigger ones
@@ -153,12 +181,12 @@ class CaseSetup:
 
     def _set_up(self, lens: bool) -> None:
         case, rank, spec = self.case, self.rank, self.case.spec
-        made = spec.make_inputs(case.params, rank, case.world_size)
+        made = made_inputs(case, rank)
         self.pristine: dict[str, Any] | None = (
             made if nbytes(made) <= SETUP_CACHE_CAP_BYTES else None)
         if spec.expected is None and self.pristine is not None:
             # the reference gets its own copy of the kept inputs: it may write them
-            self.expected = normalize_outputs(spec.reference(**relocate(made)), spec.outputs)
+            self.expected = reference_outputs(case, spec.reference(**relocate(made)))
         else:
             self.expected = expected_outputs(case, rank)
         #: per output, what a chunk equal to the reference adds to the metrics (compare.measure)

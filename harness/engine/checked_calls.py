@@ -47,7 +47,7 @@ from harness.core.buffers import (
     tensors,
 )
 from harness.core.golden import GoldenShelf, GoldenStore
-from harness.core.spec import IMPL_RAISES, Case, raised
+from harness.core.spec import IMPL_RAISES, Case, SpecError, raised
 from harness.device import children
 from harness.device.memory import PeakMemory
 from harness.device.runtime import World, broken_context
@@ -358,6 +358,8 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
             raise CaseError(failed)
     except CaseError as exc:
         calls.error = str(exc)
+    except SpecError as exc:  # the op's own definition: the same for every implementation
+        calls.error = f"the op's spec: {exc}"
     except Exception as exc:  # a bug in the spec or harness: say where
         calls.error = (f"harness error {type(exc).__name__}: {exc}\n"
                        f"{traceback.format_exc(limit=4)}")
