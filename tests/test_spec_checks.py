@@ -93,6 +93,8 @@ def test_a_tolerance_functions_answer_is_checked_where_a_case_asks_it():
     ({"reference": lambda x: (x * 2, x)}, "its reference returned 2 outputs, expected 1"),
     ({"reference": lambda x: None}, "its reference returned a NoneType"),
     ({"make_inputs": lambda p, r, w: (torch.zeros(4),)}, "make_inputs returned a tuple"),
+    ({"reference": lambda x: x.view(3, -1)}, "making the case's inputs and reference outputs "
+                                             "raised RuntimeError: shape '[3, -1]'"),
 ])
 def test_the_reference_and_make_inputs_answer_for_their_own_mistakes(changes, says):
     (result,) = run_cases(_spec(**changes), "torch")

@@ -5,6 +5,7 @@ named outputs."""
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch
 from harness.core import compare
 from harness.core.buffers import Redzones, nbytes, relocate
 from harness.core.inputs import reseeded, seed_from
-from harness.core.spec import Case, SpecError
+from harness.core.spec import Case, SpecError, raised
 from harness.core.spec_checks import tolerance_problem
 
 
@@ -110,6 +111,13 @@ def interpreted_lens(tols: Mapping[str, compare.Tolerance]) -> dict[str, compare
             for name, t in tols.items()}
 
 
+def raised_at(exc: BaseException) -> str:
+    """``spec.raised``'s text, with where it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = f" (at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    return raised(exc) + at
+
+
 def reference_outputs(case: Case, value: Any) -> dict[str, torch.Tensor]:
     """What the op's reference (or ``expected``) returned, as ``normalize_outputs`` gives it;
     a return value it refuses is the spec's mistake, said as such (not the implementation's,
@@ -177,7 +185,13 @@ class CaseSetup:
         self.salt = (seed_from(TWIN_PARAM, case.params[TWIN_PARAM])
                      if TWIN_PARAM in case.params else 0)
         with reseeded(self.salt):
-            self._set_up(lens)
+            try:
+                self._set_up(lens)
+            except (SpecError, CaseError):
+                raise
+            except Exception as exc:  # the spec's own code runs here, no implementation's
+                raise SpecError(f"{case.spec.name}: making the case's inputs and reference "
+                                f"outputs raised {raised_at(exc)}") from exc
 
     def _set_up(self, lens: bool) -> None:
         case, rank, spec = self.case, self.rank, self.case.spec
