@@ -878,6 +878,18 @@ def test_a_process_pinned_to_fewer_cpus_fails_the_case_and_is_put_back(world, mo
         os.sched_setaffinity(0, cpus)
 
 
+def test_a_working_directory_left_changed_fails_the_case_and_is_put_back(world, tmp_path):
+    """The next implementation's relative paths (a compiler's output, a log) would land
+    wherever this one went."""
+    here = os.getcwd()
+    try:
+        r = _run(world, _leaves(lambda: os.chdir(tmp_path)), bench=False)
+        assert r.status == "fail" and "working directory" in r.reason, r.reason
+        assert str(tmp_path) in r.reason and os.getcwd() == here
+    finally:
+        os.chdir(here)
+
+
 def test_a_setting_changed_and_put_back_inside_the_call_passes(world):
     def tidy(x, out):
         threads = torch.get_num_threads()

@@ -9,7 +9,8 @@ matmul's numbers; fewer intra-op threads, disabled flash attention or cuDNN benc
 changes the next implementation's time. The environment variables that NCCL and gloo read
 when a later case makes a communicator count too: an ``NCCL_ALGO`` left behind changes the
 next group's reduction order. So do torch's public functions: one replaced process-wide
-computes every later reference with the replacement. ``changed`` names each setting that
+computes every later reference with the replacement; a working directory left elsewhere takes
+the next implementation's relative paths with it. ``changed`` names each setting that
 differs from a ``snapshot`` and puts it back.
 
 Each setting is read only where this torch has it (the names move between releases: the
@@ -389,6 +390,8 @@ def host_settings() -> tuple[Setting, ...]:
               # pinned to fewer CPUs, the reference and every later case run slower
               Setting("CPU affinity", _affinity, _put_affinity, per_thread=True),
               Setting("anomaly detection", _anomaly, _put_anomaly),
+              # the next implementation's relative paths, and a compiler's, resolve there
+              Setting("working directory", os.getcwd, os.chdir),
               _autocast("cpu"), _autocast("cuda"),
               Setting("environment", _environment, _put_environment,
                       describe=_environment_change),
