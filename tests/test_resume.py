@@ -80,11 +80,15 @@ def test_a_run_killed_with_sigkill_is_finished_by_resume_once(request, tmp_path,
     killed_at = _lines(results)
     assert killed_at < len(expected)
     run_id = results.parent.name
+    # the killed job's MPI shared memory, named by its rank 0 (harness.engine.shm_sweep)
+    record = results.parent / "w2.shm.json"
+    left = json.loads(record.read_text())["shm"] if record.exists() else []
     # killed before its end: nothing of it is in the DB yet, its directory holds it all
     out = subprocess.run([sys.executable, "-m", "harness", "run", "--resume", run_id[:10]],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert f"resuming run {run_id}" in out.stderr
+    assert not [p for p in left if Path(p).exists()], left
     lines = [json.loads(line) for line in results.read_text().splitlines()]
     keys = collections.Counter((d["case_id"], d["impl"], d["world_size"]) for d in lines)
     assert set(keys) == expected and max(keys.values()) == 1  # nothing lost, nothing twice

@@ -139,3 +139,20 @@ def test_a_job_that_is_slow_but_never_stuck_is_left_alone(tmp_path, monkeypatch,
     assert took >= 1.2  # past the limit, and let be
     assert outcome.infra_error is None and outcome.launches == 1 and not outcome.notes
     assert recorded == {item.key for item in items}
+
+
+# a "rank" in a session of its own, which stopping the launcher's process group does not
+# reach (as ranks under a proxy stopped with SIGSTOP outlive their mpiexec)
+_LEAVES_A_RANK = "#!/bin/sh\nsetsid sleep 60 &\n" + _UP + "exec sleep 60\n"
+
+
+def test_what_outlives_a_stopped_job_is_found_by_its_mark_and_killed(tmp_path, monkeypatch):
+    from harness.engine import strays
+    from harness.engine.options import LAUNCH_LOG_ENV
+
+    outcome, took, _, _ = _world(tmp_path, monkeypatch, _LEAVES_A_RANK)
+    assert took < 30 and outcome.launches == 2
+    for log in outcome.logs:
+        assert strays.pids_with(LAUNCH_LOG_ENV, str(log)) == []
+        assert "harness: killed 1 process(es) of the job that outlived its launcher" in \
+            log.read_text()

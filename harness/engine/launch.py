@@ -28,7 +28,7 @@ from harness.core.results import CaseResult
 from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
-from harness.engine import shm_sweep, srun
+from harness.engine import shm_sweep, srun, strays
 from harness.engine.alive import ALIVE_ENV, STALL_ENV
 from harness.engine.giveup import JobEndingStreaks
 from harness.engine.joblog import PYTEST_NORMAL, LostNodes, death, lost_node_message, tail
@@ -493,6 +493,14 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
     if stall is not None:
         with open(log_path, "a") as log:
             log.write(f"harness: {stall.describe(cfg.options.stall_timeout)}\n")
+    if proc.returncode not in PYTEST_NORMAL or killed or stall:
+        # what outlived its launcher (ranks under a stopped proxy): by the job's own mark
+        left = strays.pids_with(LAUNCH_LOG_ENV, str(log_path))
+        if left:
+            strays.kill(left, 5.0)
+            with open(log_path, "a") as log:
+                log.write(f"harness: killed {len(left)} process(es) of the job that outlived "
+                          f"its launcher: {' '.join(map(str, left))}\n")
     if lost.update():
         _node_lost(cfg, world_size, lost, recorded, progress_path, dict(by_key))
     return _JobEnd(proc.returncode, killed, stall, log_path)

@@ -16,15 +16,13 @@ line a killed rank left half-written, which the next append would otherwise run 
 from __future__ import annotations
 
 import os
-import signal
-import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 from harness.core.discovery import use_suites
 from harness.core.results import ResultsError, RunInfo
-from harness.engine import runlock
+from harness.engine import runlock, shm_sweep, strays
 from harness.engine.options import RunOptions
 
 #: seconds to wait for the killed run's processes to go
@@ -82,55 +80,16 @@ def check_same_commit(info: RunInfo, commit: str | None) -> None:
                           f"{info.git_commit[:12]} to resume it, or start a new run")
 
 
-def _run_id_of(pid: int) -> str | None:
-    """The HARNESS_RUN_ID in a process's environment (None where it has none or cannot be
-    read: another user's, or gone)."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    for entry in environ.split(b"\0"):
-        if entry.startswith(b"HARNESS_RUN_ID="):
-            return entry.split(b"=", 1)[1].decode(errors="replace")
-    return None
-
-
-def _pids() -> Iterable[int]:
-    try:
-        names = os.listdir("/proc")
-    except OSError:  # no procfs (not Linux): nothing can be found, nothing is stopped
-        return []
-    return (int(n) for n in names if n.isdigit())
-
-
 def stop_leftovers(run_id: str, wait_s: float = _STOP_WAIT_S) -> list[int]:
     """SIGKILL every process of this user that carries ``run_id`` in HARNESS_RUN_ID (the
     launcher and ranks of a killed ``harness run``; the launcher gives it to each job's
     environment) and wait until they are gone. Returns their pids."""
-    me = os.getpid()
-    pids = [p for p in _pids() if p != me and _run_id_of(p) == run_id]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    left = [p for p in pids if _alive(p)]
+    pids = strays.pids_with("HARNESS_RUN_ID", run_id)
+    left = strays.kill(pids, wait_s)
     if left:
         raise ResumeError(f"processes {left} of run {run_id} survived SIGKILL for {wait_s:g} s: "
                           "wait for them to exit, then resume")
     return pids
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie, killed and not yet reaped, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def cut_torn_line(results_path: Path) -> int:
@@ -174,6 +133,8 @@ def prepare(now: RunOptions, text: str, given: Collection[str] = ()
         raise ResumeError(f"run {info.run_id[:8]} is still running ({who} holds {run_dir}): "
                           f"wait for it to end, or {stop} and resume it then") from None
     stopped = stop_leftovers(info.run_id)
+    for record in run_dir.glob("w*.shm.json"):  # what the killed run's jobs left in /dev/shm
+        shm_sweep.sweep(record)
     cut_torn_line(run_dir / "results.jsonl")
     from harness.history import exchange
 
