@@ -196,7 +196,7 @@ class HarnessSession:
         # other ranks wait a little longer, so that rank 0 records the timeout (and waits for
         # their stacks, which it asks for when it writes its own) before an abort
         on_expire = (lambda: self._record_timeout(item, deadline)) if root else None
-        self.phase = ""
+        self.phase, self._own_failure = "", None
         alive.stop_watching()  # the start-up's alarm (the first case's: a no-op after it)
         self.watchdog.arm(item.key, deadline if root else deadline + STACKS_WAIT_S,
                           on_expire=on_expire, stacks_after=ahead(deadline), ask_others=root)
@@ -205,7 +205,7 @@ class HarnessSession:
                           golden=self.golden, calibration=self.calibration,
                           setups=self.setups, phase=self._enter,
                           on_failure=lambda why: self._note_failure(item, why))
-        sticky = self._sticky_error(result)
+        sticky = self._sticky_error(result, self._own_failure)
         if sticky:
             result = dataclasses.replace(result, status="error", reason=sticky)
         if self.watchdog.disarm() and root and self.results_path is not None:
@@ -217,18 +217,20 @@ class HarnessSession:
             _exit_now(JOB_ENDED_EXIT)
         return result
 
-    def _sticky_error(self, result: CaseResult) -> str | None:
-        """The case's reason, extended, when it left a rank's CUDA context unusable; every
-        rank gets the same answer (the status is agreed, the probes gathered over MPI, which
-        needs no CUDA)."""
-        from harness.device.runtime import broken_context
+    def _sticky_error(self, result: CaseResult, own: str | None) -> str | None:
+        """The case's reason, extended, when it left a rank's CUDA context, or its
+        torch.distributed connections (``own``: this rank's error), unusable; every rank gets
+        the same answer (the status is agreed, the probes gathered over MPI, which needs no
+        CUDA and no torch.distributed)."""
+        from harness.device.runtime import broken_communicator, broken_context
 
         # a fault surfaces as an exception (an "error"), never as wrong numbers alone; the
         # status is agreed, so every rank skips the gather alike, and the failing cases of
         # negative controls pay nothing
         if result.status != "error":
             return None
-        why = broken_context(self.world.device)
+        why = broken_context(self.world.device) or (
+            broken_communicator(own) if self.world.size > 1 else None)
         if why and self.sanitizer_log:
             from harness.device import sanitizer
 
@@ -240,7 +242,9 @@ class HarnessSession:
         ranks = [r for r, theirs in enumerate(broken) if theirs]
         if not ranks:
             return None
-        return (f"{result.reason}; it left the CUDA context of rank(s) "
+        what = "torch.distributed connections" if "torch.distributed" in broken[ranks[0]] \
+            else "CUDA context"
+        return (f"{result.reason}; it left the {what} of rank(s) "
                 f"{', '.join(map(str, ranks))} unusable ({broken[ranks[0]]}): the job ended "
                 "after this case and its remaining cases ran in a new one")
 
@@ -248,6 +252,7 @@ class HarnessSession:
         self.phase = phase  # read by the watchdog's thread when a deadline passes
 
     def _note_failure(self, item: PlannedItem, why: str) -> None:
+        self._own_failure = why
         if self.files is not None:
             self.files.note_failure(self.world.size, self.world.rank, item.key, why)
 

@@ -779,7 +779,8 @@ _FAULT_IMPLS = ("harness_test_impls:raise_on_last_rank", "harness_test_impls:cra
                 "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one",
                 "harness_test_impls:hang_every_case", "harness_test_impls:flush_on_rank_one",
                 "harness_test_impls:exits_zero", "harness_test_impls:calls_sys_exit",
-                "harness_test_impls:writes_input_on_rank_one")
+                "harness_test_impls:writes_input_on_rank_one",
+                "harness_test_impls:connection_lost_on_rank_zero")
 _FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
 
 
@@ -842,6 +843,17 @@ def test_a_fault_that_leaves_the_process_unusable_costs_one_case(faults_run):
     assert faulted["status"] == "error", faulted
     assert "illegal memory access" in faulted["reason"]
     assert "rank(s) 1 unusable" in faulted["reason"] and "ran in a new one" in faulted["reason"]
+    assert got and {r["status"] for r in got.values()} == {"pass"}, got
+
+
+def test_broken_torch_distributed_connections_cost_one_case(faults_run):
+    """A gloo pair never reconnects: every later case of the job, every implementation's,
+    would error on it. The job ends after the case and the rest run in a new one."""
+    got = _fault_statuses(faults_run, "harness_test_impls:connection_lost_on_rank_zero")
+    broken = got.pop(_FAULT_CASE)
+    assert broken["status"] == "error", broken
+    assert "left the torch.distributed connections of rank(s) 0 unusable" in broken["reason"]
+    assert "ran in a new one" in broken["reason"]
     assert got and {r["status"] for r in got.values()} == {"pass"}, got
 
 

@@ -394,6 +394,24 @@ def test_a_broken_cuda_context_is_read_off_a_probe_and_never_on_the_cpu():
         "RuntimeError"
 
 
+@pytest.mark.parametrize("error, broken", [
+    # gloo's own words (torch 2.13's third_party/gloo/gloo/transport/tcp/pair.cc), as a
+    # forked copy of a rank that ran a collective on the rank's sockets left them
+    ("implementation raised RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+     "transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:58015.", True),
+    ("implementation raised RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/"
+     "transport/tcp/pair.cc:537] Read error [127.0.0.1]:4261: Connection reset by peer.", True),
+    ("implementation raised DistBackendError: NCCL communicator was aborted on rank 1.", True),
+    ("implementation raised ValueError: uneven splits are not supported", False),
+    ("out: 3/1031 elements not bitwise equal", False),
+    (None, False),
+])
+def test_a_broken_torch_distributed_connection_is_read_off_the_ranks_error(error, broken):
+    from harness.device.runtime import broken_communicator
+
+    assert (broken_communicator(error) is not None) is broken
+
+
 def test_a_device_left_out_for_its_uuid_keeps_the_others_on_their_own_ordinals(monkeypatch):
     """The driver will not give device 1's UUID: devices 0 and 2 stay, and the rank that takes
     the second of them runs on cuda:2, the GPU whose UUID it reports, not on cuda:1."""

@@ -58,6 +58,25 @@ def broken_context(device: torch.device, probe: Any = None) -> str | None:
     return None
 
 
+#: what torch.distributed's backends say when a connection between ranks is gone: gloo's
+#: pairs never reconnect (third_party/gloo/gloo/transport/tcp/pair.cc), and a NCCL
+#: communicator that met an error is aborted (ProcessGroupNCCL's watchdog); every later
+#: collective of the job then fails too
+BROKEN_COMMUNICATOR = ("gloo/transport/", "Connection closed by peer",
+                       "Connection reset by peer", "NCCL communicator was aborted",
+                       "ncclRemoteError", "ncclSystemError", "ProcessGroupNCCL is aborted")
+
+
+def broken_communicator(error: str | None) -> str | None:
+    """Why this rank's torch.distributed group can carry no more collectives, from the
+    error its case raised (a forked copy of a rank that ran a collective on the rank's
+    sockets, a peer's crash), or None."""
+    if not error:
+        return None
+    found = next((m for m in BROKEN_COMMUNICATOR if m in error), None)
+    return f"its torch.distributed connections are broken ({found})" if found else None
+
+
 def world_mismatch(started: int | None, seen: int) -> str | None:
     """Why a rank must not run when its MPI world (``seen`` ranks) is not the job the launcher
     started (``started`` processes), or None. Ranks that did not wire up each come up as a

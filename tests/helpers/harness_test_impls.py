@@ -142,6 +142,19 @@ def sticky_on_rank_one(world, x, out, op):
     return allreduce_torch(world, x, out, op)
 
 
+def connection_lost_on_rank_zero(world, x, out, op):
+    """On one case rank 0's collective raises what gloo raises when a peer's socket closed
+    (as a forked copy of a rank that ran a collective on the rank's sockets leaves them:
+    gloo's pairs never reconnect, so every later collective of the job fails). The other
+    ranks return at once, as after sticky_on_rank_one's fault."""
+    if _is_target(x, op) and world.size > 1:
+        if world.rank == 0:
+            raise RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                               "Connection closed by peer [127.0.0.1]:58015")
+        return out
+    return allreduce_torch(world, x, out, op)
+
+
 def stall_while_flagged(world, x, out, op):
     """Correct, after waiting on every rank while the file $HARNESS_TEST_STALL names exists:
     a test holds a job inside a case this way while it takes a node away, and removes the
