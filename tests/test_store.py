@@ -851,3 +851,22 @@ def test_previous_comparable_run_is_the_newest_earlier_run_with_a_shared_series(
     with pytest.raises(StoreError, match="nope is not in history DB"):
         reads.previous_comparable_run(conn, "nope")
     conn.close()
+
+
+def test_a_db_another_process_keeps_locked_is_unavailable_not_a_mistake(tmp_path, monkeypatch):
+    """What the run wrote is sound; the DB just cannot take it now: the run keeps its results
+    in its folder and exits 4 with the `harness ingest` that stores them (not 2, which says
+    the user's input was wrong)."""
+    from harness.history import sql
+
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 0.3)
+    db = tmp_path / "h.db"
+    store.connect(db).close()
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(sql.Unavailable, match="stayed locked by another process"):
+            store.reconnecting(db, lambda conn: store.ingest(conn, make_run(), [make_result()]))
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

@@ -87,8 +87,8 @@ def translate_sqlite(label: str, exc: sqlite3.Error) -> StoreError | None:
         )
     if kind == "corrupt":
         return corrupt(label, msg)
-    if kind == "locked":
-        return StoreError(
+    if kind == "locked":  # nothing wrong with what is written: it can be written later
+        return Unavailable(
             f"history DB {label} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s: "
             "retry when the other run has finished ingesting"
         )
