@@ -971,7 +971,7 @@ def test_bad_input_is_one_clear_line_and_a_documented_exit_code(tmp_path, args, 
 
 
 @pytest.mark.parametrize("source, impl, needle", [
-    ('raise RuntimeError("boom")\n', "mod:f", "importing 'mod' failed (RuntimeError: boom)"),
+    ('raise RuntimeError("boom")\n', "mod:f", "importing 'mod' failed (RuntimeError: boom (at "),
     ("def f(:\n", "mod:f", "importing 'mod' failed (SyntaxError"),
     ("import sys\nsys.exit(3)\n", "mod:f", "it called sys.exit(3) while being imported"),
     ("import sys\nsys.exit(3)\n", "mod.py:f", "it called sys.exit(3) while being imported"),
@@ -985,6 +985,8 @@ def test_a_user_module_that_fails_at_import_is_one_line_and_exit_2(tmp_path, sou
                   timeout=120)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and needle in lines[0], out.stderr
+    if "boom" in source:  # where it was raised
+        assert f"{tmp_path / 'mod.py'}, line 1)" in lines[0]
 
 
 @pytest.mark.parametrize("args", [

@@ -123,6 +123,22 @@ def test_recorded_keys_skips_a_torn_line_the_next_launch_wrote_past(tmp_path):
     assert RecordedKeys(path, 8).update() == {"w8:f@torch"}
 
 
+def test_a_results_file_that_shrinks_under_the_launcher_stops_it_in_one_line(tmp_path):
+    """Results appended after a truncation land where the launcher never reads again: an
+    implementation that truncated ../results.jsonl in every job made it relaunch forever."""
+    from harness.engine.launch import LauncherError
+
+    path = tmp_path / "results.jsonl"
+    keys = RecordedKeys(path, 4)
+    append(path, _result("a", 4))
+    append(path, _result("b", 4))
+    assert keys.update() == {"w4:a@torch", "w4:b@torch"}
+    with open(path, "r+") as fh:
+        fh.truncate(100)
+    with pytest.raises(LauncherError, match="shrank from .* to 100 bytes"):
+        keys.update()
+
+
 def test_a_dead_case_is_recorded_on_the_device_its_ranks_ran_on():
     from harness.engine.launch import dead_case_device
 

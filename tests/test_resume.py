@@ -237,3 +237,12 @@ def test_a_run_of_a_suite_of_ones_own_resumes_with_that_suite(tmp_path):
     lines = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
     assert sorted(d["case_id"] for d in lines) == ["mine.double[n=5]", "mine.double[n=7]"]
     assert {d["status"] for d in lines} == {"pass"}
+
+
+def test_a_run_folder_without_its_run_json_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HARNESS_DB", str(tmp_path / "h.db"))
+    run_dir = _run_dir(tmp_path, "cafe" * 8)
+    (run_dir / "run.json").unlink()
+    code, _, err = cli(capsys, "run", "--resume", "cafe")
+    assert code == 2 and f"run folder {run_dir} has no run.json" in err
+    assert "pass the --db" not in err  # the --db was right

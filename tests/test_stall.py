@@ -156,3 +156,19 @@ def test_what_outlives_a_stopped_job_is_found_by_its_mark_and_killed(tmp_path, m
         assert strays.pids_with(LAUNCH_LOG_ENV, str(log)) == []
         assert "harness: killed 1 process(es) of the job that outlived its launcher" in \
             log.read_text()
+
+
+# each job records a result the run never planned (as a job whose results vanish does): new
+# lines every time, never a case of the run
+_RECORDS_ELSEWHERE = ("#!/bin/sh\nprintf '{\"case_id\": \"allreduce[n=%s]\", \"impl\": "
+                      "\"torch\", \"world_size\": 4, \"status\": \"pass\"}\\n' \"$$\" "
+                      ">> results.jsonl\n" + _UP + "exit 0\n")
+
+
+def test_jobs_that_never_record_the_runs_cases_stop_at_a_bound(tmp_path, monkeypatch):
+    """Each job records a case of the run or counts as fruitless: past (cases + 1) x 2 jobs
+    the world size is an infrastructure error, not an endless loop."""
+    outcome, took, recorded, items = _world(tmp_path, monkeypatch, _RECORDS_ELSEWHERE)
+    assert outcome.launches == (len(items) + 1) * 2 + 1 and took < 60
+    assert outcome.infra_error.startswith(
+        f"world size 4: {outcome.launches} jobs for 2 cases, 2 never recorded: see ")

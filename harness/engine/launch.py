@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from harness.engine.options import (
     RunOptions,
     stacks_in_log,
 )
+from harness.engine.recorded import LauncherError, RecordedKeys
 from harness.engine.stall import Stall, StallClock
 
 #: free bytes under which a job's death is put down to a full disk
@@ -53,10 +54,6 @@ def disk_short(path: Path) -> bool:
     except OSError:
         return False
     return st.f_bavail * st.f_frsize < DISK_LOW
-
-
-class LauncherError(RuntimeError):
-    """The MPI launcher is missing or keeps failing (exit code 4)."""
 
 
 class NodeLost(LauncherError):
@@ -208,44 +205,6 @@ def build_command(cfg: LaunchConfig, world_size: int, attempt: int, go: Path | N
         "--junitxml", str(files.junit(world_size, attempt)),
         "--harness-run-dir", str(cfg.run_dir), "--harness-world-size", str(world_size),
         *(["--harness-wait-for", str(go)] if go is not None else [])]
-
-
-class RecordedKeys:
-    """The result keys of one world size in a results file, read incrementally: each
-    ``update`` parses only the complete lines appended since the last (the launcher polls
-    five times a second while the file grows to megabytes of timing samples)."""
-
-    def __init__(self, path: Path, world_size: int) -> None:
-        self.path, self.prefix = path, f"w{world_size}:"
-        self.offset = 0
-        self.keys: set[str] = set()
-        #: (key, status) of each result read, in file order, until ``drain`` takes them
-        self.fresh: list[tuple[str, str]] = []
-
-    def update(self) -> set[str]:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read()
-        except FileNotFoundError:
-            return set(self.keys)
-        end = data.rfind(b"\n") + 1  # a line still being written waits for its newline
-        self.offset += end
-        for line in data[:end].splitlines():
-            try:
-                d = json.loads(line)
-                key = results_mod.result_key(d["case_id"], d["impl"], int(d["world_size"]))
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn line: ingest reports it; the poll only counts results
-            if key.startswith(self.prefix):
-                self.keys.add(key)
-                self.fresh.append((key, str(d.get("status"))))
-        return set(self.keys)
-
-    def drain(self) -> list[tuple[str, str]]:
-        """The (key, status) pairs read since the last drain, in the order they were written."""
-        fresh, self.fresh = self.fresh, []
-        return fresh
 
 
 def _read_progress(path: Path) -> dict | None:
@@ -518,6 +477,15 @@ def _fruitless(world_size: int, end: _JobEnd, jobs: int, stall_limit: float) -> 
     return f"world size {world_size}: {why}" + (f"\n{hint}" if hint else "")
 
 
+def _endless(world_size: int, outcome: WorldOutcome, planned: Collection[str],
+             done: Collection[str]) -> str:
+    """Why a world size stopped relaunching: each job records a case or counts as fruitless,
+    so jobs past (cases + 1) x max_fruitless lose what they record somewhere."""
+    missing = set(planned) - set(done)
+    return (f"world size {world_size}: {outcome.launches} jobs for {len(planned)} cases, "
+            f"{len(missing)} never recorded: see {outcome.logs[-1]}")
+
+
 def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedItem],
                    on_progress: Callable[[int], None] | None = None, warm: Any = None
                    ) -> WorldOutcome:
@@ -527,8 +495,8 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
     outcome = WorldOutcome(world_size)
     by_key = {item.key: item for item in items}
     files = cfg.files
-    progress_path = files.of(world_size, "progress.json")
-    placement_path = files.of(world_size, "placement.json")
+    progress_path, placement_path = (files.of(world_size, name)
+                                     for name in ("progress.json", "placement.json"))
     fruitless = 0
     streaks = JobEndingStreaks(cfg.options.give_up_after)
     ended_by: str | None = None  # the case whose fault ended the last job
@@ -545,6 +513,9 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
             done = recorded.update()
         report(done)
         if by_key.keys() <= done:
+            return outcome
+        if outcome.launches > (len(by_key) + 1) * cfg.max_fruitless:  # see _endless
+            outcome.infra_error = _endless(world_size, outcome, by_key.keys(), done)
             return outcome
         files.of(world_size, "skip").write_text("\n".join(sorted(done)))
         progress_path.unlink(missing_ok=True)

@@ -40,6 +40,11 @@ def locate(runs_root: Path, text: str) -> tuple[Path, RunInfo]:
         raise ResumeError("--resume needs a run id (or the start of one): `harness run` "
                           "prints it when it starts, and names the run's folder by it")
     found = sorted(p for p in runs_root.glob(f"{text}*") if (p / "run.json").is_file())
+    bare = sorted(p for p in runs_root.glob(f"{text}*") if p.is_dir())
+    if not found and len(bare) == 1:  # the folder is here; what names the run is not
+        raise ResumeError(f"run folder {bare[0]} has no run.json (deleted?), which holds the "
+                          "run's selection and options: it cannot be resumed; start the run "
+                          "again")
     if not found:
         raise ResumeError(f"no run {text!r} in {runs_root}: pass the --db (or --out-dir) that "
                           "the run was started with")
