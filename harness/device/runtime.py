@@ -60,11 +60,12 @@ def broken_context(device: torch.device, probe: Any = None) -> str | None:
 
 #: what torch.distributed's backends say when a connection between ranks is gone: gloo's
 #: pairs never reconnect (third_party/gloo/gloo/transport/tcp/pair.cc), and a NCCL
-#: communicator that met an error is aborted (ProcessGroupNCCL's watchdog); every later
-#: collective of the job then fails too
+#: communicator that met an error is aborted (ProcessGroupNCCL.cpp: "NCCL communicator was
+#: aborted on rank N", a DistBackendError; NCCL's own ncclRemoteError, ncclSystemError);
+#: every later collective of the job then fails too
 BROKEN_COMMUNICATOR = ("gloo/transport/", "Connection closed by peer",
                        "Connection reset by peer", "NCCL communicator was aborted",
-                       "ncclRemoteError", "ncclSystemError", "ProcessGroupNCCL is aborted")
+                       "ncclRemoteError", "ncclSystemError")
 
 
 def broken_communicator(error: str | None) -> str | None:
