@@ -110,3 +110,28 @@ def test_a_cancelled_warm_job_leaves_no_mpi_shared_memory(tmp_path):
     job.cancel()
     assert not any(Path(p).exists() for p in named)
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_warm_job_starts_before_harness_imports_torch(tmp_path):
+    """Importing torch takes the harness most of a second: what runs before the warm job
+    starts (the CLI, option parsing, the suites' discovery, the spec checks) must not import
+    it, or every run waits for it before its ranks even start."""
+    code = f"""
+import sys
+import harness.engine.warm as warm
+seen, start = [], warm.start
+def watched(*args, **kwargs):
+    seen.append("torch" in sys.modules)
+    return start(*args, **kwargs)
+warm.start = watched
+from harness.cli.main import main
+try:
+    main(["run", "allreduce[*n=1031*op=sum*]", "--world-sizes", "1", "--no-bench",
+          "--db", {str(tmp_path / "h.db")!r}])
+except SystemExit:
+    pass
+print("torch imported at the warm start:", seen)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)
+    assert "torch imported at the warm start: [False]" in out.stdout, out.stdout + out.stderr

@@ -4,21 +4,26 @@ not a TypeError from deep inside a run, nor a tolerance silently replaced by the
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-from harness.core import compare
 
 #: what a parameter may be: it names the case in the history (``spec.case_id``) and travels
 #: to the ranks as JSON
 PARAM_TYPES = (bool, int, float, str, type(None))
-#: compare's constructors: a spec that names one without calling it gets a function of
-#: (params, world_size) that builds nonsense
-CONSTRUCTORS = {f.__name__: f for f in (compare.allclose, compare.exact, compare.ulp,
-                                        compare.rounding, compare.rounded_near,
-                                        compare.cos_diff, compare.rel_l2,
-                                        compare.cos_diff_per_row, compare.all_of,
-                                        compare.default_for)}
+
+
+@functools.cache
+def constructors() -> dict[str, Callable[..., Any]]:
+    """compare's constructors: a spec that names one without calling it gets a function of
+    (params, world_size) that builds nonsense. (compare imports torch: read when a spec has
+    a tolerance, not when harness starts, whose warm job would wait for it.)"""
+    from harness.core import compare
+
+    return {f.__name__: f for f in (compare.allclose, compare.exact, compare.ulp,
+                                    compare.rounding, compare.rounded_near, compare.cos_diff,
+                                    compare.rel_l2, compare.cos_diff_per_row, compare.all_of,
+                                    compare.default_for)}
 _PARAM_RULE = ("a parameter is a number, a string, a bool or None, or a list or tuple of "
                "them (it names the case in the history)")
 
@@ -65,9 +70,13 @@ def tolerance_problem(tol: Any, outputs: Sequence[str], *, answer: bool = False)
     dict of them keyed by output (or ``OUTPUT:label``, an output's second reference), or
     (unless it is a tolerance function's ``answer``) a function of (params, world_size)
     returning one of those."""
-    if tol is None or isinstance(tol, compare.Tolerance):
+    if tol is None:
         return None
-    named = next((name for name, f in CONSTRUCTORS.items() if tol is f), None)
+    from harness.core import compare
+
+    if isinstance(tol, compare.Tolerance):
+        return None
+    named = next((name for name, f in constructors().items() if tol is f), None)
     if named:
         return (f"tolerance={named} is the constructor, not a tolerance: call it "
                 f"({named}(...))")
