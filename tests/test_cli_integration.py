@@ -846,15 +846,21 @@ def test_a_fault_that_leaves_the_process_unusable_costs_one_case(faults_run):
     assert got and {r["status"] for r in got.values()} == {"pass"}, got
 
 
+def _costs_its_case_alone(faults_run, impl: str, status: str, *said: str) -> None:
+    """The fault case of ``impl`` has ``status`` and a reason saying each of ``said``; every
+    other case of it passes (in the job after the one the fault ended)."""
+    got = _fault_statuses(faults_run, impl)
+    faulted = got.pop(_FAULT_CASE)
+    assert faulted["status"] == status and all(s in faulted["reason"] for s in said), faulted
+    assert got and {r["status"] for r in got.values()} == {"pass"}, got
+
+
 def test_broken_torch_distributed_connections_cost_one_case(faults_run):
     """A gloo pair never reconnects: every later case of the job, every implementation's,
     would error on it. The job ends after the case and the rest run in a new one."""
-    got = _fault_statuses(faults_run, "harness_test_impls:connection_lost_on_rank_zero")
-    broken = got.pop(_FAULT_CASE)
-    assert broken["status"] == "error", broken
-    assert "left the torch.distributed connections of rank(s) 0 unusable" in broken["reason"]
-    assert "ran in a new one" in broken["reason"]
-    assert got and {r["status"] for r in got.values()} == {"pass"}, got
+    _costs_its_case_alone(faults_run, "harness_test_impls:connection_lost_on_rank_zero",
+                          "error", "left the torch.distributed connections of rank(s) 0 "
+                          "unusable", "ran in a new one")
 
 
 def test_jobs_that_were_stopped_or_crashed_leave_no_mpi_shared_memory(faults_run):
@@ -907,12 +913,9 @@ def test_a_check_that_fails_on_one_rank_alone_is_an_error_not_a_hang(faults_run)
 def test_flush_to_zero_left_on_by_one_rank_fails_its_case_and_ends_the_job(faults_run):
     """Threads started while it was on keep it: without a new job, the special cases after it
     flushed their subnormals in every implementation, torch's too."""
-    got = _fault_statuses(faults_run, "harness_test_impls:flush_on_rank_one")
-    leaked = got.pop(_FAULT_CASE)
-    assert leaked["status"] == "fail", leaked
-    assert "(rank 1: flush denormals: False -> True); restored" in leaked["reason"]
-    assert "the job ended after this case" in leaked["reason"]
-    assert got and {r["status"] for r in got.values()} == {"pass"}, got
+    _costs_its_case_alone(faults_run, "harness_test_impls:flush_on_rank_one", "fail",
+                          "(rank 1: flush denormals: False -> True); restored",
+                          "the job ended after this case")
 
 
 def test_a_process_that_ends_cleanly_mid_case_is_a_crash_of_that_case_alone(faults_run):
