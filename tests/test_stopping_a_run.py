@@ -76,3 +76,9 @@ def test_stopping_harness_stops_its_mpi_job(tmp_path, sig, code):
             os.killpg(proc.pid, signal.SIGKILL)
         if progress and _alive(int(progress["pid"])):  # a failed test leaves no job behind
             os.kill(int(progress["pid"]), signal.SIGKILL)
+        # nor MPI's shared memory: a harness killed outright cannot sweep it (its --resume
+        # does, harness.engine.resume), so the test does
+        from harness.engine import shm_sweep
+
+        for record in tmp_path.glob("runs/*/w2.shm.json"):
+            shm_sweep.sweep(record)
