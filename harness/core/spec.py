@@ -52,6 +52,12 @@ def raised(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def where_raised(exc: BaseException) -> str:
+    """`` (at FILE, line N)``: the frame an exception was raised in, or "" without one."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+
+
 class SpecError(ValueError):
     """A selector, implementation or spec that does not resolve (exit code 2)."""
 
@@ -532,10 +538,8 @@ def import_failure(exc: BaseException) -> str:
     would end harness with the module's code, and no word of why)."""
     if isinstance(exc, SystemExit):
         return f"it called sys.exit({exc.code!r}) while being imported"
-    frames = traceback.extract_tb(exc.__traceback__)
     # where it was raised (a SyntaxError's message names its own line)
-    at = "" if isinstance(exc, SyntaxError) or not frames else \
-        f" (at {frames[-1].filename}, line {frames[-1].lineno})"
+    at = "" if isinstance(exc, SyntaxError) else where_raised(exc)
     return f"{type(exc).__name__}: {exc}{at}"
 
 

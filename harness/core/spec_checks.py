@@ -24,6 +24,8 @@ def constructors() -> dict[str, Callable[..., Any]]:
                                     compare.rounding, compare.rounded_near, compare.cos_diff,
                                     compare.rel_l2, compare.cos_diff_per_row, compare.all_of,
                                     compare.default_for)}
+
+
 _PARAM_RULE = ("a parameter is a number, a string, a bool or None, or a list or tuple of "
                "them (it names the case in the history)")
 

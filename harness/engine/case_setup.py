@@ -5,7 +5,6 @@ named outputs."""
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 from harness.core import compare
 from harness.core.buffers import Redzones, nbytes, relocate
 from harness.core.inputs import reseeded, seed_from
-from harness.core.spec import Case, SpecError, raised
+from harness.core.spec import Case, SpecError, raised, where_raised
 from harness.core.spec_checks import tolerance_problem
 
 
@@ -111,13 +110,6 @@ def interpreted_lens(tols: Mapping[str, compare.Tolerance]) -> dict[str, compare
             for name, t in tols.items()}
 
 
-def raised_at(exc: BaseException) -> str:
-    """``spec.raised``'s text, with where it was raised."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    at = f" (at {frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
-    return raised(exc) + at
-
-
 def reference_outputs(case: Case, value: Any) -> dict[str, torch.Tensor]:
     """What the op's reference (or ``expected``) returned, as ``normalize_outputs`` gives it;
     a return value it refuses is the spec's mistake, said as such (not the implementation's,
@@ -191,7 +183,7 @@ class CaseSetup:
                 raise
             except Exception as exc:  # the spec's own code runs here, no implementation's
                 raise SpecError(f"{case.spec.name}: making the case's inputs and reference "
-                                f"outputs raised {raised_at(exc)}") from exc
+                                f"outputs raised {raised(exc)}{where_raised(exc)}") from exc
 
     def _set_up(self, lens: bool) -> None:
         case, rank, spec = self.case, self.rank, self.case.spec
