@@ -360,7 +360,7 @@ def env(ctx: click.Context, as_json: bool, launcher: str | None, check: bool,
     if clean_shm:
         from harness.device import shm
 
-        removed = shm.remove_unheld(path for path, _ in shm.leftovers())
+        removed = shm.remove_unheld(shm.segments())
         click.echo(f"removed {len(removed)} MPI/NCCL shared-memory file(s) no process held "
                    f"({sum(size for _, size in removed) / 2**20:.1f} MiB) from {shm.SHM_DIR}",
                    err=True)

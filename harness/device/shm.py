@@ -9,13 +9,14 @@ harness stops (a timeout, a stall, a crashed rank's abort) never finalizes, so t
 ``/dev/shm``: a handful of killed 8-rank jobs fill it, and then NCCL and MPICH fail to start.
 
 Rank 0 names the files it maps right after MPI's start (:func:`mapped`, into the job's
-placement file); when the job has ended the launcher removes those of them that no process
-maps or holds open any more (:func:`remove_unheld`). A file no process holds cannot be used
-again: every rank of a job attaches during its start, while the creator holds it. UCX unlinks
-its segments as soon as they are mapped, and Open MPI's runtime removes its own
-(``opal_pmix_register_cleanup``). ``harness env --check`` counts the MPI and NCCL segments no
-process holds (:func:`leftovers`), such as those of jobs killed outside the harness, and
-``harness env --clean-shm`` removes them. Linux only (``/proc``); elsewhere nothing is found.
+``wN.shm.json``: harness.engine.shm_sweep); when the job has ended the launcher removes those
+of them that no process maps or holds open any more (:func:`remove_unheld`). A file no
+process holds cannot be used again: every rank of a job attaches during its start, while the
+creator holds it. UCX unlinks its segments as soon as they are mapped, and Open MPI's
+runtime removes its own (``opal_pmix_register_cleanup``). ``harness env --check`` counts the
+MPI and NCCL segments no process holds (:func:`leftovers`), such as those of jobs killed
+outside the harness, and ``harness env --clean-shm`` removes them. Linux only (``/proc``);
+elsewhere nothing is found.
 """
 
 from __future__ import annotations
@@ -102,27 +103,34 @@ def _own_file(path: Path, shm_dir: Path) -> int | None:
     return st.st_blocks * 512
 
 
+def _unheld(paths: Iterable[str], proc: Path, shm_dir: Path) -> list[tuple[str, int]]:
+    """Those of ``paths`` that are this user's plain files directly in ``shm_dir`` and that
+    no process maps or holds open: (path, bytes of memory) each."""
+    sizes = {p: _own_file(Path(p), shm_dir) for p in dict.fromkeys(paths)}
+    owned = [p for p, size in sizes.items() if size is not None]
+    busy = held(owned, proc) if owned else set()
+    return [(p, sizes[p] or 0) for p in owned if p not in busy]
+
+
 def remove_unheld(paths: Iterable[str], proc: Path = Path("/proc"),
                   shm_dir: Path | None = None) -> list[tuple[str, int]]:
     """Unlink those of ``paths`` that are this user's plain files directly in ``shm_dir``
     (``SHM_DIR``) and that no process maps or holds open; return (path, bytes of memory
     freed) for each."""
-    shm_dir = shm_dir or SHM_DIR
-    sizes = {p: _own_file(Path(p), shm_dir) for p in dict.fromkeys(paths)}
-    candidates = [p for p, size in sizes.items() if size is not None]
-    if not candidates:
-        return []
-    busy = held(candidates, proc)
     removed = []
-    for path in candidates:
-        if path in busy:
-            continue
+    for path, size in _unheld(paths, proc, shm_dir or SHM_DIR):
         try:
             os.unlink(path)
         except OSError:
             continue
-        removed.append((path, sizes[path] or 0))
+        removed.append((path, size))
     return removed
+
+
+def segments(shm_dir: Path | None = None) -> list[str]:
+    """The MPI and NCCL segments in ``shm_dir`` (``SHM_DIR``), by name (``SEGMENTS``)."""
+    shm_dir = shm_dir or SHM_DIR
+    return [str(p) for pattern in SEGMENTS for p in shm_dir.glob(pattern)]
 
 
 def leftovers(proc: Path = Path("/proc"), shm_dir: Path | None = None
@@ -130,10 +138,4 @@ def leftovers(proc: Path = Path("/proc"), shm_dir: Path | None = None
     """This user's MPI and NCCL segments in ``shm_dir`` (``SHM_DIR``; ``SEGMENTS``) that no
     process maps or holds open: (path, bytes of memory) each."""
     shm_dir = shm_dir or SHM_DIR
-    names: dict[str, None] = {}
-    for pattern in SEGMENTS:
-        names.update((str(p), None) for p in shm_dir.glob(pattern))
-    sizes = {p: _own_file(Path(p), shm_dir) for p in names}
-    owned = [p for p, size in sizes.items() if size is not None]
-    busy = held(owned, proc) if owned else set()
-    return [(p, sizes[p] or 0) for p in owned if p not in busy]
+    return _unheld(segments(shm_dir), proc, shm_dir)
