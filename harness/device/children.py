@@ -57,7 +57,7 @@ def _parent(stat: bytes) -> int:
     return int(stat[stat.rindex(b")") + 2 :].split()[1])
 
 
-def _zombie(stat: bytes) -> bool:
+def zombie(stat: bytes) -> bool:
     """Whether a /proc/PID/stat line is an exited process not yet reaped (state Z): nothing
     runs and no pipe is held; an orphan the rank adopted stays so until the rank ends."""
     return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] == b"Z"
@@ -80,7 +80,7 @@ def marked(proc: Path = Path("/proc")) -> list[int]:
     for entry in entries:
         try:
             stat = (entry / "stat").read_bytes()
-            if _zombie(stat):
+            if zombie(stat):
                 continue
             parents[int(entry.name)] = _parent(stat)
             if needle in (entry / "environ").read_bytes().split(b"\0"):

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from harness.device import children
+
 
 def _env_value(pid: int, name: str) -> str | None:
     """``name`` in a process's environment (None where it has none or cannot be read)."""
@@ -43,10 +45,10 @@ def _pids() -> Iterable[int]:
 def alive(pid: int) -> bool:
     """Whether ``pid`` still runs (a zombie, killed and not yet reaped, does not)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+    return not children.zombie(stat)
 
 
 def pids_with(name: str, value: str) -> list[int]:
