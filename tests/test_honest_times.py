@@ -60,7 +60,7 @@ def _statuses(db):
 
 @pytest.mark.mpi
 def test_cached_late_clock_patching_and_unwritten_implementations_fail_and_torch_passes(tmp_path):
-    cheats = ("by_address", "by_call", "late_thread", "patched_clock")
+    cheats = ("by_address", "by_call", "by_fingerprint", "late_thread", "patched_clock")
     args = [a for c in cheats for a in ("--impl", f"timing_cheats:{c}")]
     # in the same launch: an output left partly unwritten, in a block that held the answer
     out = harness(tmp_path, "run", "hopper_tasks.rmsnorm", "--world-sizes", "1",
@@ -71,7 +71,7 @@ def test_cached_late_clock_patching_and_unwritten_implementations_fail_and_torch
     assert {s for (impl, _), (s, _) in got.items() if impl == "torch"} == {"pass"}
     late = ("buffers an earlier call used", "after the call returned", "after the timed repeats")
     seen = ("buffers an earlier call used",)
-    why = {"by_address": seen, "by_call": seen,
+    why = {"by_address": seen, "by_call": seen, "by_fingerprint": ("a fingerprint?",),
            "late_thread": late, "patched_clock": ("a clock was replaced",)}
     for cheat, words in why.items():
         results = [v for (impl, _), v in got.items() if impl == f"timing_cheats:{cheat}"]
@@ -81,6 +81,22 @@ def test_cached_late_clock_patching_and_unwritten_implementations_fail_and_torch
     tail = [v for (impl, _), v in got.items() if impl == "unwritten:tail"]
     assert tail and all(s == "fail" and "e+38" in r for s, r in tail), tail
 
+
+
+@pytest.mark.mpi
+def test_a_collective_kept_by_a_fingerprint_fails_across_ranks_and_torch_passes(tmp_path):
+    """Two ranks timed in full: a nudged element lies in one rank's input only, and the
+    near values' reference (every rank's inputs made again, nudged alike) shows the stale
+    sum on both."""
+    out = harness(tmp_path, "run", "allreduce[*inplace=false,mode=exact,n=1031,op=sum]",
+                  "--world-sizes", "2", "--bench", "--impl", "torch",
+                  "--impl", "timing_cheats:allreduce_by_fingerprint", timeout=300)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    got = _statuses(tmp_path / "h.db")
+    assert {s for (impl, _), (s, _) in got.items() if impl == "torch"} == {"pass"}, got
+    cheat = [v for (impl, _), v in got.items() if impl.endswith("allreduce_by_fingerprint")]
+    assert len(cheat) >= 2 and all(s == "fail" and "a fingerprint?" in r for s, r in cheat), \
+        cheat
 
 
 @pytest.mark.mpi
@@ -111,9 +127,10 @@ SUITE = textwrap.dedent('''
 
     _kept = {}
 
-    def sampled_cache(a, b):
-        """Right answers, kept by a sample of the values: the timed repeats cost a lookup."""
-        key = (tuple(a.shape), tuple(a[0, :4].tolist()), tuple(b[0, :4].tolist()))
+    def checksum_cache(a, b):
+        """Right answers, kept by a checksum of all the values (a changed element changes
+        it): the timed repeats cost a sum where a matmul should be."""
+        key = (tuple(a.shape), float(a.double().sum()), float(b.double().sum()))
         if key not in _kept:
             _kept[key] = a @ b
         return _kept[key].clone()
@@ -126,7 +143,7 @@ SUITE = textwrap.dedent('''
                     # it), so that a calibration taken while the machine was busy cannot make
                     # it look impossible; the cheat lands hundreds of times past the peak
                     implementations={"honest": lambda a, b: (a.double() @ b.double()).float()},
-                    negative_controls={"sampled_cache": sampled_cache})]
+                    negative_controls={"checksum_cache": checksum_cache})]
 ''')
 
 
@@ -136,10 +153,10 @@ def test_a_time_past_the_calibrated_peak_fails_as_impossible(tmp_path):
     cal = harness(tmp_path, "calibrate", "--quick", timeout=300)
     assert cal.returncode == 0, cal.stderr
     out = harness(tmp_path, "run", "cheat.matmul", "--suite", "mm_suite.py", "--world-sizes",
-                  "1", "--impl", "honest", "--impl", "sampled_cache", timeout=300)
+                  "1", "--impl", "honest", "--impl", "checksum_cache", timeout=300)
     got = {impl: v for (impl, _), v in _statuses(tmp_path / "h.db").items()}
     assert got["honest"][0] == "pass", got
-    status, reason = got["sampled_cache"]
+    status, reason = got["checksum_cache"]
     assert status == "fail" and reason.startswith("impossible time:"), got
     assert out.returncode == 1 and "no calibration" not in out.stderr
 

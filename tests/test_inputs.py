@@ -15,6 +15,8 @@ from harness.core.inputs import (
     dtype_name,
     generate,
     hash32,
+    nudged,
+    reseeded,
     seed_from,
     special_values,
     uniform01,
@@ -212,6 +214,44 @@ def test_chunking_does_not_change_values(shape, region, chunk: int) -> None:
     assert_bits_equal(
         generate(shape, "f32", seed=5, dist="normal", region=region, chunk_elems=chunk), ref
     )
+
+
+@pytest.mark.parametrize("dtype,dist", COMBOS)
+def test_a_nudge_changes_a_few_elements_the_same_in_every_region(dtype: str, dist: str) -> None:
+    """The near twin's values: the tensor's own but at 1 to 4 elements, which take values of
+    the same distribution (those of the salted seed there); every region, chunking and
+    reseeding agrees on which (ranks make their shards alone)."""
+    kw = kwargs_for(dtype, dist)
+    plain = generate((6, 50), dtype, seed=17, dist=dist, **kw)
+    with nudged(99):
+        near = generate((6, 50), dtype, seed=17, dist=dist, **kw)
+        rows = [generate((6, 50), dtype, seed=17, dist=dist, region=(r,), chunk_elems=7, **kw)
+                for r in range(6)]
+    moved = (bits(near) != bits(plain)).reshape(-1).nonzero().reshape(-1)
+    assert 1 <= len(moved) <= 4
+    assert_bits_equal(torch.stack(rows), near)
+    other = generate((6, 50), dtype, seed=17 ^ 99, dist=dist, **kw).reshape(-1)
+    assert_bits_equal(near.reshape(-1)[moved], other[moved])
+    with nudged(0):
+        assert_bits_equal(generate((6, 50), dtype, seed=17, dist=dist, **kw), plain)
+    with reseeded(5):  # a twin's near values are near the twin's
+        twin = generate((6, 50), dtype, seed=17, dist=dist, **kw)
+        with nudged(99):
+            assert (bits(generate((6, 50), dtype, seed=17, dist=dist, **kw))
+                    != bits(twin)).sum() in range(1, 5)
+
+
+def test_a_nudge_moves_other_elements_under_another_salt_or_seed() -> None:
+    plain = generate((4096,), "f32", seed=3)
+
+    def moved(salt: int, seed: int = 3) -> set[int]:
+        with nudged(salt):
+            near = generate((4096,), "f32", seed=seed)
+        return set((near != generate((4096,), "f32", seed=seed)).nonzero().reshape(-1).tolist())
+
+    assert len(moved(1)) == 4 and moved(1) != moved(2) and moved(1) != moved(1, seed=4)
+    assert moved(1) == moved(1)  # deterministic
+    assert plain.equal(generate((4096,), "f32", seed=3))
 
 
 def test_large_tensor_spans_many_cpu_chunks() -> None:
@@ -415,4 +455,15 @@ def test_cuda_is_bit_identical_to_cpu(dtype: str, dist: str) -> None:
     cpu = generate(shape, dtype, seed=77, dist=dist, region=region, **kw)
     gpu = generate(shape, dtype, seed=77, dist=dist, region=region, device="cuda", **kw)
     assert gpu.device.type == "cuda"
+    assert_bits_equal(gpu, cpu)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype,dist", COMBOS)
+def test_a_nudge_on_cuda_changes_the_cpus_elements(dtype: str, dist: str) -> None:
+    kw = kwargs_for(dtype, dist)
+    with nudged(seed_from("near twin")):
+        cpu = generate((600, 7), dtype, seed=77, dist=dist, region=(slice(3, None),), **kw)
+        gpu = generate((600, 7), dtype, seed=77, dist=dist, region=(slice(3, None),),
+                       device="cuda", **kw)
     assert_bits_equal(gpu, cpu)

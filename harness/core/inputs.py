@@ -17,7 +17,10 @@ The function, exactly (``M = 2**32 - 1``, all arithmetic on non-negative Python-
 A distribution drawn at ``stream=s`` uses streams ``4s .. 4s+3`` (``normal`` needs four draws).
 Inside ``reseeded(salt)`` every seed is XOR-ed with ``salt`` first: the same generators, the
 same shapes and planted positions' rules, other values, whatever parts an op keys its seeds on
-(a case's twin, checked for results kept by shape, is made so).
+(a case's twin, checked for results kept by shape, is made so). Inside ``nudged(salt)`` each
+tensor holds its own values but at a few elements, which take the values ``seed ^ salt`` gives
+there: the case's values but for a few elements (its near twin, checked for results kept by a
+sample of the inputs).
 Change any of this (or the distributions below, or ``special_values``) and bump
 ``GENERATOR_VERSION``: goldens record it. Version 2: ``special_values`` holds a negative NaN
 and one with a payload.
@@ -162,6 +165,28 @@ def reseeded(salt: int) -> Iterator[None]:
         yield
     finally:
         _SEED_SALT.reset(token)
+
+
+#: while set (``nudged``), the salt of the few elements each generated tensor changes; 0 outside
+_NUDGE_SALT: contextvars.ContextVar[int] = contextvars.ContextVar("nudge_salt", default=0)
+#: a nudge changes this many elements of a tensor, the first of ``_NUDGE_TRIES`` candidate
+#: positions whose value the salt changes: few enough that a sample of a few elements of each
+#: input (a fingerprint) most likely misses them all, enough that one of them changes a
+#: max or a min over 8 ranks most of the time
+_NUDGED, _NUDGE_TRIES = 4, 16
+
+
+@contextlib.contextmanager
+def nudged(salt: int) -> Iterator[None]:
+    """Every tensor made inside holds the values it holds outside but at a few elements
+    (``_NUDGED``), chosen from its seed, stream and ``salt`` among its global indices (so
+    every rank and device agrees which, whatever region it makes), which take other values of
+    the same distribution: those ``seed ^ salt`` give there (0 changes nothing)."""
+    token = _NUDGE_SALT.set(salt & _M32)
+    try:
+        yield
+    finally:
+        _NUDGE_SALT.reset(token)
 
 
 def _keys(seed: int, stream: int) -> tuple[int, int]:
@@ -352,6 +377,10 @@ def generate(
     seed, stream = _checked(dt, dtype, dist, seed, stream, chunk_elems)
     values = _sampler(dt, dist, seed, stream, low, high, mean, std)
     dims = _check_shape(shape)
+    if _NUDGE_SALT.get() and math.prod(dims):
+        values = _nudge(values, _sampler(dt, dist, seed ^ _NUDGE_SALT.get(), stream, low, high,
+                                         mean, std), seed ^ _NUDGE_SALT.get(), stream,
+                        math.prod(dims))
     base, kept = _plan(dims, region)
     out_shape = tuple(n for n, _ in kept)
     out = torch.empty(math.prod(out_shape), dtype=dt, device=device)
@@ -412,6 +441,36 @@ def _sampler(dt: torch.dtype, dist: str, seed: int, stream: int, low: float, hig
         return _cast(v.to(torch.float64), dt) if dt in _FLOATS else v.to(dt)
 
     return values
+
+
+def _nudge(values: Callable[[torch.Tensor], torch.Tensor],
+           other: Callable[[torch.Tensor], torch.Tensor], seed: int, stream: int, numel: int
+           ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``values`` but at ``_NUDGED`` global indices, where ``other``'s values are taken: the
+    first candidate indices (hashed from ``seed``, the salted one, and the stream) whose value
+    ``other`` changes (fewer where fewer do: a tensor of a few elements, a coin)."""
+    picks = hash32(torch.arange(_NUDGE_TRIES), seed ^ 0x5BD1E995, stream) % numel
+    before, after = values(picks), other(picks)
+    bits = _BITS_OF.get(before.dtype)
+    changed = ((before.view(bits) != after.view(bits)) if bits else before != after).tolist()
+    chosen: dict[int, int] = {}  # global index: its candidate's position in picks
+    for j, (where, moved) in enumerate(zip(picks.tolist(), changed, strict=True)):
+        if moved and where not in chosen and len(chosen) < _NUDGED:
+            chosen[where] = j
+    if not chosen:
+        return values
+    new = after.view(bits) if bits else after
+
+    def nudged_values(index: torch.Tensor) -> torch.Tensor:
+        out = values(index)
+        target = out.view(bits) if bits else out  # as bits: float8 has no masked_fill kernel
+        for where, j in chosen.items():
+            hit = index == where
+            if bool(hit.any()):
+                target[hit] = new[j].to(out.device)
+        return out
+
+    return nudged_values
 
 
 def _fill(out: torch.Tensor, values: Callable[[torch.Tensor], torch.Tensor], base: int,

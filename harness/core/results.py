@@ -80,7 +80,7 @@ class CaseResult:
     #: how it was measured: "cuda_allocated_peak", "cpu_rss_peak" or "not_measured"
     peak_memory_kind: str | None = None
     #: checks beyond the first call: "poisoned_outputs", "shifted_buffers", "after_timing",
-    #: "reused_buffers", "settled", "replicated", "process_settings"
+    #: "near_values", "reused_buffers", "settled", "replicated", "process_settings"
     checks: list[str] = field(default_factory=list)
     output_hash: str | None = None
     #: the first call against the stored golden: {"status": pass|fail|error|absent, "file",

@@ -11,8 +11,8 @@ from typing import Any
 import torch
 
 from harness.core import compare
-from harness.core.buffers import Redzones, nbytes, relocate
-from harness.core.inputs import reseeded, seed_from
+from harness.core.buffers import Redzones, flat_bytes, nbytes, relocate
+from harness.core.inputs import nudged, reseeded, seed_from
 from harness.core.spec import Case, SpecError, raised, where_raised
 from harness.core.spec_checks import tolerance_problem
 
@@ -69,6 +69,9 @@ def plain(name: str, t: Any, implementation: bool = True) -> Any:
 
 #: the parameter that reseeds a case's inputs for the check after timing (CaseSetup.twin)
 TWIN_PARAM = "twin"
+
+#: the salt of a case's near twin (``CaseSetup.near``): its values but one element per tensor
+NEAR_SALT = seed_from("near twin")
 
 #: the name suffix of an output's float64 value before its rounding (OpSpec.exact)
 EXACT_SUFFIX = ":exact"
@@ -170,13 +173,13 @@ class CaseSetup:
     inputs, in new memory, bit for bit what generating them again would give. Inputs over
     ``SETUP_CACHE_CAP_BYTES`` are not kept; each copy is then generated afresh."""
 
-    def __init__(self, case: Case, rank: int, *, lens: bool = True) -> None:
-        self.case, self.rank = case, rank
+    def __init__(self, case: Case, rank: int, *, lens: bool = True, nudge: int = 0) -> None:
+        self.case, self.rank, self.nudge = case, rank, nudge
         #: a twin's inputs come from reseeded generators: other values even where an op keys
         #: its seeds on a few of its params, not on all of them
         self.salt = (seed_from(TWIN_PARAM, case.params[TWIN_PARAM])
                      if TWIN_PARAM in case.params else 0)
-        with reseeded(self.salt):
+        with reseeded(self.salt), nudged(nudge):
             try:
                 self._set_up(lens)
             except (SpecError, CaseError):
@@ -206,6 +209,7 @@ class CaseSetup:
                 self.expected[f"{name}{EXACT_SUFFIX}"] = value
         self._first: dict[str, Any] | None = made if self.pristine is None else None
         self._twin: CaseSetup | None = None
+        self._near: CaseSetup | None = None
 
     def twin(self) -> CaseSetup:
         """The same case with other input values (``TWIN_PARAM`` in its params, every seed
@@ -219,6 +223,22 @@ class CaseSetup:
             self._twin = CaseSetup(twin, self.rank, lens=False)  # staleness, not precision
         return self._twin
 
+    def near(self) -> CaseSetup:
+        """The same case with its values but one element of each tensor ``generate`` made
+        (``nudged``), and their reference: what a result kept by a sample of the inputs (a
+        fingerprint of a few elements) gets wrong after a real timing on the case's values.
+        Made once for all the case's implementations."""
+        if self._near is None:
+            self._near = CaseSetup(self.case, self.rank, lens=False, nudge=NEAR_SALT)
+        return self._near
+
+    def differs_from(self, other: CaseSetup) -> bool:
+        """Whether any reference output of this setup is not bit for bit ``other``'s: where
+        none is, a result kept from ``other``'s values is this setup's too (inputs made
+        without ``generate`` take no nudge; a nudge may miss what an output reads)."""
+        return self.expected.keys() != other.expected.keys() or any(
+            not _same_bits(value, other.expected[name]) for name, value in self.expected.items())
+
     def inputs(self, device: torch.device, shift_bytes: int = 0,
                redzones: Redzones | None = None, misalign: int = 0) -> dict[str, Any]:
         """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory (``misalign``
@@ -229,7 +249,7 @@ class CaseSetup:
                             redzones=redzones, misalign=misalign)
         made, self._first = self._first, None
         if made is None:  # not kept: generate again
-            with reseeded(self.salt):
+            with reseeded(self.salt), nudged(self.nudge):
                 made = self.case.spec.make_inputs(self.case.params, self.rank,
                                                   self.case.world_size)
         return _place(made, device, shift_bytes, redzones, misalign)
@@ -251,6 +271,13 @@ class SetupCache:
             self._last = None  # free the last case's tensors before making the next
             last = self._last = CaseSetup(case, rank)
         return last
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+                and bool((flat_bytes(a) == flat_bytes(b)).all()))
+    return False  # not tensors: not known to be the same
 
 
 def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0,

@@ -283,6 +283,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
             if after == "reused_buffers":
                 local_error = local_error or changed_since(calls.held)
             if real and small:  # on every rank (its collectives), whatever this one found
+                near = values.near()
+                if _anywhere(world, near.differs_from(values)):
+                    stages["near_values"] = _on_near_values(world, case, impl, slots[0], near)
+                    checks.append("near_values")
                 _recheck_in_seen_buffers(world, case, impl, slots[0], values.twin(), stages)
                 checks += ["reused_buffers", "settled"]
                 tampered += clock_tampering()
@@ -428,6 +432,34 @@ def _refill(slot: dict[str, Any], values: CaseSetup, spec: OpSpec, device: torch
     return slot
 
 
+def _anywhere(world: World, local: bool) -> bool:
+    """Whether ``local`` holds on any rank (the same answer on every rank)."""
+    return world.allreduce_max(float(local)) > 0 if world.size > 1 else local
+
+
+def _call(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, Any],
+          setup: CaseSetup) -> dict[str, Any]:
+    """The outputs of one call on ``setup``'s values copied into ``slot`` (buffers the timed
+    calls used), as it returned them."""
+    spec = case.spec
+    _refill(slot, setup, spec, world.device)
+    try:
+        value = impl(world, **slot) if spec.distributed else impl(**slot)
+    finally:
+        children.leave_if_forked()
+    return normalize_outputs(value, spec.outputs, implementation=True)
+
+
+def _on_near_values(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, Any],
+             near: CaseSetup) -> dict[str, Any]:
+    """One call on the near twin's values (the case's but one element per tensor) in
+    ``slot``, measured against its reference: a result kept by a sample of the inputs (a
+    fingerprint), filled by the timed calls on the case's values, is the case's and fails."""
+    outputs = _call(world, case, impl, slot, near)
+    return measure(outputs, near.expected, tolerances(near.case, near.expected), world.rank,
+                   near.memos, near.magnitudes)
+
+
 def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
                              slot: dict[str, Any], twin: CaseSetup,
                              stages: dict[str, dict[str, Any]]) -> None:
@@ -435,13 +467,7 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     used): its outputs, read the moment it returns, must match the twin's reference (a result
     kept by buffer address or call count is stale), and must still be what they were after the
     device is synchronised and a moment has passed (work finishing later)."""
-    spec = case.spec
-    _refill(slot, twin, spec, world.device)
-    try:
-        value = impl(world, **slot) if spec.distributed else impl(**slot)
-    finally:
-        children.leave_if_forked()
-    outputs = normalize_outputs(value, spec.outputs, implementation=True)
+    outputs = _call(world, case, impl, slot, twin)
     seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
     # work still running on the device finishes at the synchronise; a host thread gets a
     # moment. Output still being written when the call returned fails the reference (``seen``

@@ -34,6 +34,41 @@ def by_call(x, weight):
     return _kept[key].clone()
 
 
+def _fingerprint(*tensors: torch.Tensor) -> tuple:
+    """Shapes and 8 elements of each tensor at evenly spaced positions."""
+    key: list = []
+    for t in tensors:
+        flat = t.reshape(-1)
+        step = max(1, flat.numel() // 8)
+        key += [tuple(t.shape), t.dtype, tuple(flat[::step][:8].tolist())]
+    return tuple(key)
+
+
+def by_fingerprint(x, weight):
+    """Keeps each result by a sample of the inputs' values: the timed repeats (the same
+    values) cost a lookup, and inputs that differ elsewhere get a stale result."""
+    key = ("fingerprint",) + _fingerprint(x, weight)
+    if key not in _kept:
+        _kept[key] = _honest(x, weight)
+    return _kept[key].clone()
+
+
+def allreduce_by_fingerprint(world, x, out, op):
+    """allreduce, skipped where every rank has seen a sample of its input's values before
+    (agreed in a one-element allreduce): the result each rank kept is copied out."""
+    import torch.distributed as dist
+
+    from suites._collectives.allreduce import allreduce_torch
+
+    key = ("allreduce", op, out.data_ptr() == x.data_ptr()) + _fingerprint(x)
+    everywhere = torch.tensor([int(key in _kept)], dtype=torch.int32)
+    dist.all_reduce(everywhere, op=dist.ReduceOp.MIN, group=world.group)
+    if int(everywhere):
+        return out.copy_(_kept[key])
+    _kept[key] = allreduce_torch(world, x, out, op).clone()
+    return out
+
+
 _pending: list[threading.Event] = []
 
 
