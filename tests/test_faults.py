@@ -22,8 +22,8 @@ ONE_CASE = ("allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]", "--wo
             "--impl", "torch", "--no-bench")
 
 
-def harness(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HARNESS_DB"}
+def harness(*args: str, cwd: Path, **more_env: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_DB"} | more_env
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
 
@@ -210,3 +210,37 @@ def test_a_golden_file_the_manifest_lost_is_an_error_not_an_absent_golden(tmp_pa
     lost = golden.GoldenStore(tmp_path).lost_entry("op[n=1]", 1)
     assert lost and Path(rel).name in lost and "manifest" in lost
     assert golden.GoldenStore(tmp_path).lost_entry("op[n=2]", 1) is None  # never had one
+
+
+# ---------------------------------------------------------------------------- the user's set-up
+def test_a_file_that_shadows_torch_is_named_in_one_line(tmp_path):
+    (tmp_path / "torch.py").write_text("# scratch\n")  # in the folder the command runs from
+    out = harness("run", *ONE_CASE, "--db", str(tmp_path / "h.db"), cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    line = last_line(out.stderr)
+    assert f"`torch` is imported from {tmp_path / 'torch.py'}" in line
+    assert "rename it or fix PYTHONPATH" in line and "Traceback" not in out.stderr
+    (tmp_path / "torch.py").unlink()
+    (tmp_path / "elsewhere" / "torch").mkdir(parents=True)  # a package on PYTHONPATH
+    (tmp_path / "elsewhere" / "torch" / "__init__.py").write_text("")
+    out = harness("run", *ONE_CASE, "--db", str(tmp_path / "h.db"), cwd=tmp_path,
+                  PYTHONPATH=str(tmp_path / "elsewhere"))
+    assert out.returncode == 2 and "shadows it" in last_line(out.stderr), out.stderr[-2000:]
+
+
+def test_an_out_dir_that_cannot_be_made_is_a_usage_error(tmp_path):
+    out = harness("run", *ONE_CASE, "--db", str(tmp_path / "h.db"), "--out-dir",
+                  "/proc/harness-runs", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert last_line(out.stderr).endswith(
+        "cannot use /proc/harness-runs (No such file or directory): pass a path that exists or "
+        "can be made")
+
+
+def test_an_invalid_mpich_setting_is_named_when_mpi_init_fails(tmp_path):
+    """MPICH's error stack for it names no variable (a real MPI_Init, the mpich wheel's)."""
+    out = harness("run", *ONE_CASE, "--db", str(tmp_path / "h.db"), cwd=tmp_path,
+                  MPIR_CVAR_ENABLE_HEAVY_YIELD="notabool")
+    assert out.returncode == 4, out.stderr[-2000:]
+    hint = next(ln for ln in out.stderr.splitlines() if "MPI_Init failed in the ranks" in ln)
+    assert "MPIR_CVAR_ENABLE_HEAVY_YIELD=notabool" in hint and "check or unset them" in hint

@@ -533,6 +533,17 @@ def _main(argv: Sequence[str] | None) -> None:
                               f"({escape(exc.strerror or '')}): free space and retry{rest}",
                               soft_wrap=True)
             sys.exit(EXIT_INFRA)
+        from harness.device.shadowed import shadowed
+
+        if shadowed():  # what failed is the user's file importing as a needed package
+            err_console.print(f"[red]error:[/red] {escape(shadowed())}", soft_wrap=True)
+            sys.exit(EXIT_USAGE)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOENT and exc.filename:
+            # a folder that cannot be made where the user's path points (under /proc)
+            err_console.print(f"[red]error:[/red] cannot use {escape(str(exc.filename))} "
+                              f"({escape(exc.strerror or str(exc))}): pass a path that "
+                              "exists or can be made", soft_wrap=True)
+            sys.exit(EXIT_USAGE)
         if isinstance(exc, OSError) and exc.errno in _PATH_ERRORS:
             # a path the user gave that cannot be written: theirs to change
             where = f" {exc.filename}" if exc.filename else ""

@@ -28,7 +28,7 @@ from harness.core.results import CaseResult
 from harness.core.spec import PlannedItem
 from harness.device import cuda, sanitizer, triton_impl
 from harness.device.placement import usable_cpus
-from harness.engine import shm_sweep, srun, strays
+from harness.engine import mpi_init, shm_sweep, srun, strays
 from harness.engine.alive import ALIVE_ENV, STALL_ENV
 from harness.engine.giveup import JobEndingStreaks
 from harness.engine.joblog import PYTEST_NORMAL, LostNodes, death, lost_node_message, tail
@@ -472,8 +472,8 @@ def _fruitless(world_size: int, end: _JobEnd, jobs: int, stall_limit: float) -> 
     else:
         why = (f"the MPI job exited with code {end.rc} {jobs} times in a row without running "
                f"a case; last lines of {end.log_path}:\n{tail(end.log_path)}")
-    hint = srun.pmi1_cut(end.log_path.read_text(errors="replace")
-                         if end.log_path.exists() else "")
+    log = end.log_path.read_text(errors="replace") if end.log_path.exists() else ""
+    hint = srun.pmi1_cut(log) or mpi_init.init_failed(log, os.environ)
     return f"world size {world_size}: {why}" + (f"\n{hint}" if hint else "")
 
 
