@@ -945,3 +945,32 @@ def test_generate_refuses_inputs_that_change_from_one_derivation_to_the_next(tmp
     proc = harness(gdir, "generate", "--suite", str(suite), "mine.raising", "--world-sizes", "1")
     assert proc.returncode == 2 and "mine.raising[n=9] at world size 1: its reference or " \
         "make_inputs raised ValueError: nine does not split" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_goldens_a_grid_change_left_behind_are_named_and_pruned(tmp_path):
+    """A case dropped from an op's grid leaves its golden: `verify` of the op (a case of it
+    selected, too) names it, `--prune` deletes its entry and file and nothing else."""
+    suite = tmp_path / "mine.py"
+    suite.write_text(_SUITE)
+    gdir = tmp_path / "goldens"
+    proc = harness(gdir, "generate", "--suite", str(suite), "mine.scaled", "--world-sizes", "1")
+    assert proc.returncode == 0 and "2 new" in proc.stdout, proc.stderr[-2000:]
+    suite.write_text(_SUITE.replace('[{"n": 8}, {"n": 9}]', '[{"n": 8}, {"n": 10}]'))
+    files = {p.name for p in gdir.rglob("*.safetensors")}
+    proc = harness(gdir, "verify", "--suite", str(suite), "mine.scaled[n=8]",
+                   "--world-sizes", "1")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "orphan w1:mine.scaled[n=9]: no such case any more" in proc.stdout
+    assert "1 ok" in proc.stdout and "1 orphan" in proc.stdout
+    assert {p.name for p in gdir.rglob("*.safetensors")} == files  # only named
+    proc = harness(gdir, "verify", "--suite", str(suite), "mine.scaled", "--world-sizes", "1",
+                   "--prune")
+    assert proc.returncode == 1 and "MISSING w1:mine.scaled[n=10]" in proc.stdout  # the new one
+    assert "orphan w1:mine.scaled[n=9]: no such case any more; deleted" in proc.stdout
+    left = json.loads((gdir / golden.MANIFEST).read_text())["entries"]
+    assert list(left) == ["w1:mine.scaled[n=8]"]
+    assert {p.name for p in gdir.rglob("*.safetensors")} == {Path(left[
+        "w1:mine.scaled[n=8]"]["file"]).name}
+    proc = harness(gdir, "verify", "--suite", str(suite), "mine.scaled[n=8]",
+                   "--world-sizes", "1")
+    assert proc.returncode == 0 and "orphan" not in proc.stdout, proc.stdout[-2000:]

@@ -4,7 +4,8 @@
 what it produced; a golden that exists and differs is only overwritten with ``--accept``, after
 printing what changed. ``verify`` re-derives every stored golden and reports ``drift`` (bits
 changed, still within the op's tolerance) and ``MISMATCH`` (outside it); it fails on mismatches
-and on selected cases that have no golden. ``show`` lists what is stored.
+and on selected cases that have no golden, and names the orphans (goldens of the selected ops
+that no case has any more), which ``--prune`` deletes. ``show`` lists what is stored.
 """
 
 from __future__ import annotations
@@ -281,9 +282,11 @@ def generate(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_si
 
 @golden.command()
 @_common
+@click.option("--prune", is_flag=True,
+              help="Delete the orphans: goldens of the selected ops that no case has any more.")
 @click.pass_context
 def verify(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_sizes: str,
-           golden_dir: str | None) -> None:
+           golden_dir: str | None, prune: bool) -> None:
     """Re-derive the selected goldens and compare them with the stored ones."""
     from harness.core.golden import GoldenError
 
@@ -317,14 +320,18 @@ def verify(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_size
         console.print(f"{label} {escape(key)}")
         for line in diff.lines[:8]:
             console.print(f"    {escape(line)}", soft_wrap=True)
-    known = {f"w{c.world_size}:{c.id}" for c in cases}
-    sizes = set(parse_world_sizes(world_sizes))
-    orphans = [k for store in shelf.stores for k, e in store.manifest["entries"].items()
-               if k not in known and e.get("world_size") in sizes and not selectors
-               and _tier_of(e) == tier]
-    for key in orphans[:10]:
-        console.print(f"[yellow]orphan[/yellow] {escape(key)}: no such case any more; delete "
-                      "its entry and file, or restore the case", soft_wrap=True)
+    orphans = _orphans(shelf, cases, tier, parse_world_sizes(world_sizes))
+    for _, key in orphans[:10]:
+        remedy = "deleted" if prune else ("delete it with `harness golden verify --prune`, or "
+                                          "restore the case")
+        console.print(f"[yellow]orphan[/yellow] {escape(key)}: no such case any more; {remedy}",
+                      soft_wrap=True)
+    if len(orphans) > 10:
+        console.print(f"... and {len(orphans) - 10} more orphans")
+    if prune and orphans:
+        _prune(orphans)
+    if orphans:
+        counts["orphan"] = len(orphans)
     console.print(", ".join(f"{n} {k}" for k, n in counts.items()) + f" of {len(cases)} goldens")
     if counts["mismatch"] or counts["missing"] or counts["corrupt"]:
         ctx.exit(EXIT_FAIL)
@@ -332,6 +339,28 @@ def verify(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_size
 
 def _tier_of(entry: dict[str, Any]) -> str:
     return str(entry.get("tier", "smoke"))
+
+
+def _orphans(shelf: Any, cases: Sequence[Any], tier: str, sizes: Sequence[int]
+             ) -> list[tuple[Any, str]]:
+    """(store, entry key) of each stored golden of the selected cases' ops, tier and world
+    sizes that none of those ops' cases has any more (a grid or a case id changed)."""
+    ops = sorted({case.spec.name for case in cases})
+    known = {f"w{c.world_size}:{c.id}" for c in _cases(ops, tier, sizes)}
+    stores = {id(store): store for store in (_store(shelf, op) for op in ops)}
+    return [(store, key) for store in stores.values()
+            for key, e in store.manifest["entries"].items()
+            if e.get("op") in ops and e.get("world_size") in sizes and _tier_of(e) == tier
+            and key not in known]
+
+
+def _prune(orphans: Sequence[tuple[Any, str]]) -> None:
+    """Each orphan's manifest entry and file deleted, each manifest saved once."""
+    for store, key in orphans:
+        entry = store.manifest["entries"].pop(key)
+        store.path_of(entry).unlink(missing_ok=True)
+    for store in {id(store): store for store, _ in orphans}.values():
+        store.save_manifest()
 
 
 @golden.command()
