@@ -479,6 +479,12 @@ def router_shifted_by_first_tile(logits, topk, renormalize):
                    _top(x, topk), renormalize)
 
 
+def router_softmax_in_the_logits_dtype(logits, topk, renormalize):
+    """The softmax of bf16 logits taken in bf16: float32 logits are right."""
+    return _routed(torch.softmax(logits, dim=-1).float(), _top(logits.float(), topk),
+                   renormalize)
+
+
 def unpermute_half_accumulator(permuted, rowmap, routemap, permuted_probs, num_tokens,
                                num_experts):
     rows = rowmap.long()
@@ -497,6 +503,7 @@ MOE = [
     ("moe.unpermute", unpermute_half_accumulator, {"values": "special"}, {}),
     ("moe.router", router_taken_marked_neginf, {"values": "masked"}, {}),
     ("moe.router", router_shifted_by_first_tile, {"values": "low_tile"}, {}),
+    ("moe.router", router_softmax_in_the_logits_dtype, {"logits": "bf16"}, {}),
 ]
 
 

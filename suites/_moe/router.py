@@ -2,7 +2,8 @@
 
 The chosen experts (routemap) are checked bitwise; the probs against float32's default
 tolerance. Logits come without ties (float32 uniform draws), except in the case
-``values=ties``, where equal logits must go to the lower expert first.
+``values=ties``, where equal logits must go to the lower expert first, and in the bf16 logits
+of ``logits=bf16`` (a router GEMM's output), whose probs are float32 all the same.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def router_inputs(params: Mapping[str, Any], rank: int, world_size: int) -> dict
         rows = torch.arange(0, x.shape[0], 3)
         x[rows, (rows * 5) % x.shape[1]] = float("nan")
         x[1, [x.shape[1] - 1, 2]] = float("nan")
+    if params.get("logits") == "bf16":
+        # a router GEMM's bf16 output: the softmax still runs in float32 (probs are float32
+        # whatever the logits), and bf16's 8 bits make ties among 64 experts common
+        x = x.to(torch.bfloat16)
     return {"logits": x, "topk": params["topk"], "renormalize": params["renormalize"]}
 
 
@@ -155,7 +160,8 @@ ROUTER = OpSpec(
                     # ties across 64-expert tiles (the lower expert first, whichever tile)
                     _case(40, 8, 1, False), _case(24, 256, 8, False, values="ties"),
                     _case(32, 16, 4, True, values="masked"),
-                    _case(24, 256, 8, True, values="low_tile")],
+                    _case(24, 256, 8, True, values="low_tile"),
+                    _case(64, 64, 8, False, logits="bf16")],
           "nightly": [_case(16384, e, k, r) for e in (8, 60, 64, 256) for k in (4, 8)
                       for r in (True, False)]
           + [_case(16384, e, 8, False, values="ties") for e in (64, 256)]
