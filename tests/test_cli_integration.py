@@ -1025,6 +1025,16 @@ def test_pytest_by_hand_under_mpiexec(tmp_path):
     assert (tmp_path / "j.xml").exists()
 
 
+def test_an_implementation_on_the_default_process_group_runs_first_in_its_job(tmp_path):
+    """`dist.all_reduce(t)` without `group=`: the default group exists before the first call,
+    not only once an implementation has read world.group (alone, it was an error)."""
+    out = harness(tmp_path, "run", "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]",
+                  "--world-sizes", "2", "--no-bench", "--impl",
+                  "harness_test_impls:default_group_allreduce")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert [r["status"] for r in _results(tmp_path)] == ["pass"]
+
+
 def test_entry_point_implementations_are_discovered(tmp_path):
     dist = tmp_path / "site" / "extimpl-1.0.dist-info"
     dist.mkdir(parents=True)

@@ -237,6 +237,15 @@ def vector_tail_unreduced(world, x, out, op):
 # computes the right result first, then starts one
 
 #: in the command line of every process these start, to find any left behind
+def default_group_allreduce(world, x, out, op):
+    """torch.distributed on its default group (no ``group=``), as most libraries call it."""
+    import torch.distributed as dist
+
+    out.copy_(x)
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
 SLEEPER = "harness-test-sleeper"
 
 
