@@ -391,3 +391,18 @@ def test_a_host_file_is_read_as_mpich_and_open_mpi_write_it(tmp_path):
     bad = tmp_path / "bad"
     bad.write_text("localhost:2\nnode-that-is-not.invalid:2\n")
     assert "'node-that-is-not.invalid' (line 2) does not resolve" in hostfile.problem(str(bad))
+
+
+def test_a_job_log_past_100_mib_is_named(tmp_path):
+    """Nothing cuts the ranks' output: a log an implementation filled is said after its world
+    size (a sparse file: its size is what counts)."""
+    from harness.engine.joblog import BIG_LOG_BYTES, big_logs
+
+    small, big = tmp_path / "w1.launch-1.log", tmp_path / "w1.launch-2.log"
+    small.write_text("$ mpiexec -n 1 python -m pytest\n")
+    with open(big, "wb") as fh:
+        fh.truncate(BIG_LOG_BYTES + (5 << 20))
+    notes = big_logs([small, big, tmp_path / "gone.log"])
+    assert notes == [f"the job's log {big} holds 105 MiB of its ranks' output (an "
+                     "implementation printing in every call?): nothing cuts it, so mind the "
+                     "run folder's disk"]

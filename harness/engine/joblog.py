@@ -51,6 +51,26 @@ def lost_node_message(world_size: int, nodes: Sequence[str], in_progress: str | 
             f"the node is back, `harness run --resume {run_id}` runs them")
 
 
+#: a job log past this size is named after its world size: nothing caps the ranks' output
+BIG_LOG_BYTES = 100 << 20
+
+
+def big_logs(paths: Sequence[Path], limit: int = BIG_LOG_BYTES) -> list[str]:
+    """A note for each job log past ``limit`` bytes: the ranks' output goes to it uncut, and
+    an implementation that prints in every call fills the run folder's disk."""
+    notes = []
+    for path in paths:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue
+        if size > limit:
+            notes.append(f"the job's log {path} holds {size / 2**20:.0f} MiB of its ranks' "
+                         "output (an implementation printing in every call?): nothing cuts "
+                         "it, so mind the run folder's disk")
+    return notes
+
+
 _SIGNALLED = re.compile(r"signal (\d+)\)")
 
 

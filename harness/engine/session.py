@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from harness.core.results import CaseResult, RunInfo
 from harness.engine import runlock, shm_sweep
+from harness.engine.joblog import big_logs
 from harness.engine.options import RunDir, RunOptions
 
 
@@ -413,7 +414,7 @@ def _launch_all(cfg: Any, the_plan: Plan, reporter: Reporter, outcome: Outcome,
         finally:  # a job stopped by Ctrl-C or a lost node: what its MPI left on this node
             shm_sweep.sweep(cfg.files.of(w, "shm.json"))
         warning = (world.placement or {}).get("warning")
-        for said in ([warning] if warning else []) + world.notes:
+        for said in ([warning] if warning else []) + world.notes + big_logs(world.logs):
             reporter.warning(w, said)
         if world.infra_error:
             outcome.infra_errors.append(world.infra_error)
