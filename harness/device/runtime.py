@@ -132,6 +132,8 @@ class World:
     contention: str = ""
     _group: Any = field(default=None, repr=False)
     _store: Any = field(default=None, repr=False)
+    #: why ``default_group`` could not make the group ("" when it did, None before it tried)
+    _group_error: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_mpi(cls, device: str = "auto", timeout_s: float = 300.0) -> World:
@@ -179,6 +181,18 @@ class World:
                 self._init_process_group()
             self._group = dist.group.WORLD
         return self._group
+
+    def default_group(self) -> str:
+        """Make torch.distributed's default group (``group``) unless it was made or tried
+        before in this process: "" where it exists, else why it could not be made (tried
+        once: a job whose implementations use MPI alone must not wait on it case by case)."""
+        if self._group is None and self._group_error is None:
+            try:
+                self.group  # noqa: B018 - made on first read
+                self._group_error = ""
+            except Exception as exc:  # noqa: BLE001 - said where an implementation needs it
+                self._group_error = f"{type(exc).__name__}: {exc}"
+        return self._group_error or ""
 
     def _init_process_group(self) -> None:
         import torch.distributed as dist

@@ -132,20 +132,6 @@ def _skip_or_error(world: World, case: Case, impl: Callable[..., Any]) -> tuple[
     return next((("skip", why) for _, why in everyone if why), ("", ""))
 
 
-def _default_group(world: World) -> tuple[str, str]:
-    """torch.distributed's default group made before a distributed case's first call (once
-    per job), so that an implementation calling ``dist.all_reduce(t)`` without ``group=``
-    finds it whatever ran before it, not only after one that read ``world.group``;
-    ("error", why) where it cannot be made."""
-    try:
-        world.group  # noqa: B018 - made on first read
-    except KeyboardInterrupt:
-        raise
-    except IMPL_RAISES as exc:
-        return "error", f"torch.distributed's default group could not be made: {raised(exc)}"
-    return "", ""
-
-
 def run_case(
     world: World,
     case: Case,
@@ -177,7 +163,10 @@ def run_case(
     result = _new_result(world, case, impl_name, run_id, env_id, started)
     status, why = _skip_or_error(world, case, impl)
     if not status and case.spec.distributed:
-        status, why = _default_group(world)
+        # before the first call, so that an implementation calling dist.all_reduce(t)
+        # without group= finds it whatever ran before (not only after one that read
+        # world.group); where it cannot be made, an implementation that needs it says so
+        world.default_group()
     if status:
         result.status, result.reason = status, why
         result.duration_s = time.perf_counter() - t0
