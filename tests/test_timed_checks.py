@@ -32,8 +32,8 @@ def doubled(x, idx, out):
     return torch.mul(x, 2, out=out)
 
 
-def _run(world, fn, bench=True, **extra):
-    spec = OpSpec(name="toy_double", family="toy", reference=_reference, make_inputs=_inputs,
+def _run(world, fn, bench=True, make_inputs=_inputs, **extra):
+    spec = OpSpec(name="toy_double", family="toy", reference=_reference, make_inputs=make_inputs,
                   grid={"smoke": [{"n": 1031}]}, implementations={"ok": doubled},
                   out_buffers={"out": "out"}, **extra)
     return run_case(world, Case(spec, {"n": 1031}, 1), fn.__name__, fn, bench=bench,
@@ -133,3 +133,41 @@ def test_honest_calls_with_a_workspace_and_a_first_call_compile_pass(world):
         r = _run(world, fn)
         assert r.status == "pass", r.reason
         assert {"same_bits", "timed_contract"} <= set(r.checks)
+
+
+def test_an_op_whose_inputs_refuse_the_near_values_still_passes_a_correct_kernel(world):
+    """The near twin is the harness's perturbation: where the op's own make_inputs refuses
+    it (unique keys, a sorted table), the call on it is left out, not the implementation's
+    error."""
+    from harness.core import inputs
+
+    def refusing(params, rank, world_size):
+        if inputs._NUDGE_SALT.get():
+            raise ValueError("duplicate keys")
+        return _inputs(params, rank, world_size)
+
+    r = _run(world, doubled, make_inputs=refusing)
+    assert r.status == "pass", r.reason
+    assert "near_values" not in r.checks and "reused_buffers" in r.checks
+
+
+def test_the_near_values_call_is_left_out_where_its_reference_is_the_cases(world):
+    """A nudge the output never reads (the op ignores x past its first element) can show
+    nothing; the precision lens's float64 values do not count as a difference."""
+    def first(params, rank, world_size):
+        return {**_inputs(params, rank, world_size), "n": params["n"]}
+
+    spec_kw = dict(exact=lambda x, idx, out, n: {"out": x[:1].double().expand(n) * 2})
+
+    def reference(x, idx, out, n):
+        return (x[:1] * 2).expand(n).clone()
+
+    def impl(x, idx, out, n):
+        return out.copy_((x[:1] * 2).expand(n))
+
+    spec = OpSpec(name="toy_first", family="toy", reference=reference, make_inputs=first,
+                  grid={"smoke": [{"n": 1031}]}, implementations={"ok": impl},
+                  out_buffers={"out": "out"}, **spec_kw)
+    r = run_case(world, Case(spec, {"n": 1031}, 1), "ok", impl, bench=True, timing=TIMING)
+    assert r.status == "pass", r.reason
+    assert "near_values" not in r.checks and "reused_buffers" in r.checks

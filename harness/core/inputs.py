@@ -179,9 +179,10 @@ _NUDGED, _NUDGE_TRIES = 4, 16
 @contextlib.contextmanager
 def nudged(salt: int) -> Iterator[None]:
     """Every tensor made inside holds the values it holds outside but at a few elements
-    (``_NUDGED``), chosen from its seed, stream and ``salt`` among its global indices (so
-    every rank and device agrees which, whatever region it makes), which take other values of
-    the same distribution: those ``seed ^ salt`` give there (0 changes nothing)."""
+    (``_NUDGED``), chosen from its seed, stream and ``salt`` among its first 2**32 global
+    indices (so every rank and device agrees which, whatever region it makes), which take
+    other values of the same distribution: those ``seed ^ salt`` give there (0 changes
+    nothing)."""
     token = _NUDGE_SALT.set(salt & _M32)
     try:
         yield

@@ -35,7 +35,7 @@ from harness.core import compare, timing
 from harness.core.buffers import nbytes, poison_, relocate
 from harness.core.golden import GoldenShelf, GoldenStore
 from harness.core.results import CaseResult
-from harness.core.spec import IMPL_RAISES, Case, OpSpec, raised
+from harness.core.spec import IMPL_RAISES, Case, OpSpec, SpecError, raised
 from harness.core.timing import (
     TimingConfig,
     clock_tampering,
@@ -48,6 +48,7 @@ from harness.core.timing import (
 from harness.device import children, process_state, triton_impl
 from harness.device.runtime import World
 from harness.engine.case_setup import (
+    CaseError,
     CaseSetup,
     SetupCache,
     interpreted_lens,
@@ -163,10 +164,7 @@ def run_case(
     result = _new_result(world, case, impl_name, run_id, env_id, started)
     status, why = _skip_or_error(world, case, impl)
     if not status and case.spec.distributed:
-        # before the first call, so that an implementation calling dist.all_reduce(t)
-        # without group= finds it whatever ran before (not only after one that read
-        # world.group); where it cannot be made, an implementation that needs it says so
-        world.default_group()
+        world.default_group()  # dist.all_reduce(t) without group= finds it, whatever ran before
     if status:
         result.status, result.reason = status, why
         result.duration_s = time.perf_counter() - t0
@@ -288,8 +286,8 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
             if after == "reused_buffers":
                 local_error = local_error or changed_since(calls.held)
             if real and small:  # on every rank (its collectives), whatever this one found
-                near = values.near()
-                if _anywhere(world, near.differs_from(values)):
+                near = _near(world, values)
+                if near is not None:
                     stages["near_values"] = _on_near_values(world, case, impl, slots[0], near)
                     checks.append("near_values")
                 _recheck_in_seen_buffers(world, case, impl, slots[0], values.twin(), stages)
@@ -437,9 +435,18 @@ def _refill(slot: dict[str, Any], values: CaseSetup, spec: OpSpec, device: torch
     return slot
 
 
-def _anywhere(world: World, local: bool) -> bool:
-    """Whether ``local`` holds on any rank (the same answer on every rank)."""
-    return world.allreduce_max(float(local)) > 0 if world.size > 1 else local
+def _near(world: World, values: CaseSetup) -> CaseSetup | None:
+    """The near twin of ``values`` where its call can show something: made on every rank
+    (the op's code refuses no nudged value: a make_inputs rejecting duplicate keys is the
+    spec's choice, no implementation's fault) and its reference not the case's bit for bit
+    on some rank. The same answer on every rank."""
+    try:
+        near: CaseSetup | None = values.near()
+        local = int(near.differs_from(values))
+    except (SpecError, CaseError):
+        near, local = None, -1
+    everyone = world.comm.allgather(local) if world.size > 1 else [local]
+    return near if min(everyone) >= 0 and max(everyone) == 1 else None
 
 
 def _call(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, Any],
@@ -457,7 +464,7 @@ def _call(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, An
 
 def _on_near_values(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, Any],
              near: CaseSetup) -> dict[str, Any]:
-    """One call on the near twin's values (the case's but one element per tensor) in
+    """One call on the near twin's values (the case's but a few elements per tensor) in
     ``slot``, measured against its reference: a result kept by a sample of the inputs (a
     fingerprint), filled by the timed calls on the case's values, is the case's and fails."""
     outputs = _call(world, case, impl, slot, near)

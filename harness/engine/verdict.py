@@ -29,7 +29,7 @@ STAGE_PREFIX = {
     "shifted_other_values": ("on other input values in fresh shifted memory, the old buffers "
                              "poisoned (a result kept by shape or by call count?): "),
     "after_timing": "after the timed repeats (on shifted buffer copies): ",
-    "near_values": ("on the timed values with one element of each input changed, in buffers "
+    "near_values": ("on the timed values with a few elements of each input changed, in buffers "
                     "an earlier call used (a result kept by a sample of the inputs, a "
                     "fingerprint?): "),
     "reused_buffers": ("on new input values written into buffers an earlier call used "
