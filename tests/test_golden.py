@@ -974,3 +974,20 @@ def test_goldens_a_grid_change_left_behind_are_named_and_pruned(tmp_path):
     proc = harness(gdir, "verify", "--suite", str(suite), "mine.scaled[n=8]",
                    "--world-sizes", "1")
     assert proc.returncode == 0 and "orphan" not in proc.stdout, proc.stdout[-2000:]
+
+
+def test_goldens_of_an_op_no_loaded_suite_has_are_named_and_kept_in_a_shared_dir(tmp_path):
+    """An op renamed: with nothing selected its goldens are orphans; in a shared --golden-dir
+    (which may hold a suite not loaded now) --prune keeps them and says so."""
+    suite = tmp_path / "mine.py"
+    suite.write_text(_SUITE)
+    gdir = tmp_path / "goldens"
+    proc = harness(gdir, "generate", "--suite", str(suite), "mine.scaled", "--world-sizes", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    suite.write_text(_SUITE.replace('spec("mine.scaled"', 'spec("mine.rescaled"'))
+    proc = harness(gdir, "verify", "--suite", str(suite), "--world-sizes", "1", "--prune")
+    said = [ln for ln in proc.stdout.splitlines() if ln.startswith("orphan")]
+    assert said == [f"orphan w1:mine.scaled[n={n}]: no loaded suite has op 'mine.scaled'; "
+                    "kept: a shared --golden-dir; pass the --suite that has it, or delete it"
+                    for n in (8, 9)], proc.stdout[-3000:]
+    assert len(json.loads((gdir / golden.MANIFEST).read_text())["entries"]) == 2

@@ -467,3 +467,5 @@ def test_a_nudge_on_cuda_changes_the_cpus_elements(dtype: str, dist: str) -> Non
         gpu = generate((600, 7), dtype, seed=77, dist=dist, region=(slice(3, None),),
                        device="cuda", **kw)
     assert_bits_equal(gpu, cpu)
+    plain = generate((600, 7), dtype, seed=77, dist=dist, region=(slice(3, None),), **kw)
+    assert 1 <= int((bits(plain) != bits(cpu)).sum()) <= 4  # nudged: not the plain values

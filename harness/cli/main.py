@@ -534,12 +534,14 @@ def _main(argv: Sequence[str] | None) -> None:
                               soft_wrap=True)
             sys.exit(EXIT_INFRA)
         from harness.device.shadowed import shadowed
+        from harness.engine.options import RunFolderError
 
-        if shadowed():  # what failed is the user's file importing as a needed package
-            err_console.print(f"[red]error:[/red] {escape(shadowed())}", soft_wrap=True)
+        shadow = shadowed() if isinstance(exc, (ImportError, AttributeError)) else ""
+        if shadow:  # what failed is the user's file importing as a needed package
+            err_console.print(f"[red]error:[/red] {escape(shadow)} "
+                              f"({escape(f'{type(exc).__name__}: {exc}')})", soft_wrap=True)
             sys.exit(EXIT_USAGE)
-        if isinstance(exc, OSError) and exc.errno == errno.ENOENT and exc.filename:
-            # a folder that cannot be made where the user's path points (under /proc)
+        if isinstance(exc, RunFolderError):  # where the user's path points (under /proc)
             err_console.print(f"[red]error:[/red] cannot use {escape(str(exc.filename))} "
                               f"({escape(exc.strerror or str(exc))}): pass a path that "
                               "exists or can be made", soft_wrap=True)

@@ -170,6 +170,19 @@ def _parse(f: dataclasses.Field, text: str) -> Any:
     return text
 
 
+class RunFolderError(FileNotFoundError):
+    """The run folder cannot be made where the user's ``--out-dir`` or ``--db`` points (a
+    path under /proc): theirs to change."""
+
+
+def make_run_folder(path: Path) -> None:
+    """``path`` made with its parents; RunFolderError where the path cannot hold a folder."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileNotFoundError as exc:
+        raise RunFolderError(exc.errno, exc.strerror, exc.filename) from exc
+
+
 @dataclass(frozen=True)
 class RunDir:
     """Where a run's files are: everything the launcher and ranks exchange lies in here."""

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from harness.core.results import CaseResult, RunInfo
 from harness.engine import runlock, shm_sweep
 from harness.engine.joblog import big_logs
-from harness.engine.options import RunDir, RunOptions
+from harness.engine.options import RunDir, RunOptions, make_run_folder
 
 
 class RunRefused(Exception):
@@ -288,7 +288,7 @@ def new_run(options: RunOptions, mpiexec: str, db_path: Path | str,
 
     run_id = run_id or uuid.uuid4().hex
     run_dir = (store.runs_root(db_path, options.out_dir) / run_id).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_folder(run_dir)
     env = envinfo.environment(mpiexec)
     info = RunInfo(run_id=run_id, started_at=time.time(), tier=options.tier,
                    world_sizes=list(options.world_sizes), machine=envinfo.machine(), env=env,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness.engine import launch, shm_sweep
 from harness.engine.launch import LaunchConfig
-from harness.engine.options import RunOptions
+from harness.engine.options import RunOptions, make_run_folder
 
 #: how long a warm job's ranks wait for their go file: past it, harness is gone or stuck
 GO_WAIT_S = 3600.0
@@ -98,7 +98,7 @@ def start(options: RunOptions, launcher: str | None, runs_root: Path, run_id: st
     assert launcher is not None
     run_dir = (runs_root / run_id).resolve()
     made = first_missing(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_folder(run_dir)
     cfg = LaunchConfig(launcher=launcher, run_dir=run_dir, run_id=run_id, options=options)
     try:
         return WarmJob(cfg, options.world_sizes[0], made)

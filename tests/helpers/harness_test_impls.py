@@ -233,10 +233,6 @@ def vector_tail_unreduced(world, x, out, op):
     return out.copy_(result)
 
 
-# ---- processes an implementation starts (test_cli_integration's children test): each
-# computes the right result first, then starts one
-
-#: in the command line of every process these start, to find any left behind
 def default_group_allreduce(world, x, out, op):
     """torch.distributed on its default group (no ``group=``), as most libraries call it."""
     import torch.distributed as dist
@@ -246,6 +242,10 @@ def default_group_allreduce(world, x, out, op):
     return out
 
 
+# ---- processes an implementation starts (test_cli_integration's children test): each
+# computes the right result first, then starts one
+
+#: in the command line of every process these start, to find any left behind
 SLEEPER = "harness-test-sleeper"
 
 
