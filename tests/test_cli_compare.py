@@ -89,9 +89,9 @@ def harness(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           capture_output=True, text=True, env=full_env, timeout=300)
 
 
-def test_planted_slowdown_fails_with_exit_3(db):
+def test_planted_slowdown_and_a_new_failure_exit_1_the_failure_first(db):
     out = harness(RUN_SAME, RUN_SLOW, "--db", str(db), "--fail-on", "regression")
-    assert out.returncode == 3, out.stdout + out.stderr
+    assert out.returncode == 1, out.stdout + out.stderr  # correctness first, as `harness run`
     slow_row = next(ln for ln in out.stdout.splitlines() if "vendor.scale[n=2]" in ln)
     assert "slower" in slow_row
     same_row = next(ln for ln in out.stdout.splitlines() if "vendor.scale[n=1]" in ln)
@@ -100,6 +100,19 @@ def test_planted_slowdown_fails_with_exit_3(db):
     assert "1 slower" in out.stdout and "1 new failure" in out.stdout
     # without --fail-on the same findings are a report, not a failure
     assert harness(RUN_SAME, RUN_SLOW, "--db", str(db)).returncode == 0
+
+
+def test_a_planted_slowdown_alone_exits_3(tmp_path):
+    path, mine = tmp_path / "history.db", fingerprint_of(MACHINE)
+    conn = store.connect(path)
+    try:
+        add_run(conn, RUN_SAME, T0, [result(RUN_SAME, 2, draw(12))], mine)
+        add_run(conn, RUN_SLOW, T0 + 100, [result(RUN_SLOW, 2, draw(22, 1.3))], mine)
+    finally:
+        conn.close()
+    out = harness("--db", str(path), "--fail-on", "regression")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "1 slower" in out.stdout and "0 new failure" in out.stdout
 
 
 def test_same_distribution_passes(db):

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.cli.common import (
+    EXIT_FAIL,
     EXIT_OK,
     EXIT_REGRESSION,
     EXIT_USAGE,
@@ -99,7 +100,8 @@ def _table(rows: Sequence[dict[str, Any]], run_a: str, run_b: str) -> Table:
                                          "harness-results/history.db).")
 @click.option("--fail-on", default="never", show_default=True,
               type=click.Choice(["regression", "never"]),
-              help="Exit 3 when B is slower or newly failing somewhere, or never.")
+              help="Exit 1 when B newly fails somewhere, else 3 when it is slower; or "
+                   "never.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.pass_context
 def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: str,
@@ -141,7 +143,6 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
              for k in ("new_failure", "fixed", "drift", "bits_changed")}
     only_a = sum(1 for r in rows if r["verdict"] == "only in A")
     only_b = sum(1 for r in rows if r["verdict"] == "only in B")
-    regressed = counts["slower"] > 0 or kinds["new_failure"] > 0
 
     if as_json:
         click.echo(json.dumps({
@@ -164,4 +165,6 @@ def compare(ctx: click.Context, runs: tuple[str, ...], db: str | None, fail_on: 
             f"{kinds['fixed']} fixed, {kinds['drift']} drift, {kinds['bits_changed']} bits "
             f"changed; {only_a} only in A, {only_b} only in B "
             f"(A {run_a[:12]}, B {run_b[:12]})", soft_wrap=True)
-    ctx.exit(EXIT_REGRESSION if regressed and fail_on == "regression" else EXIT_OK)
+    if fail_on == "regression" and kinds["new_failure"]:  # correctness first, as `run`
+        ctx.exit(EXIT_FAIL)
+    ctx.exit(EXIT_REGRESSION if fail_on == "regression" and counts["slower"] else EXIT_OK)

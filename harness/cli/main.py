@@ -89,7 +89,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.option("--fail-on", default="failure", show_default=True,
               type=click.Choice(["failure", "regression", "never"]),
               help="Exit 1 on correctness failures; with 'regression' also exit 3 on a "
-                   "confirmed performance regression; 'never' always exits 0.")
+                   "confirmed performance regression; 'never' exits 0 whatever the "
+                   "results (an infrastructure or usage error still exits 4 or 2).")
 @click.option("--launcher", default=None, help="mpiexec, mpirun or srun (path or name).")
 @click.option("--launcher-args", default="", help="Extra launcher arguments (quoted string).",
               callback=lambda ctx, param, value: _launcher_args(value))
