@@ -173,9 +173,10 @@ def unpermute_expected(params: Mapping[str, Any], rank: int, world_size: int
 
 def unpermute_tolerance(params: Mapping[str, Any], world_size: int
                         ) -> dict[str, Tolerance]:
-    bound = 1e-1 if params["dtype"] == "fp8" else 1e-2
-    return {"out": ulp(1), "probs": exact(),
-            "out:roundtrip": allclose(rtol=bound, atol=0.0)}
+    # SEMANTICS allows 1e-1 for an FP8 round trip, whose rows would carry the quantization's
+    # error; here the FP8 cases' rows are the e4m3 codes themselves, exact in bf16, so the
+    # round trip holds what a bf16 one does (at most 0.52% off on the smoke cases)
+    return {"out": ulp(1), "probs": exact(), "out:roundtrip": allclose(rtol=1e-2, atol=0.0)}
 
 
 def unpermute_exact(permuted, rowmap, routemap, permuted_probs, num_tokens, num_experts):
