@@ -50,19 +50,22 @@ def test_quick_cpu_calibration_is_positive_and_finite(quick_cpu: dict) -> None:
     assert abs(cal["created_at"] - time.time()) < 600
 
 
-def test_copy_bandwidth_agrees_with_an_independent_measurement(quick_cpu: dict) -> None:
+def test_copy_bandwidth_agrees_with_an_independent_measurement() -> None:
+    """The calibration's copy measurement against one of its own, taken in turns so that both
+    see the same load (a test measured minutes after its fixture failed when another job
+    started in between); the best of each, within a factor of 5."""
     n = 64 * 2**20
     src = torch.full((n,), 3, dtype=torch.uint8)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    best = math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    independent = 2 * n / best / 1e9  # bytes read plus bytes written
-    # a shared CI machine is noisy: agree within a factor of 5, not to the percent
-    assert independent / 5 < quick_cpu["copy_gbps"] < independent * 5
+    independent = calibrated = 0.0
+    for _ in range(3):
+        calibrated = max(calibrated, calibrate.copy_gbps(torch.device("cpu"), n, 1, 3))
+        for _ in range(3):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            independent = max(independent, 2 * n / (time.perf_counter() - t0) / 1e9)
+    assert independent / 5 < calibrated < independent * 5
 
 
 def test_cli_stores_a_calibration_that_reads_back(tmp_path: Path) -> None:
