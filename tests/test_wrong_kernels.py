@@ -722,3 +722,22 @@ def test_a_quantizer_that_multiplies_by_the_reciprocal_passes(world):
     assert not torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))
     for params in registry().specs[op].grid["smoke"]:
         assert status(world, op, params, quantize_times_reciprocal) == "pass", params
+
+
+def test_a_stray_write_into_a_page_nobody_owns_fails_however_close(world):
+    """A vector store that covers a spare page and writes it back from a register holding
+    it truncated (the last mantissa bit cleared): every value within an ulp of the old,
+    inside bf16's allclose, call after call, but the page belongs to nobody and must stay as
+    it was."""
+    op = "hopper_tasks.paged_attention"
+
+    def stray(**inputs):
+        out = attention.paged_attention_torch(**inputs)
+        owned = set(inputs["kv_indices"].tolist())
+        spare = next(p for p in range(inputs["k_cache"].shape[0]) if p not in owned)
+        out["k_cache"][spare].view(torch.int16).bitwise_and_(~1)
+        return out
+
+    params = smoke_case(op)
+    assert status(world, op, params, stray) == "fail"
+    assert status(world, op, params, attention.paged_attention_torch) == "pass"
