@@ -321,17 +321,15 @@ def verify(ctx: click.Context, selectors: tuple[str, ...], tier: str, world_size
         for line in diff.lines[:8]:
             console.print(f"    {escape(line)}", soft_wrap=True)
     orphans = _orphans(shelf, cases, tier, parse_world_sizes(world_sizes), not selectors)
-    for _, key, why in orphans[:10]:
-        kept = shelf.override is not None and "no such case" not in why
+    for _, key, why, prunable in orphans[:10]:
         remedy = ("kept: a shared --golden-dir; pass the --suite that has it, or delete it"
-                  if kept else "deleted" if prune else
+                  if not prunable else "deleted" if prune else
                   "delete it with `harness golden verify --prune`, or restore the case")
         console.print(f"[yellow]orphan[/yellow] {escape(key)}: {why}; {remedy}", soft_wrap=True)
     if len(orphans) > 10:
         console.print(f"... and {len(orphans) - 10} more orphans")
-    if prune and orphans:
-        # a shared --golden-dir may hold the goldens of a suite not loaded now: not deleted
-        _prune([o for o in orphans if shelf.override is None or "no such case" in o[2]])
+    if prune:
+        _prune([(store, key) for store, key, _, prunable in orphans if prunable])
     if orphans:
         counts["orphan"] = len(orphans)
     console.print(", ".join(f"{n} {k}" for k, n in counts.items()) + f" of {len(cases)} goldens")
@@ -344,11 +342,12 @@ def _tier_of(entry: dict[str, Any]) -> str:
 
 
 def _orphans(shelf: Any, cases: Sequence[Any], tier: str, sizes: Sequence[int],
-             every_op: bool) -> list[tuple[Any, str, str]]:
-    """(store, entry key, why) of each stored golden of the selected cases' ops, tier and
-    world sizes that none of those ops' cases has any more (a grid or a case id changed);
-    with ``every_op`` (nothing selected) also those of an op no loaded suite has (removed or
-    renamed, or of a suite not loaded: ``--prune`` leaves those in a shared ``--golden-dir``)."""
+             every_op: bool) -> list[tuple[Any, str, str, bool]]:
+    """(store, entry key, why, prunable) of each stored golden of the selected cases' ops,
+    tier and world sizes that none of those ops' cases has any more (a grid or a case id
+    changed); with ``every_op`` (nothing selected) also those of an op no loaded suite has
+    (removed or renamed, or of a suite not loaded: not prunable in a shared ``--golden-dir``,
+    which may hold a suite not loaded now)."""
     from harness.core.discovery import registry
 
     ops = sorted({case.spec.name for case in cases})
@@ -361,18 +360,19 @@ def _orphans(shelf: Any, cases: Sequence[Any], tier: str, sizes: Sequence[int],
             if e.get("world_size") not in sizes or _tier_of(e) != tier or key in known:
                 continue
             if e.get("op") in ops:
-                found.append((store, key, "no such case any more"))
+                found.append((store, key, "no such case any more", True))
             elif every_op and e.get("op") not in loaded:
-                found.append((store, key, f"no loaded suite has op {e.get('op')!r}"))
+                found.append((store, key, f"no loaded suite has op {e.get('op')!r}",
+                              shelf.override is None))
     return found
 
 
-def _prune(orphans: Sequence[tuple[Any, str, str]]) -> None:
-    """Each orphan's manifest entry and file deleted, each manifest saved once."""
-    for store, key, _ in orphans:
+def _prune(orphans: Sequence[tuple[Any, str]]) -> None:
+    """Each (store, entry key)'s manifest entry and file deleted, each manifest saved once."""
+    for store, key in orphans:
         entry = store.manifest["entries"].pop(key)
         store.path_of(entry).unlink(missing_ok=True)
-    for store in {id(store): store for store, _, _ in orphans}.values():
+    for store in {id(store): store for store, _ in orphans}.values():
         store.save_manifest()
 
 

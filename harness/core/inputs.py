@@ -378,10 +378,10 @@ def generate(
     seed, stream = _checked(dt, dtype, dist, seed, stream, chunk_elems)
     values = _sampler(dt, dist, seed, stream, low, high, mean, std)
     dims = _check_shape(shape)
-    if _NUDGE_SALT.get() and math.prod(dims):
-        values = _nudge(values, _sampler(dt, dist, seed ^ _NUDGE_SALT.get(), stream, low, high,
-                                         mean, std), seed ^ _NUDGE_SALT.get(), stream,
-                        math.prod(dims))
+    salted, numel = seed ^ _NUDGE_SALT.get(), math.prod(dims)
+    if salted != seed and numel:
+        values = _nudge(values, _sampler(dt, dist, salted, stream, low, high, mean, std),
+                        salted, stream, numel)
     base, kept = _plan(dims, region)
     out_shape = tuple(n for n, _ in kept)
     out = torch.empty(math.prod(out_shape), dtype=dt, device=device)

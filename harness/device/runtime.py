@@ -11,6 +11,7 @@ no fixed port is ever needed.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -132,8 +133,8 @@ class World:
     contention: str = ""
     _group: Any = field(default=None, repr=False)
     _store: Any = field(default=None, repr=False)
-    #: why ``default_group`` could not make the group ("" when it did, None before it tried)
-    _group_error: str | None = field(default=None, repr=False)
+    #: whether ``default_group`` has tried to make the group
+    _group_tried: bool = field(default=False, repr=False)
 
     @classmethod
     def from_mpi(cls, device: str = "auto", timeout_s: float = 300.0) -> World:
@@ -182,17 +183,15 @@ class World:
             self._group = dist.group.WORLD
         return self._group
 
-    def default_group(self) -> str:
+    def default_group(self) -> None:
         """Make torch.distributed's default group (``group``) unless it was made or tried
-        before in this process: "" where it exists, else why it could not be made (tried
-        once: a job whose implementations use MPI alone must not wait on it case by case)."""
-        if self._group is None and self._group_error is None:
-            try:
+        before in this process: tried once, so that a job whose implementations use MPI alone
+        does not wait on it case by case; where it cannot be made, an implementation that
+        reads ``group`` raises torch's error itself."""
+        if self._group is None and not self._group_tried:
+            self._group_tried = True
+            with contextlib.suppress(Exception):  # said where an implementation needs it
                 self.group  # noqa: B018 - made on first read
-                self._group_error = ""
-            except Exception as exc:  # noqa: BLE001 - said where an implementation needs it
-                self._group_error = f"{type(exc).__name__}: {exc}"
-        return self._group_error or ""
 
     def _init_process_group(self) -> None:
         import torch.distributed as dist

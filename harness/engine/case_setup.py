@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from harness.core import compare
-from harness.core.buffers import Redzones, flat_bytes, nbytes, relocate
+from harness.core.buffers import Redzones, nbytes, relocate, same_value
 from harness.core.inputs import nudged, reseeded, seed_from
 from harness.core.spec import Case, SpecError, raised, where_raised
 from harness.core.spec_checks import tolerance_problem
@@ -238,7 +238,7 @@ class CaseSetup:
         mine = {k: v for k, v in self.expected.items() if not k.endswith(EXACT_SUFFIX)}
         theirs = {k: v for k, v in other.expected.items() if not k.endswith(EXACT_SUFFIX)}
         return mine.keys() != theirs.keys() or any(  # the lens's float64 values left out
-            not _same_bits(value, theirs[name]) for name, value in mine.items())
+            not same_value(value, theirs[name]) for name, value in mine.items())
 
     def inputs(self, device: torch.device, shift_bytes: int = 0,
                redzones: Redzones | None = None, misalign: int = 0) -> dict[str, Any]:
@@ -272,13 +272,6 @@ class SetupCache:
             self._last = None  # free the last case's tensors before making the next
             last = self._last = CaseSetup(case, rank)
         return last
-
-
-def _same_bits(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-                and bool((flat_bytes(a) == flat_bytes(b)).all()))
-    return False  # not tensors: not known to be the same
 
 
 def _place(values: Mapping[str, Any], device: torch.device, shift_bytes: int = 0,

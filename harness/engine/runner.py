@@ -463,7 +463,7 @@ def _call(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, An
 
 
 def _on_near_values(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, Any],
-             near: CaseSetup) -> dict[str, Any]:
+                    near: CaseSetup) -> dict[str, Any]:
     """One call on the near twin's values (the case's but a few elements per tensor) in
     ``slot``, measured against its reference: a result kept by a sample of the inputs (a
     fingerprint), filled by the timed calls on the case's values, is the case's and fails."""
