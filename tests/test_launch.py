@@ -406,3 +406,52 @@ def test_a_job_log_past_100_mib_is_named(tmp_path):
     assert notes == [f"the job's log {big} holds 105 MiB of its ranks' output (an "
                      "implementation printing in every call?): nothing cuts it, so mind the "
                      "run folder's disk"]
+
+
+# a stand-in for mpiexec killed from outside in its first case (a user's kill -9, a
+# reaper's): it writes its progress there and SIGKILLs itself; with FAKE_KILLS=2 it does
+# so in its first two jobs, else it records every case that is left
+_KILLED_FROM_OUTSIDE = """#!{python}
+import json, os, signal, sys, time
+skip = set(open("w4.skip").read().split()) if os.path.exists("w4.skip") else set()
+items = [(k, r) for k, r in json.loads(os.environ["FAKE_ITEMS"]) if k not in skip]
+jobs = len([name for name in os.listdir(".") if name.startswith("w4.launch-")])
+if jobs <= int(os.environ["FAKE_KILLS"]):
+    with open("w4.progress.json", "w") as fh:
+        json.dump({{"key": items[0][0], "started": time.time(), "deadline_s": 600, "pid": 1}}, fh)
+    os.kill(os.getpid(), signal.SIGKILL)
+with open("results.jsonl", "a") as fh:
+    fh.writelines(json.dumps(r) + "\\n" for k, r in items)
+"""
+
+
+@pytest.mark.parametrize("kills", [1, 2])
+def test_a_launcher_killed_from_outside_costs_its_case_nothing_once(tmp_path, monkeypatch,
+                                                                     kills):
+    """The launcher alone killed by a signal is no rank's death: the case in progress runs
+    again in a new job, with a note; killed in the same case again, the case is charged."""
+    import sys
+
+    from harness.engine.launch import run_world_size
+
+    items = _items("allreduce", "torch", 3)
+    monkeypatch.setenv("FAKE_KILLS", str(kills))
+    monkeypatch.setenv("FAKE_ITEMS", json.dumps([[i.key, CaseResult(
+        run_id="r", case_id=i.case.id, op="allreduce", family="f", impl=i.impl, world_size=4,
+        params={}, status="pass").to_dict()] for i in items]))
+    launcher = stand_ins.launcher(tmp_path, _KILLED_FROM_OUTSIDE.format(python=sys.executable))
+    config = cfg(tmp_path, device="cpu", launcher=str(launcher))
+    outcome = run_world_size(config, 4, items)
+    lines = [json.loads(line) for line in config.results_path.read_text().splitlines()]
+    first = f"{items[0].case.id}@torch"
+    assert outcome.infra_error is None and outcome.launches == kills + 1
+    assert outcome.notes == [
+        f"the launcher was killed by SIGKILL from outside the job during "
+        f"{first}; the case ran again in a new job (log: {outcome.logs[0]})"]
+    if kills == 1:
+        assert [d["status"] for d in lines] == ["pass"] * 3
+    else:
+        assert [d["status"] for d in lines] == ["crash", "pass", "pass"]
+        assert lines[0]["case_id"] == items[0].case.id
+        assert "the launcher killed by SIGKILL" in lines[0]["reason"]
+        assert "a second time in this case (it ran again after the first)" in lines[0]["reason"]

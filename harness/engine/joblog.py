@@ -74,30 +74,47 @@ def big_logs(paths: Sequence[Path], limit: int = BIG_LOG_BYTES) -> list[str]:
 _SIGNALLED = re.compile(r"signal (\d+)\)")
 
 
-def death(rc: int | None, log_path: Path) -> str:
-    """How a job died: the signal that killed a rank where the launcher's log names one
-    (MPICH: "EXIT STRING: Killed (signal 9)"), the one that killed the launcher itself (a
-    negative return code), else the launcher's exit code."""
+def _rank_signal(log_path: Path) -> int | None:
+    """The signal that killed a rank, where the launcher's log names one (MPICH: "EXIT
+    STRING: Killed (signal 9)")."""
     try:
         found = _SIGNALLED.findall(log_path.read_text(errors="replace")[-20000:])
     except OSError:
         found = []
-    if found:
-        number, who = int(found[-1]), "a rank"
-    elif rc is not None and rc < 0:
+    return int(found[-1]) if found else None
+
+
+def launcher_signal(rc: int | None, log_path: Path) -> int | None:
+    """The signal that killed the launcher itself (a negative return code) where its log
+    names no rank's: a signal from outside the job, since a rank killed by one makes the
+    launcher report it and exit with a code of its own."""
+    if rc is None or rc >= 0 or _rank_signal(log_path) is not None:
+        return None
+    return -rc
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def death(rc: int | None, log_path: Path) -> str:
+    """How a job died: the signal that killed a rank where the launcher's log names one,
+    the one that killed the launcher itself (a negative return code), else the launcher's
+    exit code."""
+    number, who = _rank_signal(log_path), "a rank"
+    if number is None and rc is not None and rc < 0:
         number, who = -rc, "the launcher"
-    elif rc in PYTEST_NORMAL:
+    elif number is None and rc in PYTEST_NORMAL:
         return (f"exit code {rc} (a rank's process ended in the middle of the case: "
                 "os._exit, or a library's exit())")
-    else:
+    elif number is None:
         return f"exit code {rc}"
-    try:
-        name = signal.Signals(number).name
-    except ValueError:
-        return f"{who} killed by signal {number}"
     why = " (the kernel's OOM killer sends it when memory runs out: see dmesg)" \
         if number == signal.SIGKILL else ""
-    return f"{who} killed by {name}{why}"
+    return f"{who} killed by {signal_name(number)}{why}"
 
 
 def tail(path: Path, lines: int = 15) -> str:

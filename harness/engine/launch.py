@@ -31,7 +31,15 @@ from harness.device.placement import usable_cpus
 from harness.engine import mpi_init, shm_sweep, srun, strays
 from harness.engine.alive import ALIVE_ENV, STALL_ENV
 from harness.engine.giveup import JobEndingStreaks
-from harness.engine.joblog import PYTEST_NORMAL, LostNodes, death, lost_node_message, tail
+from harness.engine.joblog import (
+    PYTEST_NORMAL,
+    LostNodes,
+    death,
+    launcher_signal,
+    lost_node_message,
+    signal_name,
+    tail,
+)
 from harness.engine.options import (
     FAST_EXIT_ENV,
     JOB_ENDED_EXIT,
@@ -339,7 +347,8 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
 
 
 def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, killed: bool,
-                             rc: int | None, log_path: Path, placement: dict | None) -> None:
+                             rc: int | None, log_path: Path, placement: dict | None,
+                             said: str = "") -> None:
     """The case a job died in, recorded as a timeout (killed, or past its deadline: a rank's
     watchdog aborted the job before rank 0 could record it) or a crash."""
     overdue = time.time() - prog["started"] >= prog["deadline_s"]
@@ -352,9 +361,28 @@ def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, k
                                   f"the job was aborted{stacks_in_log(log_path)}")
     else:
         status, why = "crash", (f"the job died with {death(rc, log_path)} during this case; "
-                                f"log: {log_path}")
+                                f"log: {log_path}{said}")
     why += cfg.files.failed_first(item.case.world_size, item.key)
     _record_dead_case(cfg, item, status, why, placement)
+
+
+def _dead_in_case(cfg: LaunchConfig, item: PlannedItem, prog: dict, end: _JobEnd,
+                  outcome: WorldOutcome, spared: set[str]) -> None:
+    """Record the case a job died in; but where the launcher itself was killed by a signal
+    from outside (a user, a reaper, a scheduler: no rank's death in its log), the case
+    had no fair run and runs again in the next job, once: a second such death in it is
+    charged to it (an implementation that kills its launcher)."""
+    number = launcher_signal(end.rc, end.log_path) if end.killed is None else None
+    if number is not None and item.key not in spared:
+        spared.add(item.key)
+        outcome.notes.append(
+            "the launcher was killed by "
+            f"{signal_name(number)} from outside the job during {item.case.id}@{item.impl}; "
+            f"the case ran again in a new job (log: {end.log_path})")
+        return
+    again = "; a second time in this case (it ran again after the first)" if number else ""
+    _record_case_in_progress(cfg, item, prog, end.killed is not None, end.rc, end.log_path,
+                             outcome.placement, again)
 
 
 def _give_up(cfg: LaunchConfig, streaks: JobEndingStreaks, recorded: RecordedKeys,
@@ -497,7 +525,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
     files = cfg.files
     progress_path, placement_path = (files.of(world_size, name)
                                      for name in ("progress.json", "placement.json"))
-    fruitless = 0
+    fruitless, spared = 0, set()  # spared: cases in which a launcher was killed from outside
     streaks = JobEndingStreaks(cfg.options.give_up_after)
     ended_by: str | None = None  # the case whose fault ended the last job
     recorded = RecordedKeys(cfg.results_path, world_size)
@@ -557,8 +585,7 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
                 return outcome
             continue
         if dead_in_case:
-            _record_case_in_progress(cfg, by_key[prog["key"]], prog, killed is not None, rc,
-                                     log_path, outcome.placement)
+            _dead_in_case(cfg, by_key[prog["key"]], prog, end, outcome, spared)
             fruitless = 0
             continue
         fruitless = 0 if new else fruitless + 1
