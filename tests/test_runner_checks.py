@@ -879,6 +879,35 @@ def test_a_process_pinned_to_fewer_cpus_fails_the_case_and_is_put_back(world, mo
         os.sched_setaffinity(0, cpus)
 
 
+@pytest.mark.parametrize("name, change", [
+    ("torch's global RNG", lambda: torch.manual_seed(0)),
+    ("torch's global RNG", lambda: torch.rand(1)),
+    ("NumPy's global RNG", lambda: __import__("numpy").random.seed(0)),
+    ("NumPy's global RNG", lambda: __import__("numpy").random.rand()),
+    ("Python's random module", lambda: __import__("random").seed(0)),
+    ("Python's random module", lambda: __import__("random").random()),
+])
+def test_a_global_rng_reseeded_or_drawn_from_fails_the_case_and_is_put_back(world, name,
+                                                                            change):
+    """The calling program's random stream (its dropout, its sampling) would move with
+    every call of the kernel; the generators' states are put back."""
+    import random
+
+    import numpy
+
+    states = (torch.get_rng_state(), numpy.random.get_state()[1].copy(), random.getstate())
+    r = _run(world, _leaves(change), bench=False)
+    assert r.status == "fail" and f"{name}: reseeded or drawn from" in r.reason, r.reason
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert (numpy.random.get_state()[1] == states[1]).all() and random.getstate() == states[2]
+
+
+def test_a_generator_of_the_implementations_own_passes(world):
+    own = torch.Generator().manual_seed(0)
+    assert _run(world, _leaves(lambda: torch.rand(4, generator=own)), bench=False).status \
+        == "pass"
+
+
 def test_a_working_directory_left_changed_fails_the_case_and_is_put_back(world, tmp_path):
     """The next implementation's relative paths (a compiler's output, a log) would land
     wherever this one went."""

@@ -24,10 +24,12 @@ import ctypes
 import functools
 import os
 import pwd
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 
 #: settings that are plain attributes: (owner, attribute) under ``torch``
@@ -244,6 +246,40 @@ def _put_anomaly(value: tuple[bool, bool]) -> None:
     torch.set_anomaly_enabled(value[0], value[1])
 
 
+def _torch_rng() -> bytes:
+    return torch.get_rng_state().numpy().tobytes()
+
+
+def _put_torch_rng(state: bytes) -> None:
+    torch.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+
+def _numpy_rng() -> tuple:
+    name, keys, pos, has_gauss, gauss = numpy.random.get_state()
+    return name, keys.tobytes(), pos, has_gauss, gauss
+
+
+def _put_numpy_rng(state: tuple) -> None:
+    name, keys, pos, has_gauss, gauss = state
+    numpy.random.set_state((name, numpy.frombuffer(keys, dtype=numpy.uint32), pos,
+                            has_gauss, gauss))
+
+
+def _cuda_rng() -> bytes:
+    return torch.cuda.get_rng_state().numpy().tobytes()
+
+
+def _put_cuda_rng(state: bytes) -> None:
+    torch.cuda.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+
+def _rng_change(moved_by: str, own: str) -> Callable[[Any, Any], str]:
+    # the states are kilobytes of generator words: what moves them is what a user acts on
+    return lambda before, now: (f"reseeded or drawn from ({moved_by}): the calling program's "
+                                f"random stream moves with every call; draw from {own} of "
+                                "the implementation's own")
+
+
 #: the namespaces whose public functions a reference calls: one replaced process-wide (a
 #: monkeypatched ``F.silu``) would compute every later reference with it, the wrong kernel's
 #: own arithmetic its judge. The Tensor class and its C base: a method patched onto the class
@@ -397,7 +433,15 @@ def host_settings() -> tuple[Setting, ...]:
                       describe=_environment_change),
               Setting("standard output and error", _streams, _put_streams,
                       describe=_streams_change),
-              Setting("torch functions", _Functions, _put_functions, describe=_replaced)]
+              Setting("torch functions", _Functions, _put_functions, describe=_replaced),
+              # a kernel that reseeds or draws from the process's generators changes the
+              # random stream of the program that calls it (its dropout, its sampling)
+              Setting("torch's global RNG", _torch_rng, _put_torch_rng, describe=_rng_change(
+                  "torch.manual_seed, or torch.rand* without generator=", "a torch.Generator")),
+              Setting("NumPy's global RNG", _numpy_rng, _put_numpy_rng, describe=_rng_change(
+                  "numpy.random.seed or its draws", "a numpy.random.default_rng()")),
+              Setting("Python's random module", random.getstate, random.setstate,
+                      describe=_rng_change("random.seed or its draws", "a random.Random()"))]
     return tuple(s for s in every if _readable(s.get))
 
 
@@ -409,6 +453,9 @@ def host_settings() -> tuple[Setting, ...]:
 # BLAS and linalg libraries' getters read a member of the global context (the BLAS one turns
 # "default" into cuBLAS, what default means there), their setters take the enum the getters
 # return; they pick cuBLAS or cuBLASLt, cuSOLVER or MAGMA for every later matmul and solve
+# torch/cuda/random.py (read in 2.13): get_rng_state() and set_rng_state() without a device
+# act on the current device's default generator (put back after the current device, which
+# comes first here); its state is the Philox seed and offset, read on the host
 _CUDA = (Setting("current CUDA device", lambda: torch.cuda.current_device(),
                  lambda index: torch.cuda.set_device(index)),
          Setting("current CUDA stream", lambda: torch.cuda.current_stream(),
@@ -417,7 +464,10 @@ _CUDA = (Setting("current CUDA device", lambda: torch.cuda.current_device(),
                  lambda lib: torch.backends.cuda.preferred_blas_library(lib)),
          Setting("preferred linalg library",
                  lambda: torch.backends.cuda.preferred_linalg_library(),
-                 lambda lib: torch.backends.cuda.preferred_linalg_library(lib)))
+                 lambda lib: torch.backends.cuda.preferred_linalg_library(lib)),
+         Setting("CUDA's global RNG", _cuda_rng, _put_cuda_rng, describe=_rng_change(
+             "torch.cuda.manual_seed, or a CUDA draw without generator=",
+             "a torch.Generator(device='cuda')")))
 
 
 def _settings() -> tuple[Setting, ...]:
