@@ -301,6 +301,7 @@ STRIDED_COPY = OpSpec(
     requires=fits,
     deadline_s=1800.0,
     any_alignment=True,
+    fixed_layout_inputs=("storage",),
 )
 
 SPECS = [STRIDED_COPY]

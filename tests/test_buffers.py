@@ -18,6 +18,7 @@ from harness.core.buffers import (
     lies_within,
     nbytes,
     overlaps,
+    pad_rows,
     poison_,
     poison_free_device_memory,
     poison_value,
@@ -96,6 +97,26 @@ def test_relocate_misaligned_moves_each_storage_by_its_widest_elements(elements,
     start = moved["ids"].data_ptr() - moved["ids"].untyped_storage().data_ptr()
     moved["ids"].untyped_storage()[start + 40] = 7  # one byte past the ids' end
     assert "'ids' (1 byte past its end)" in zones.damage()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn,
+                                   torch.int32, torch.bool])
+def test_pad_rows_holds_the_same_values_at_strides_of_a_wider_buffer(dtype):
+    x = torch.arange(24).reshape(2, 3, 4).to(dtype)
+    v = torch.arange(5).to(dtype)
+    padded = pad_rows({"x": x, "v": v, "n": 3}, ["x", "v"])
+    px, pv = padded["x"], padded["v"]
+    assert padded["n"] == 3 and padded["x"] is not x
+    size = x.element_size()
+    pitch = {1: 32, 2: 32, 4: 32}[size] // size  # 4 elements rounded up to 16 bytes, + 16
+    assert px.stride() == (3 * pitch, pitch, 1) and pv.stride() == (2,)
+    assert px.data_ptr() % 16 == 0 and px.stride(1) * x.element_size() % 16 == 0
+    # the same bits (float8 has no equality on the CPU), read through the strides
+    assert torch.equal(px.contiguous().view(torch.uint8), x.view(torch.uint8))
+    assert torch.equal(pv.contiguous().view(torch.uint8), v.view(torch.uint8))
+    between = torch.empty(0, dtype=torch.uint8).set_(px.untyped_storage(), 4 * size,
+                                                     ((pitch - 4) * size,))
+    assert (between == (0xFF if dtype.is_floating_point else 0)).all()
 
 
 def test_relocate_rejects_unaligned_shifts_and_counts_storage_bytes():

@@ -53,7 +53,7 @@ def _run(world, fn, params=None, bench=True, **extra):
 def test_a_correct_implementation_passes_every_check(world):
     r = _run(world, doubled)
     assert r.status == "pass", r.reason
-    assert r.checks == ["poisoned_outputs", "shifted_buffers", "process_settings",
+    assert r.checks == ["poisoned_outputs", "padded", "shifted_buffers", "process_settings",
                         "after_timing", "same_bits", "timed_contract", "near_values",
                         "reused_buffers", "settled"]
     assert r.timing["n"] >= 3 and r.output_hash
@@ -130,7 +130,7 @@ def test_an_implementation_that_breaks_after_warm_up_fails_the_check_after_timin
     def autotuned(x, out):
         # a tuner that switches to a faster config without the scalar tail after two calls
         calls["n"] += 1
-        if calls["n"] <= 2:
+        if calls["n"] <= 3:  # the first call, the padded one and the shifted check
             return torch.mul(x, 2, out=out)
         body = x.numel() - x.numel() % 4
         torch.mul(x[:body], 2, out=out[:body])
@@ -341,9 +341,10 @@ def _wobbly(first: int):
 
 
 @pytest.mark.parametrize("first,bench,where", [
-    (2, True, "the second call, on the same inputs in shifted"),
-    (3, True, "repeat 1 of 7"),  # the warm-up: the checked calls were two
-    (3, False, "repeat 1 of 2 on the checked call's inputs"),  # the third call
+    (2, True, "the second call, on the same inputs in shifted"),  # the padded call is no
+    # bitwise judge of the first: a kernel may take another path for strided rows
+    (4, True, "repeat 1 of 7"),  # the warm-up: the checked calls were three
+    (4, False, "repeat 1 of 2 on the checked call's inputs"),  # the fourth call
 ], ids=["second_call", "timed", "untimed"])
 def test_other_bits_for_the_same_inputs_fail_a_deterministic_op(world, first, bench, where):
     r = _run(world, _wobbly(first), bench=bench)
@@ -430,8 +431,8 @@ def test_without_the_proc_files_peak_memory_is_labelled_not_measured(tmp_path):
 def test_shift_buffers_off_skips_the_move_but_not_the_call_on_other_values(world):
     r = _run(world, doubled, bench=False, shift_buffers=False)
     assert r.status == "pass"
-    assert r.checks == ["poisoned_outputs", "other_values", "process_settings", "reused_buffers",
-                        "same_bits", "timed_contract"]
+    assert r.checks == ["poisoned_outputs", "padded", "other_values", "process_settings",
+                        "reused_buffers", "same_bits", "timed_contract"]
 
 
 def test_an_out_buffer_passed_as_none_is_an_output_the_case_lacks(world):
@@ -512,16 +513,17 @@ def test_the_implementations_of_a_case_share_one_set_up_but_never_its_tensors(wo
         seen.append((x.data_ptr(), x.clone(), list(sizes)))
         return torch.mul(x, 2, out=out)
 
-    for _ in range(3):  # three implementations, four calls each, untimed: the second on
-        # the twin case's values (made once too), the third and fourth on the case's again
+    for _ in range(3):  # three implementations, five calls each, untimed: the second on
+        # the case's values in padded rows, the third on the twin case's values (made once
+        # too), the fourth and fifth (the lone timed call and its pair) on the case's again
         r = run_case(world, case, "ok", ok, bench=False, setups=setups)
         assert r.status == "pass", r.reason
-    assert len(seen) == 12 and calls == {"inputs": 2, "reference": 2}
+    assert len(seen) == 15 and calls == {"inputs": 2, "reference": 2}
     fresh = _inputs({"n": 1031}, 0, 1)["x"]
     with reseeded(setups.get(case, 0).twin().salt):  # other values from the same generator
         twin = _inputs({"n": 1031}, 0, 1)["x"]
     assert not torch.equal(fresh, twin)
-    assert all(torch.equal(x, twin if i % 4 == 1 else fresh) and sizes == [1, 2, 3]
+    assert all(torch.equal(x, twin if i % 5 == 2 else fresh) and sizes == [1, 2, 3]
                for i, (_, x, sizes) in enumerate(seen))
     pristine = setups.get(case, 0).pristine
     assert pristine is not None  # never handed out: every call got a copy
@@ -564,12 +566,12 @@ def test_inputs_over_the_cap_are_generated_for_every_call(world, monkeypatch):
         r = run_case(world, case, "ok", lambda x, out, sizes: torch.mul(x, 2, out=out),
                      bench=False, setups=setups)
         assert r.status == "pass", r.reason
-    # the first implementation: the setup's (its first call's) and the reference's own, the
-    # same two for the twin case (the second call's values, untimed), one more for its third
-    # call (the case's values again); the second implementation: one for each of its three
-    # calls. Each reference is made once for both (a stress case's 2**31-element reference
-    # took most of its time per impl)
-    assert calls == {"inputs": 8, "reference": 2}
+    # the first implementation: the setup's (its first call's) and the reference's own, one
+    # for the padded call, the same two for the twin case (the third call's values,
+    # untimed), one for each of its last two calls (the case's values again); the second
+    # implementation: one for each of its five calls. Each reference is made once for both
+    # (a stress case's 2**31-element reference took most of its time per impl)
+    assert calls == {"inputs": 10, "reference": 2}
 
 
 def test_a_token_timing_still_checks_its_call(world):
@@ -577,7 +579,7 @@ def test_a_token_timing_still_checks_its_call(world):
 
     def breaks_on_third_call(x, out):
         calls["n"] += 1
-        if calls["n"] <= 2:  # the first call and the shifted check
+        if calls["n"] <= 3:  # the first call, the padded one and the shifted check
             return torch.mul(x, 2, out=out)
         torch.mul(x[:-1], 2, out=out[:-1])
         return out
@@ -585,7 +587,7 @@ def test_a_token_timing_still_checks_its_call(world):
     case = Case(_spec(), {"n": 1031}, 1)
     token = TIMING.for_placement("8 ranks on 2 CPU(s) of vm")
     r = run_case(world, case, "b", breaks_on_third_call, bench=True, timing=token)
-    assert calls["n"] == 4 and r.status == "fail"  # the token call and one right after it
+    assert calls["n"] == 5 and r.status == "fail"  # the token call and one right after it
     assert r.reason.startswith("on new input values written into buffers an earlier call used")
     assert r.timing["minimal"] and r.timing["n"] == 1
 
@@ -596,8 +598,14 @@ def test_a_result_kept_by_buffer_address_fails_a_token_timing_and_untimed(world,
     none: that call, or a third one, takes the case's values in the buffers the second call
     (on the twin's values) used, so a result cached by address returns the twin's."""
     cache: dict = {}
+    calls = {"n": 0}
 
     def by_address(x, out):
+        # kept from the third call on (the twin's), so that where the allocator hands the
+        # twin call the first call's freed buffer the verdict is still this check's
+        calls["n"] += 1
+        if calls["n"] < 3:
+            return doubled(x, out)
         if x.data_ptr() not in cache:
             cache[x.data_ptr()] = x * 2
         return out.copy_(cache[x.data_ptr()])
@@ -671,11 +679,11 @@ def test_the_phases_a_timeout_names_are_the_ones_the_case_is_in(world):
     r = run_case(world, Case(spec, {"n": 1031}, 1), "ok", impl, timing=TIMING,
                  phase=phases.append)
     assert r.status == "pass", r.reason
-    assert phases == ["setup", "call", "check", "call", "check", "timing"]
+    assert phases == ["setup", "call", "check", "call", "check", "call", "check", "timing"]
     # the case's own inputs and reference in its setup; after timing, the twin case's
     assert seen["inputs"][0] == seen["reference"][0] == "setup"
     assert set(seen["inputs"]) | set(seen["reference"]) == {"setup", "timing"}
-    assert seen["impl"][:2] == ["call", "call"] and set(seen["impl"][2:]) == {"timing"}
+    assert seen["impl"][:3] == ["call"] * 3 and set(seen["impl"][3:]) == {"timing"}
     assert set(phases) <= set(runner.PHASES)
 
 
@@ -982,7 +990,7 @@ def test_in_process_cases_after_one_that_tainted_the_process_are_not_run(monkeyp
     results = run_cases(spec, taints_on_second)
     assert [r.status for r in results] == ["pass", "pass", "skip"]
     assert results[2].reason == TAINTED and results[2].case_id.endswith("n=64]")
-    assert len(calls) == 2 * 4  # each run case's four calls (untimed); none for the skip
+    assert len(calls) == 2 * 5  # each run case's five calls (untimed); none for the skip
     assert {r.status for r in run_cases(spec, "ok")} == {"skip"}  # nor in a later call
     # and a control's skipped cases are no catch (harness tolerance)
     from harness.engine.tolerance_use import controls_caught, uses
@@ -1135,6 +1143,41 @@ def test_an_implementation_may_refuse_unaligned_inputs_but_not_misuse_them(world
     assert r.reason.startswith("rank 0: on inputs off 16-byte alignment (a vectorised "
                                "kernel's path for unaligned inputs?): wrote outside the "
                                "buffers it was given: 'out' (4 bytes before its start)"), r.reason
+
+
+def test_an_input_read_as_dense_whatever_its_strides_fails_the_padded_call(world):
+    """Each read-only input is passed once as a strided view of the same values: a kernel
+    handed a pointer and a shape reads the wrong memory there; one that needs contiguous
+    inputs may refuse them by raising; an op whose input's layout is its meaning opts out."""
+    def stride_blind(x, out):
+        dense = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), x.storage_offset(),
+                                                   x.shape)
+        return doubled(dense, out)
+
+    r = _run(world, stride_blind, bench=False)
+    assert r.status == "fail" and r.reason.startswith(
+        "on the same values with the read-only inputs as rows of wider buffers"), r.reason
+    assert _run(world, stride_blind, bench=False, fixed_layout_inputs=("x",)).status == "pass"
+    assert _run(world, stride_blind, bench=False, fixed_layout_inputs=("*",)).status == "pass"
+
+    def refuses(x, out):
+        if not x.is_contiguous():
+            raise ValueError("x must be contiguous")
+        return doubled(x, out)
+
+    r = _run(world, refuses)
+    assert r.status == "pass" and "padded_refused" in r.checks and "padded" not in r.checks
+
+
+def test_the_padded_call_lays_out_only_read_only_inputs_alone_in_their_storage():
+    spec = _spec()
+    case = Case(spec, {"n": 8}, 1)
+    buf = torch.zeros(16)
+    inputs = {"x": torch.ones(4, 3), "out": torch.empty(4, 3), "one": torch.ones(1),
+              "a": buf[:8], "b": buf[8:], "ids": torch.arange(6), "n": 6}
+    assert checked_calls.paddable(case, inputs, {"out"}) == ["x", "ids"]
+    fixed = Case(_spec(fixed_layout_inputs=("ids",)), {"n": 8}, 1)
+    assert checked_calls.paddable(fixed, inputs, {"out"}) == ["x"]
 
 
 def test_a_refusal_that_left_the_device_faulted_is_no_refusal(world, monkeypatch):

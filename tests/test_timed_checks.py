@@ -72,9 +72,10 @@ def rewrites_indices(x, idx, out):
 
 
 def test_a_window_of_wrong_timed_calls_fails_as_autotuning_candidates_would(world):
-    """Calls 4 to 7 wrong (an autotuner's candidates tried on the real calls), the checked
-    calls and the last repeat right: only a check of every repeat sees it."""
-    r = _run(world, _from_call(4, 7, zeroes_the_tail))
+    """Calls 5 to 8 wrong (an autotuner's candidates tried on the real calls), the checked
+    calls (the first, the padded and the shifted) and the last repeat right: only a check of
+    every repeat sees it."""
+    r = _run(world, _from_call(5, 8, zeroes_the_tail))
     assert r.status == "fail", r.reason
     assert "not deterministic" in r.reason and "repeat 2 of 7" in r.reason, r.reason
 
@@ -86,9 +87,9 @@ def test_a_window_of_wrong_timed_calls_fails_as_autotuning_candidates_would(worl
 ], ids=["own_tensor", "returns_input", "rewrites_indices"])
 @pytest.mark.parametrize("bench", [True, False], ids=["timed", "untimed"])
 def test_the_call_after_the_repeats_keeps_the_first_calls_contract(world, wrong, words, bench):
-    """Right on the checked calls, from the third call on a breach of the call contract: it
+    """Right on the checked calls, from the fourth call on a breach of the call contract: it
     is an error on the last call after the checked ones, timed or untimed."""
-    r = _run(world, _from_call(3, 10**9, wrong), bench=bench)
+    r = _run(world, _from_call(4, 10**9, wrong), bench=bench)
     assert r.status == "error", r.reason
     assert "on the last call on the checked call's inputs" in r.reason and words in r.reason, \
         r.reason

@@ -17,11 +17,16 @@ from smoke_cases import smoke_case, status
 import suites._fp8.quant as quant
 import suites._hopper.attention as attention
 from harness.core.discovery import registry
+from harness.core.spec import Case
+from harness.engine.runner import run_case
+from harness.engine.verdict import STAGE_PREFIX
 from reference_kernels import fp8 as fp8_ref
 from suites._fp8.gemm import blockwise_torch, contiguous_torch, masked_torch, per_tensor_torch
+from suites._hopper.attention import split_kv_torch
 from suites._hopper.readout import argmax_torch
 from suites._hopper.tasks import embedding_torch, linear_torch, rmsnorm_torch
 from suites._moe import torch_ops
+from suites._moe.router import router_torch
 from suites.strided_copy import copy_torch
 
 BF16 = torch.bfloat16
@@ -577,6 +582,36 @@ def _plain(op: str, extra: dict) -> dict:
 def test_a_wrong_kernel_fails_the_case_made_for_it(world, op, wrong, edge, plain):
     assert status(world, op, smoke_case(op, **edge), wrong) in ("fail", "error")
     assert status(world, op, _plain(op, plain), wrong) == "pass"
+
+
+def _dense(t):
+    """``t``'s elements read as dense rows from its first one, whatever its strides: what a
+    kernel handed a data pointer and a shape (no strides) reads."""
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+        t.untyped_storage(), t.storage_offset(), t.shape)
+
+
+STRIDE_BLIND = [
+    ("hopper_tasks.rmsnorm", lambda x, weight: rmsnorm_torch(x, _dense(weight))),
+    ("hopper_tasks.embedding", lambda ids, weight: embedding_torch(ids, _dense(weight))),
+    ("hopper_tasks.argmax", lambda logits, chunk: argmax_torch(_dense(logits), chunk)),
+    ("hopper_tasks.attention_split_kv", lambda q, k, v, chunk: split_kv_torch(q, _dense(k), v,
+                                                                                chunk)),
+    ("moe.router", lambda logits, topk, renormalize: router_torch(_dense(logits), topk,
+                                                                  renormalize)),
+    ("fp8_gemm.per_tensor", lambda a, scale_a, b, scale_b, out_dtype: per_tensor_torch(
+        a, scale_a, _dense(b), scale_b, out_dtype)),
+]
+
+
+@pytest.mark.parametrize("op, wrong", STRIDE_BLIND, ids=[op for op, _ in STRIDE_BLIND])
+def test_a_kernel_blind_to_an_inputs_strides_fails_on_rows_of_a_wider_buffer(world, op, wrong):
+    """Right on contiguous inputs, wrong where an input is a row slice of a wider buffer (q
+    of a fused qkv projection): the padded call catches it on a case of several rows."""
+    spec = registry().specs[op]
+    params = next(p for p in spec.grid["smoke"] if p.get("b", 2) > 1 and p.get("m", 2) > 1)
+    r = run_case(world, Case(spec, params, 1), "candidate", wrong, bench=False)
+    assert r.status == "fail" and r.reason.startswith(STAGE_PREFIX["padded"]), r.reason
 
 
 def test_a_grouped_gemm_that_computes_its_padding_rows_fails(world):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -366,4 +366,35 @@ def relocate(values: Mapping[str, Any], *, shift_bytes: int = 0,
             out[name] = copy.deepcopy(v)
         else:
             out[name] = v
+    return out
+
+
+#: ``pad_rows``' rows are a multiple of this many bytes apart, and at least this much wider
+#: than the tensor's: a TMA descriptor's row strides are multiples of 16 bytes
+ROW_PAD_BYTES = 16
+
+
+def pad_rows(values: Mapping[str, Any], names: Collection[str]) -> dict[str, Any]:
+    """``values`` with each tensor named in ``names`` copied into a buffer wider than it and
+    viewed there: the same values at strides that are not contiguous ones, as q of a fused
+    qkv projection or a slice of a wider buffer has. An N-D tensor's rows start 16 bytes
+    past its last dimension rounded up to 16 bytes (every row 16-byte aligned, as in a
+    pitched allocation or a TMA descriptor); a 1-D one takes every other element. The
+    bytes between are NaN for floating dtypes (all ones: NaN in every float and FP8 format
+    torch has) and 0 otherwise, so that a kernel reading the tensor as dense rows reads
+    wrong values."""
+    out = dict(values)
+    for name in names:
+        t = values[name]
+        if t.dim() == 1:
+            wide = torch.empty((t.shape[0], 2), dtype=t.dtype, device=t.device)
+        else:
+            size = t.element_size()
+            pitch = -(-t.shape[-1] * size // ROW_PAD_BYTES) * ROW_PAD_BYTES + ROW_PAD_BYTES
+            wide = torch.empty((*t.shape[:-1], max(pitch // size, t.shape[-1] + 1)),
+                               dtype=t.dtype, device=t.device)
+        wide.view(torch.uint8).fill_(0xFF if t.is_floating_point() else 0)
+        view = wide[:, 0] if t.dim() == 1 else wide[..., :t.shape[-1]]
+        view.copy_(t)
+        out[name] = view
     return out

@@ -180,6 +180,12 @@ class OpSpec:
     #: by raising; a wrong value, a write outside its buffers or a device fault fails it.
     #: Every case up to 4 ranks, one in four past that (``checked_calls.misaligned_here``)
     any_alignment: bool = False
+    #: inputs whose strides are part of the op's meaning (the storage an ``as_strided`` view
+    #: reads), or "*" for all. Every other read-only tensor input is also passed, once, as
+    #: rows of a wider buffer holding the same values (``buffers.pad_rows``: q of a fused
+    #: qkv projection, a slice), checked against the reference: a kernel that reads it as
+    #: dense rows is wrong; one that needs contiguous inputs may refuse them by raising
+    fixed_layout_inputs: tuple[str, ...] = ()
     #: same inputs give the same bits (enables "bits changed" detection)
     deterministic: bool = True
     #: relative slowdown that counts as a regression for this op

@@ -5,13 +5,13 @@ named outputs."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 
 from harness.core import compare
-from harness.core.buffers import Redzones, nbytes, relocate, same_value
+from harness.core.buffers import Redzones, nbytes, pad_rows, relocate, same_value
 from harness.core.inputs import nudged, reseeded, seed_from
 from harness.core.spec import Case, SpecError, raised, where_raised
 from harness.core.spec_checks import tolerance_problem
@@ -241,19 +241,21 @@ class CaseSetup:
             not same_value(value, theirs[name]) for name, value in mine.items())
 
     def inputs(self, device: torch.device, shift_bytes: int = 0,
-               redzones: Redzones | None = None, misalign: int = 0) -> dict[str, Any]:
+               redzones: Redzones | None = None, misalign: int = 0,
+               padded: Collection[str] = ()) -> dict[str, Any]:
         """A fresh set of inputs on ``device``, ``shift_bytes`` into new memory (``misalign``
-        elements further: ``relocate``); with ``redzones``, canaries around each new storage
-        (none where inputs over the cap are used where they were made, on the CPU)."""
+        elements further: ``relocate``), those named in ``padded`` as rows of a wider buffer
+        (``pad_rows``); with ``redzones``, canaries around each new storage (none where
+        inputs over the cap are used where they were made, on the CPU)."""
         if self.pristine is not None:
-            return relocate(self.pristine, shift_bytes=shift_bytes, device=device,
-                            redzones=redzones, misalign=misalign)
+            return relocate(pad_rows(self.pristine, padded), shift_bytes=shift_bytes,
+                            device=device, redzones=redzones, misalign=misalign)
         made, self._first = self._first, None
         if made is None:  # not kept: generate again
             with reseeded(self.salt), nudged(self.nudge):
                 made = self.case.spec.make_inputs(self.case.params, self.rank,
                                                   self.case.world_size)
-        return _place(made, device, shift_bytes, redzones, misalign)
+        return _place(pad_rows(made, padded), device, shift_bytes, redzones, misalign)
 
 
 class SetupCache:

@@ -8,6 +8,9 @@
 1b. Where the op takes inputs at any address (``OpSpec.any_alignment``), a call on the same
    values moved off 16-byte alignment by one, two or four elements, by case (a vectorised
    kernel's paths for unaligned inputs; it may refuse them by raising).
+1c. A call on the same values with the read-only inputs as rows of wider buffers
+   (``OpSpec.fixed_layout_inputs``: a kernel that ignores an input's strides; it may refuse
+   them by raising).
 2. The second call, on a new set of inputs: shifted into fresh memory after every buffer of
    the first call was poisoned (caches keyed by address, reads of stale buffers), and where
    no real timing follows on the twin case's values (results kept by shape or call count).
@@ -79,6 +82,30 @@ def misaligned_here(case: Case, world_size: int) -> bool:
         return False
     return (world_size <= MISALIGNED_MAX_WORLD
             or zlib.crc32(f"misaligned:{case.id}".encode()) % MISALIGNED_SHARE == 0)
+
+
+def padded_here(case: Case, world_size: int) -> bool:
+    """Whether ``case`` at ``world_size`` makes the padded call: every case as far as the
+    misaligned call makes it on every case, one in ``MISALIGNED_SHARE`` past that; a
+    distributed op's at one rank alone. Its ranks' shards differ (one empty, another a
+    row), so one rank may refuse its padded inputs where another goes into the collective,
+    which then pairs with the next call's: at one rank the same code reads the layouts."""
+    if case.spec.fixed_layout_inputs == ("*",) or (case.spec.distributed and world_size > 1):
+        return False
+    return (world_size <= MISALIGNED_MAX_WORLD
+            or zlib.crc32(f"padded:{case.id}".encode()) % MISALIGNED_SHARE == 0)
+
+
+def paddable(case: Case, inputs: Mapping[str, Any], writable: Collection[str]) -> list[str]:
+    """The inputs the padded call lays out anew: read-only tensors of two elements or more,
+    contiguous, alone in their storage (a view of another input keeps its place in it), and
+    not among the op's ``fixed_layout_inputs``."""
+    every = list(tensors(inputs))
+    storages = [(t.device, t.untyped_storage().data_ptr()) for _, t in every]
+    return [name for (name, t), where in zip(every, storages, strict=True)
+            if name in inputs and name not in writable
+            and name not in case.spec.fixed_layout_inputs and t.numel() >= 2
+            and t.is_contiguous() and storages.count(where) == 1]
 
 
 def _roots(case: Case, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -165,7 +192,9 @@ def check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, 
     shared = "" if spec.outputs_may_alias else _shared_memory(outputs, read_only)
     if shared:
         raise CaseError(shared)
-    layout = "" if spec.any_output_layout else _layout(outputs, expected)
+    # an output that may be its input (DTensor's redistribute) has that input's layout
+    inputs_kept = list(read_only.values()) if spec.outputs_may_alias else []
+    layout = "" if spec.any_output_layout else _layout(outputs, expected, inputs_kept)
     if layout:
         raise CaseError(layout)
     for out_name, in_name in spec.out_buffers.items():
@@ -184,16 +213,18 @@ def check_contract(case: Case, inputs: Mapping[str, Any], outputs: Mapping[str, 
                             f"{spec.inplace_inputs[0]!r}")
 
 
-def _layout(outputs: Mapping[str, Any], expected: Mapping[str, Any]) -> str:
+def _layout(outputs: Mapping[str, Any], expected: Mapping[str, Any],
+            inputs_kept: Collection[torch.Tensor] = ()) -> str:
     """An output neither contiguous nor laid out as its reference, named ("" when none):
     the values of a transposed, padded or column-major view compare equal, but a kernel that
     takes the output's pointer as dense rows (a GEMM's operand, a TMA descriptor) reads
     others. torch's ``assert_close`` ignores strides; a kernel's consumer does not. Strides
-    of dims of size 1 are free."""
+    of dims of size 1 are free; so are those of an output in ``inputs_kept``' memory."""
     for name, got in outputs.items():
         want = expected.get(name)
         if not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)) \
-                or got.is_contiguous() or got.shape != want.shape:
+                or got.is_contiguous() or got.shape != want.shape \
+                or any(overlaps(got, t) for t in inputs_kept):
             continue
         if any(a != b for a, b, n in zip(got.stride(), want.stride(), got.shape, strict=True)
                if n > 1):
@@ -348,7 +379,9 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
                               if isinstance(v, torch.Tensor)}
         del outputs
         if small and misaligned_here(case, world.size):
-            failed = _misaligned_call(world, case, impl, calls, phase, failed, checks)
+            failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "misaligned")
+        if small and padded_here(case, world.size) and paddable(case, inputs, calls.writable):
+            failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "padded")
         shift, other_values = spec.shift_buffers and small, other_values and small
         if shift or other_values:
             _second_call(world, case, impl, calls, interpreter, phase, shift, other_values,
@@ -389,21 +422,28 @@ def changed_since(held: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
     return ""
 
 
-def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
-                     phase: Callable[[str], None], failed: str, checks: list[str]) -> str:
-    """A call on the case's values with every input off 16-byte alignment by one, two or
-    four elements (``misaligned_by``; ``OpSpec.any_alignment``): a kernel that picks its
-    vector width from the pointer's alignment (torch's ``can_vectorize_up_to``) has a path
-    for each. Checked against the reference under the case's tolerance but not for the
-    first call's bits (a kernel may sum a misaligned head apart, as torch's
-    vectorised reductions do). An implementation may refuse such inputs by raising (what a
-    kernel that needs alignment should do); it may not return wrong values, write outside its
-    buffers or leave the device faulted. What has failed on this rank so far is returned,
-    this call's failure added; a distributed rank goes on to the next call either way, so
-    that the others' collectives are answered."""
+def _relaid_call(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
+                 phase: Callable[[str], None], failed: str, checks: list[str],
+                 stage: str) -> str:
+    """A call on the case's values laid out anew: ``stage`` "misaligned", every input off
+    16-byte alignment by one, two or four elements (``misaligned_by``;
+    ``OpSpec.any_alignment``): a kernel that picks its vector width from the pointer's
+    alignment (torch's ``can_vectorize_up_to``) has a path for each; "padded", the
+    ``paddable`` inputs as rows of wider buffers (a kernel that ignores their strides).
+    Checked against the reference under the case's tolerance but not for the first call's
+    bits (a kernel may sum a misaligned head apart, as torch's vectorised reductions do).
+    An implementation may refuse such inputs by raising (what a kernel that needs
+    alignment or contiguous rows should do; check ``STAGE_refused``); it may not return
+    wrong values, write outside its buffers or leave the device faulted. What has failed
+    on this rank so far is returned, this call's failure added; a distributed rank goes on
+    to the next call either way, so that the others' collectives are answered."""
     assert calls.setup is not None
     setup, zones = calls.setup, Redzones()
-    inputs = setup.inputs(world.device, SHIFT_BYTES, zones, misalign=misaligned_by(case))
+    if stage == "misaligned":
+        inputs = setup.inputs(world.device, SHIFT_BYTES, zones, misalign=misaligned_by(case))
+    else:
+        inputs = setup.inputs(world.device, SHIFT_BYTES, zones,
+                              padded=paddable(case, calls.inputs, calls.writable))
     guards = guards_for(case, inputs, calls.writable)
     phase("call")
     try:
@@ -412,20 +452,20 @@ def _misaligned_call(world: World, case: Case, impl: Callable[..., Any], calls: 
         except CaseError as exc:
             # raised by the implementation (outputs it returned wrong are no refusal)
             if exc.__cause__ is not None and broken_context(world.device) is None:
-                checks.append("misaligned_refused")
+                checks.append(f"{stage}_refused")
                 return failed
             raise
-        checks.append("misaligned")
+        checks.append(stage)
         if failed:
             return failed
         phase("check")
         check_contract(case, inputs, outputs, guards, zones, setup.expected)
-        calls.stages["misaligned"] = measure(outputs, setup.expected, calls.tols, world.rank,
-                                             setup.memos, setup.magnitudes)
+        calls.stages[stage] = measure(outputs, setup.expected, calls.tols, world.rank,
+                                      setup.memos, setup.magnitudes)
     except CaseError as exc:
         if failed:
             return failed
-        why = f"{STAGE_PREFIX['misaligned']}{exc}"
+        why = f"{STAGE_PREFIX[stage]}{exc}"
         if not (case.spec.distributed and world.size > 1):
             raise CaseError(why) from exc
         return why

@@ -223,6 +223,14 @@ def linear_with_residual_rounded_twice(x: torch.Tensor, weight: torch.Tensor,
     return (F.linear(x, weight).float() + residual.float()).to(x.dtype)
 
 
+def linear_with_residual_dense_rows(x: torch.Tensor, weight: torch.Tensor,
+                                    residual: torch.Tensor) -> torch.Tensor:
+    """Bug: the epilogue reads the residual as dense rows of N from its first element,
+    whatever its strides (a row slice of a wider buffer: the wrong memory)."""
+    dense = residual.as_strided(residual.shape, (residual.shape[1], 1))
+    return linear_with_residual_torch(x, weight, dense)
+
+
 def linear_k_tail_dropped(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Bug: the K loop runs over whole 64-wide tiles only (K // 64 of them): the tail of a K
     that is not a multiple of 64 is never added."""
@@ -273,7 +281,8 @@ LINEAR_WITH_RESIDUAL = OpSpec(
     grid=_linear_grid(True),
     implementations={"torch": linear_with_residual_torch},
     negative_controls={"bf16_accumulation": linear_with_residual_bf16_acc,
-                       "rounded_twice": linear_with_residual_rounded_twice},
+                       "rounded_twice": linear_with_residual_rounded_twice,
+                       "residual_dense_rows": linear_with_residual_dense_rows},
 )
 
 

@@ -25,28 +25,29 @@ from reference_kernels.hopper_tasks import EPS
 
 # ---------------------------------------------------------------- rmsnorm
 @triton.jit
-def _rmsnorm(x_ptr, w_ptr, out_ptr, hidden, eps, BLOCK: tl.constexpr,
+def _rmsnorm(x_ptr, w_ptr, out_ptr, hidden, x_row, w_step, eps, BLOCK: tl.constexpr,
              EPS_OUTSIDE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
-    x = tl.load(x_ptr + row * hidden + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * x_row + cols, mask=mask, other=0.0).to(tl.float32)
     mean_square = tl.sum(x * x, axis=0) / hidden
     if EPS_OUTSIDE:  # the control: rsqrt(0) of an all-zero row is inf, and 0 * inf NaN
         scale = tl.math.rsqrt(mean_square) + eps
     else:
         scale = tl.math.rsqrt(mean_square + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols * w_step, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * hidden + cols, (x * scale * w).to(out_ptr.dtype.element_ty),
              mask=mask)
 
 
 def _launch_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps_outside: bool) -> torch.Tensor:
-    x = x.contiguous()
+    if x.stride(1) != 1:  # rows of a wider buffer are read in place; other layouts copied
+        x = x.contiguous()
     rows, hidden = x.shape
-    out = torch.empty_like(x)
-    _rmsnorm[(rows,)](x, weight, out, hidden, EPS, BLOCK=triton.next_power_of_2(hidden),
-                      EPS_OUTSIDE=eps_outside)
+    out = torch.empty((rows, hidden), dtype=x.dtype, device=x.device)
+    _rmsnorm[(rows,)](x, weight, out, hidden, x.stride(0), weight.stride(0), EPS,
+                      BLOCK=triton.next_power_of_2(hidden), EPS_OUTSIDE=eps_outside)
     return out
 
 

@@ -66,7 +66,7 @@ def _permute(hidden, scale, routemap, probs, num_experts, tokens_per_expert,
     groups = scale.shape[1] if has_scale else 1
     _permute_rows[(triton.cdiv(rows, ROWS), triton.cdiv(width, block))](
         raw_bits(hidden.contiguous()), raw_bits(out), source, pair,
-        probs.contiguous().reshape(-1), out_probs, scale if has_scale else out_probs,
+        probs.contiguous().reshape(-1), out_probs, scale.contiguous() if has_scale else out_probs,
         out_scale if has_scale else out_probs, rows, width, groups, ROWS=ROWS, BLOCK=block,
         GROUPS_BLOCK=triton.next_power_of_2(groups), HAS_SCALE=has_scale, TAIL=tail)
     return out, out_rowmap, out_probs, out_scale
