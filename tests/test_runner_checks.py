@@ -400,6 +400,48 @@ def test_an_output_in_a_workspace_reused_across_calls_is_an_error(world, bench):
     assert fresh.status == "pass", fresh.reason
 
 
+@pytest.mark.parametrize("bench", [True, False], ids=["timed", "untimed"])
+def test_outputs_from_a_ring_longer_than_the_calls_of_a_case_are_an_error(world, bench):
+    """Each output a view of one of 64 buffers taken in turn: no call of a case overwrites
+    what an earlier one returned, but the 65th would; the first call's memory still alive
+    once the harness lets go of it says so. So does every output kept in a list that only
+    grows (memory that outlives its caller's use of it)."""
+    ring = [torch.empty(16, 5) for _ in range(64)]
+    turn = {"n": 0}
+
+    def from_ring(x):
+        turn["n"] += 1
+        buf = ring[turn["n"] % 64]
+        out, head = buf[:8].copy_(x), buf[8:12].copy_(x[:4])
+        return out, head
+
+    r = run_case(world, Case(_copy_spec(), {}, 1), "ring", from_ring, bench=bench,
+                 timing=TIMING)
+    assert turn["n"] < 64 and r.status == "error", r.reason
+    assert r.reason.endswith("output 'out' of the first call is still held by the "
+                             "implementation after the case's later calls: memory it returned "
+                             "and keeps (a ring or cache of outputs, whose next turn "
+                             "overwrites what its caller holds, or a list that only grows); "
+                             "return memory of its own per call and keep no reference to "
+                             "it"), r.reason
+    kept: list = []
+
+    def keeps_every_output(x):
+        kept.append(x.clone())
+        return kept[-1], x[:4].clone()
+
+    r = run_case(world, Case(_copy_spec(), {}, 1), "keeps", keeps_every_output, bench=bench,
+                 timing=TIMING)
+    assert r.status == "error" and "still held by the implementation" in r.reason, r.reason
+    # a fresh view of fresh memory per call, and an output the op keeps in a buffer of its
+    # caller's (out=), pass
+    views = run_case(world, Case(_copy_spec(), {}, 1), "views",
+                     lambda x: (torch.cat([x, x])[:8], x[:4].clone()), bench=bench,
+                     timing=TIMING)
+    assert views.status == "pass", views.reason
+    assert _run(world, doubled, bench=bench).status == "pass"
+
+
 def test_in_place_cases_skip_the_check_after_timing_and_must_alias(world):
     r = _run(world, doubled, params={"n": 1031, "inplace": True}, inplace_inputs=("x",))
     assert r.status == "pass", r.reason

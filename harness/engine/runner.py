@@ -62,12 +62,13 @@ from harness.engine.checked_calls import (
     changed_since,
     checked_calls,
     guards_for,
+    kept_after,
     measure,
 )
 from harness.engine.timed_checks import (
-    CONSECUTIVE_MAX_WORLD,
     RepeatWatch,
     contract_broken,
+    paired,
     poison_upcoming,
     untouched,
 )
@@ -251,19 +252,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     # in-place cases change their inputs on every repeat: their last output is not checkable
     recheck = calls.writable <= out_names | set(spec.readwrite_inputs)
     slots, values, tols, after = _timed_inputs(world, case, calls, cfg, recheck, out_names)
-    # every call after the checked ones must give the checked call's bits (RepeatWatch); a
-    # lone one (untimed, a token timing) gets a second right after it, so that calls that
-    # alternate show, whether from the first call or after a warm-up (one call has one
-    # parity). Past one rank, where an oversubscribed machine makes a token timing of every
-    # case, only where the lone call has the first call's parity (calls 1, 3, 5 alike hide
-    # there): the pair on every case cost the smoke tier 2 s of its 90 at 4 ranks
+    # every call after the checked ones must give the checked call's bits (RepeatWatch)
     small = nbytes(inputs) <= RELOCATE_CAP_BYTES
     watch = RepeatWatch(spec, calls.bits, slots, out_names, active=recheck and small)
-    made = (1 + bool({"misaligned", "misaligned_refused"} & set(checks))
-            + bool({"padded", "padded_refused"} & set(checks))
-            + bool({"shifted_buffers", "other_values"} & set(checks)))  # the checked calls
-    pair = (bool(watch.bits) and watch.active and world.size <= CONSECUTIVE_MAX_WORLD
-            and (made % 2 == 0 or world.size == 1))
+    pair = bool(watch.bits) and watch.active and paired(checks, world.size)
     guards = guards_for(case, slots[0], calls.writable) if watch.active else {}
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
     last, local_error = _timed_calls(world, spec, impl, cfg, slots, out_names, watch, pair,
@@ -298,6 +290,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
                 checks += ["reused_buffers", "settled"]
                 tampered += clock_tampering()
                 local_error = local_error or changed_since(calls.held)
+            # a distributed op's outputs pass through its communicator's work objects,
+            # which NCCL's watchdog thread lets go of on its own time
+            if not spec.distributed:
+                local_error = local_error or kept_after(calls.held)
         except KeyboardInterrupt:
             raise
         except IMPL_RAISES as exc:
