@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import hashlib
 import reprlib
 import traceback
@@ -433,6 +434,8 @@ def kept_after(held: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
     # StorageImpl, expired once no tensor or storage object holds it
     alive = {name: StorageWeakRef(t.untyped_storage()) for name, (t, _) in held.items()}
     held.clear()
+    if any(not ref.expired() for ref in alive.values()):
+        gc.collect()  # a reference cycle (Triton's interpreter makes some) holds it until then
     for name, ref in alive.items():
         if not ref.expired():
             return (f"output {name!r} of the first call is still held by the implementation "
