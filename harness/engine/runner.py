@@ -266,15 +266,18 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     # every rank takes part in this verdict, so a timing error on one rank reaches them all
     stages: dict[str, dict[str, Any]] = {}
     repeat = ""
-    if recheck and not local_error:
+    # an in-place case's repeats rewrote its inputs: its last output is not checked, but the
+    # calls on new values written into its buffers are
+    if (recheck or real) and not local_error:
         try:
-            outputs = normalize_outputs(last["value"], spec.outputs, implementation=True)
-            # the last call's outputs as it returned them (the watch poisoned them since)
-            seen = watch.last if watch.last is not None else outputs
-            stages[after] = measure(seen, values.expected, tols, world.rank, values.memos,
-                                    values.magnitudes)
-            checks.append(after)
-            if watch.active:
+            if recheck:
+                outputs = normalize_outputs(last["value"], spec.outputs, implementation=True)
+                # the last call's outputs as it returned them (the watch poisoned them since)
+                seen = watch.last if watch.last is not None else outputs
+                stages[after] = measure(seen, values.expected, tols, world.rank,
+                                        values.memos, values.magnitudes)
+                checks.append(after)
+            if recheck and watch.active:
                 checks += ["same_bits"] * bool(watch.bits) + ["timed_contract"]
                 local_error = (contract_broken(case, last["args"], outputs, guards,
                                                values.expected) or untouched(slots, guards))
@@ -282,17 +285,11 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
             if after == "reused_buffers":
                 local_error = local_error or changed_since(calls.held)
             if real and small:  # on every rank (its collectives), whatever this one found
-                near = _near(world, values)
-                if near is not None:
-                    stages["near_values"] = _on_near_values(world, case, impl, slots[0], near)
-                    checks.append("near_values")
-                _recheck_in_seen_buffers(world, case, impl, slots[0], values.twin(), stages)
-                checks += ["reused_buffers", "settled"]
-                tampered += clock_tampering()
+                tampered += _on_new_values(world, case, impl, slots[0], values, stages, checks)
                 local_error = local_error or changed_since(calls.held)
             # a distributed op's outputs pass through its communicator's work objects,
             # which NCCL's watchdog thread lets go of on its own time
-            if not spec.distributed:
+            if recheck and not spec.distributed:
                 local_error = local_error or kept_after(calls.held)
         except KeyboardInterrupt:
             raise
@@ -422,7 +419,10 @@ def _refill(slot: dict[str, Any], values: CaseSetup, spec: OpSpec, device: torch
     """``slot`` (input buffers a call used) holding ``values``'s inputs, copied into the same
     memory, the output buffers poisoned."""
     written = set(spec.out_buffers.values()) - set(spec.readwrite_inputs)
-    for name, new in values.inputs(device).items():
+    fresh = values.inputs(device)
+    # the output buffers first: an in-place case's output is its input, which then takes
+    # its values
+    for name, new in sorted(fresh.items(), key=lambda item: item[0] not in written):
         old = slot.get(name)
         if (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
                 and old.shape == new.shape and old.dtype == new.dtype):
@@ -470,6 +470,21 @@ def _on_near_values(world: World, case: Case, impl: Callable[..., Any], slot: di
     outputs = _call(world, case, impl, slot, near)
     return measure(outputs, near.expected, tolerances(near.case, near.expected), world.rank,
                    near.memos, near.magnitudes)
+
+
+def _on_new_values(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, Any],
+                   values: CaseSetup, stages: dict[str, dict[str, Any]], checks: list[str]
+                   ) -> list[str]:
+    """After a real timing, the calls on new values in buffers the timed calls used: the
+    near twin's where it can show something, then the twin's. The clocks replaced meanwhile
+    (restored)."""
+    near = _near(world, values)
+    if near is not None:
+        stages["near_values"] = _on_near_values(world, case, impl, slot, near)
+        checks.append("near_values")
+    _recheck_in_seen_buffers(world, case, impl, slot, values.twin(), stages)
+    checks += ["reused_buffers", "settled"]
+    return clock_tampering()
 
 
 def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
