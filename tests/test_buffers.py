@@ -109,7 +109,7 @@ def test_pad_rows_holds_the_same_values_at_strides_of_a_wider_buffer(dtype):
     assert padded["n"] == 3 and padded["x"] is not x
     size = x.element_size()
     pitch = {1: 32, 2: 32, 4: 32}[size] // size  # 4 elements rounded up to 16 bytes, + 16
-    assert px.stride() == (3 * pitch, pitch, 1) and pv.stride() == (2,)
+    assert px.stride() == (4 * pitch, pitch, 1) and pv.stride() == (2,)
     assert px.data_ptr() % 16 == 0 and px.stride(1) * x.element_size() % 16 == 0
     # the same bits (float8 has no equality on the CPU), read through the strides
     assert torch.equal(px.contiguous().view(torch.uint8), x.view(torch.uint8))
@@ -117,6 +117,14 @@ def test_pad_rows_holds_the_same_values_at_strides_of_a_wider_buffer(dtype):
     between = torch.empty(0, dtype=torch.uint8).set_(px.untyped_storage(), 4 * size,
                                                      ((pitch - 4) * size,))
     assert (between == (0xFF if dtype.is_floating_point else 0)).all()
+
+
+def test_pad_rows_spaces_the_matrices_of_a_batch_apart_too():
+    """A kernel that takes the batch stride as rows x row stride (w13 of experts sliced from
+    a taller fused weight breaks it) reads the wrong matrix."""
+    w = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+    p = pad_rows({"w": w}, ["w"])["w"]
+    assert torch.equal(p, w) and p.stride(0) != p.shape[1] * p.stride(1)
 
 
 def test_relocate_rejects_unaligned_shifts_and_counts_storage_bytes():

@@ -379,7 +379,9 @@ def pad_rows(values: Mapping[str, Any], names: Collection[str]) -> dict[str, Any
     viewed there: the same values at strides that are not contiguous ones, as q of a fused
     qkv projection or a slice of a wider buffer has. An N-D tensor's rows start 16 bytes
     past its last dimension rounded up to 16 bytes (every row 16-byte aligned, as in a
-    pitched allocation or a TMA descriptor); a 1-D one takes every other element. The
+    pitched allocation or a TMA descriptor), and past 2-D each matrix one row apart more
+    (w13 of a stack of experts sliced from a taller fused weight: an expert stride that is
+    not rows x row stride); a 1-D one takes every other element. The
     bytes between are NaN for floating dtypes (all ones: NaN in every float and FP8 format
     torch has) and 0 otherwise, so that a kernel reading the tensor as dense rows reads
     wrong values."""
@@ -391,10 +393,12 @@ def pad_rows(values: Mapping[str, Any], names: Collection[str]) -> dict[str, Any
         else:
             size = t.element_size()
             pitch = -(-t.shape[-1] * size // ROW_PAD_BYTES) * ROW_PAD_BYTES + ROW_PAD_BYTES
-            wide = torch.empty((*t.shape[:-1], max(pitch // size, t.shape[-1] + 1)),
+            # past 2-D one row more per matrix too: a batch stride that is not rows x pitch
+            rows = t.shape[-2] + (t.dim() > 2)
+            wide = torch.empty((*t.shape[:-2], rows, max(pitch // size, t.shape[-1] + 1)),
                                dtype=t.dtype, device=t.device)
         wide.view(torch.uint8).fill_(0xFF if t.is_floating_point() else 0)
-        view = wide[:, 0] if t.dim() == 1 else wide[..., :t.shape[-1]]
+        view = wide[:, 0] if t.dim() == 1 else wide[..., :t.shape[-2], :t.shape[-1]]
         view.copy_(t)
         out[name] = view
     return out

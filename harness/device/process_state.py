@@ -476,8 +476,15 @@ def _settings() -> tuple[Setting, ...]:
 
 
 def snapshot() -> dict[str, Any]:
-    """Every readable setting's value now."""
-    values = {}
+    """Every readable setting's value now. The first snapshot of a process draws once from
+    torch's global generator: it starts from a fixed seed, so a kernel's
+    ``torch.manual_seed(torch.initial_seed())`` would leave a process that never drew from
+    it as it was, yet rewind its caller's stream."""
+    global _DRAWN
+    if not _DRAWN:
+        torch.rand(1)
+        _DRAWN = True
+    values: dict[str, Any] = {}
     for s in _settings():
         try:
             values[s.name] = s.get()
@@ -510,6 +517,10 @@ def changed(before: dict[str, Any]) -> list[str]:
         except Exception as exc:
             said[-1] += f" (not restored: {type(exc).__name__}: {exc})"
     return said
+
+
+#: whether ``snapshot`` has drawn from torch's global generator in this process
+_DRAWN = False
 
 
 def tainted() -> bool:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import hashlib
 import reprlib
 import traceback
@@ -34,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from harness.core import compare
 from harness.core.buffers import (
@@ -421,28 +419,6 @@ def changed_since(held: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
                     "the later calls on other values (memory the implementation reuses: a "
                     "workspace or cache) or by work left running: a caller's result must stay "
                     "as returned; return memory of its own per call")
-    return ""
-
-
-def kept_after(held: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
-    """Let go of the first call's outputs (``held``) and name one whose memory is still
-    alive ("" when none): the implementation keeps a reference to memory it returned, a
-    ring or cache of outputs whose next turn overwrites what its caller holds (a ring
-    longer than the calls a case makes passes ``changed_since``). The harness holds no
-    other reference to them by then."""
-    # torch/multiprocessing/reductions.py (read in 2.13): a weak reference to the
-    # StorageImpl, expired once no tensor or storage object holds it
-    alive = {name: StorageWeakRef(t.untyped_storage()) for name, (t, _) in held.items()}
-    held.clear()
-    if any(not ref.expired() for ref in alive.values()):
-        gc.collect()  # a reference cycle (Triton's interpreter makes some) holds it until then
-    for name, ref in alive.items():
-        if not ref.expired():
-            return (f"output {name!r} of the first call is still held by the implementation "
-                    "after the case's later calls: memory it returned and keeps (a ring or "
-                    "cache of outputs, whose next turn overwrites what its caller holds, or "
-                    "a list that only grows); return memory of its own per call and keep no "
-                    "reference to it")
     return ""
 
 

@@ -25,8 +25,9 @@ STAGE_PREFIX = {
     "shifted": "with the inputs moved to fresh shifted memory and the old buffers poisoned: ",
     "misaligned": ("on inputs off 16-byte alignment (a vectorised kernel's path for "
                    "unaligned inputs?): "),
-    "padded": ("on the same values with the read-only inputs as rows of wider buffers (a "
-               "kernel that reads an input as dense rows, ignoring its strides?): "),
+    "padded": ("on the same values with the read-only inputs as rows of wider buffers, in "
+               "fresh shifted memory (a kernel that reads an input as dense rows, ignoring "
+               "its strides, or from its storage's start, ignoring its offset?): "),
     "other_values": "on other input values (a result kept by shape or by call count?): ",
     "shifted_other_values": ("on other input values in fresh shifted memory, the old buffers "
                              "poisoned (a result kept by shape or by call count?): "),
