@@ -256,7 +256,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     # every call after the checked ones must give the checked call's bits (RepeatWatch)
     small = nbytes(inputs) <= RELOCATE_CAP_BYTES
     watch = RepeatWatch(spec, calls.bits, slots, out_names, active=recheck and small)
-    pair = bool(watch.bits) and watch.active and paired(checks, world.size)
+    pair = bool(watch.bits) and watch.active and paired(checks, world.size, cfg.interpreter)
     guards = guards_for(case, slots[0], calls.writable) if watch.active else {}
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
     last, local_error = _timed_calls(world, spec, impl, cfg, slots, out_names, watch, pair,
@@ -288,9 +288,10 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
             if real and small:  # on every rank (its collectives), whatever this one found
                 tampered += _on_new_values(world, case, impl, slots[0], values, stages, checks)
                 local_error = local_error or changed_since(calls.held)
-            # a distributed op's outputs pass through its communicator's work objects,
-            # which NCCL's watchdog thread lets go of on its own time
-            if recheck and not spec.distributed and not local_error:
+            # a distributed op's outputs pass through its communicator's work objects, which
+            # NCCL's watchdog thread lets go of on its own time; Triton's interpreter keeps
+            # every launch's arguments in reference cycles (a collection per case, 60 ms)
+            if recheck and not spec.distributed and not cfg.interpreter and not local_error:
                 local_error = _reused_later(world, case, impl, slots[0], values.twin(),
                                             calls.held)
         except KeyboardInterrupt:
@@ -494,7 +495,7 @@ def _reused_later(world: World, case: Case, impl: Callable[..., Any], slot: dict
     held.clear()
     if all(ref.expired() for ref, *_ in layout.values()):
         return ""
-    gc.collect()  # a reference cycle (Triton's interpreter makes some) holds it until then
+    gc.collect()  # a reference cycle holds it until then
     kept = {name: (torch.UntypedStorage._new_with_weak_ptr(ref.cdata), rest)
             for name, (ref, *rest) in layout.items() if not ref.expired()}
     if not kept:

@@ -39,14 +39,16 @@ from harness.engine.checked_calls import check_contract
 CONSECUTIVE_MAX_WORLD = 4
 
 
-def paired(checks: Collection[str], world_size: int) -> bool:
+def paired(checks: Collection[str], world_size: int, interpreter: str | None = None) -> bool:
     """Whether a lone call after the checked calls (``checks`` says which were made) gets a
     second right after it, so that calls that alternate show, from the first call or after
     a warm-up (one call has one parity). Past one rank, where an oversubscribed machine
     makes a token timing of every case, only where the lone call has the first call's
     parity (calls 1, 3, 5 alike hide there): the pair on every case cost the smoke tier 2 s
-    of its 90 at 4 ranks."""
-    if world_size > CONSECUTIVE_MAX_WORLD:
+    of its 90 at 4 ranks. Never for an ``interpreter``'s calls, each worth a thousand
+    compiled ones (the pair cost the interpreted Triton kernels a third of their time); a
+    compiled run pairs them."""
+    if world_size > CONSECUTIVE_MAX_WORLD or interpreter:
         return False
     made = 1 + sum(bool({name, f"{name}_refused"} & set(checks))
                    for name in ("misaligned", "padded"))
