@@ -246,12 +246,13 @@ def _put_anomaly(value: tuple[bool, bool]) -> None:
     torch.set_anomaly_enabled(value[0], value[1])
 
 
-def _torch_rng() -> bytes:
-    return torch.get_rng_state().numpy().tobytes()
+def _rng_bytes(get: Callable[[], torch.Tensor]) -> Callable[[], bytes]:
+    """A generator's state (a uint8 tensor, torch's or CUDA's) as bytes, which compare."""
+    return lambda: get().numpy().tobytes()
 
 
-def _put_torch_rng(state: bytes) -> None:
-    torch.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+def _rng_put(put: Callable[[torch.Tensor], None]) -> Callable[[bytes], None]:
+    return lambda state: put(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
 
 def _numpy_rng() -> tuple:
@@ -263,14 +264,6 @@ def _put_numpy_rng(state: tuple) -> None:
     name, keys, pos, has_gauss, gauss = state
     numpy.random.set_state((name, numpy.frombuffer(keys, dtype=numpy.uint32), pos,
                             has_gauss, gauss))
-
-
-def _cuda_rng() -> bytes:
-    return torch.cuda.get_rng_state().numpy().tobytes()
-
-
-def _put_cuda_rng(state: bytes) -> None:
-    torch.cuda.set_rng_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
 
 
 def _rng_change(moved_by: str, own: str) -> Callable[[Any, Any], str]:
@@ -436,7 +429,8 @@ def host_settings() -> tuple[Setting, ...]:
               Setting("torch functions", _Functions, _put_functions, describe=_replaced),
               # a kernel that reseeds or draws from the process's generators changes the
               # random stream of the program that calls it (its dropout, its sampling)
-              Setting("torch's global RNG", _torch_rng, _put_torch_rng, describe=_rng_change(
+              Setting("torch's global RNG", _rng_bytes(torch.get_rng_state),
+                      _rng_put(torch.set_rng_state), describe=_rng_change(
                   "torch.manual_seed, or torch.rand* without generator=", "a torch.Generator")),
               Setting("NumPy's global RNG", _numpy_rng, _put_numpy_rng, describe=_rng_change(
                   "numpy.random.seed or its draws", "a numpy.random.default_rng()")),
@@ -465,7 +459,8 @@ _CUDA = (Setting("current CUDA device", lambda: torch.cuda.current_device(),
          Setting("preferred linalg library",
                  lambda: torch.backends.cuda.preferred_linalg_library(),
                  lambda lib: torch.backends.cuda.preferred_linalg_library(lib)),
-         Setting("CUDA's global RNG", _cuda_rng, _put_cuda_rng, describe=_rng_change(
+         Setting("CUDA's global RNG", _rng_bytes(lambda: torch.cuda.get_rng_state()),
+                 _rng_put(lambda state: torch.cuda.set_rng_state(state)), describe=_rng_change(
              "torch.cuda.manual_seed, or a CUDA draw without generator=",
              "a torch.Generator(device='cuda')")))
 

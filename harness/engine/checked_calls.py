@@ -379,9 +379,13 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
                               if isinstance(v, torch.Tensor)}
         del outputs
         if small and misaligned_here(case, world.size):
-            failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "misaligned")
-        if small and padded_here(case, world.size) and paddable(case, inputs, calls.writable):
-            failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "padded")
+            failed = _relaid_call(world, case, impl, calls, phase, failed, checks,
+                                  "misaligned", {"misalign": misaligned_by(case)})
+        padded = paddable(case, inputs, calls.writable) \
+            if small and padded_here(case, world.size) else []
+        if padded:
+            failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "padded",
+                                  {"padded": padded})
         shift, other_values = spec.shift_buffers and small, other_values and small
         if shift or other_values:
             _second_call(world, case, impl, calls, interpreter, phase, shift, other_values,
@@ -424,12 +428,13 @@ def changed_since(held: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
 
 def _relaid_call(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
                  phase: Callable[[str], None], failed: str, checks: list[str],
-                 stage: str) -> str:
-    """A call on the case's values laid out anew: ``stage`` "misaligned", every input off
-    16-byte alignment by one, two or four elements (``misaligned_by``;
-    ``OpSpec.any_alignment``): a kernel that picks its vector width from the pointer's
-    alignment (torch's ``can_vectorize_up_to``) has a path for each; "padded", the
-    ``paddable`` inputs as rows of wider buffers (a kernel that ignores their strides).
+                 stage: str, layout: Mapping[str, Any]) -> str:
+    """A call on the case's values laid out anew (``layout``: ``CaseSetup.inputs``'
+    keywords): ``stage`` "misaligned", every input off 16-byte alignment by one, two or four
+    elements (``misaligned_by``; ``OpSpec.any_alignment``): a kernel that picks its vector
+    width from the pointer's alignment (torch's ``can_vectorize_up_to``) has a path for
+    each; "padded", the ``paddable`` inputs as rows of wider buffers (a kernel that ignores
+    their strides).
     Checked against the reference under the case's tolerance but not for the first call's
     bits (a kernel may sum a misaligned head apart, as torch's vectorised reductions do).
     An implementation may refuse such inputs by raising (what a kernel that needs
@@ -439,11 +444,7 @@ def _relaid_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
     to the next call either way, so that the others' collectives are answered."""
     assert calls.setup is not None
     setup, zones = calls.setup, Redzones()
-    if stage == "misaligned":
-        inputs = setup.inputs(world.device, SHIFT_BYTES, zones, misalign=misaligned_by(case))
-    else:
-        inputs = setup.inputs(world.device, SHIFT_BYTES, zones,
-                              padded=paddable(case, calls.inputs, calls.writable))
+    inputs = setup.inputs(world.device, SHIFT_BYTES, zones, **layout)
     guards = guards_for(case, inputs, calls.writable)
     phase("call")
     try:

@@ -278,11 +278,12 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
                 stages[after] = measure(seen, values.expected, tols, world.rank,
                                         values.memos, values.magnitudes)
                 checks.append(after)
-            if recheck and watch.active:
-                checks += ["same_bits"] * bool(watch.bits) + ["timed_contract"]
-                local_error = (contract_broken(case, last["args"], outputs, guards,
-                                               values.expected) or untouched(slots, guards))
-                repeat = watch.verdict()
+                if watch.active:
+                    checks += ["same_bits"] * bool(watch.bits) + ["timed_contract"]
+                    local_error = (contract_broken(case, last["args"], outputs, guards,
+                                                   values.expected)
+                                   or untouched(slots, guards))
+                    repeat = watch.verdict()
             if after == "reused_buffers":
                 local_error = local_error or changed_since(calls.held)
             if real and small:  # on every rank (its collectives), whatever this one found

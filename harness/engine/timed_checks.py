@@ -33,7 +33,7 @@ from harness.engine.checked_calls import check_contract
 #: a lone call after the checked ones (untimed, or a token timing) gets one more right after
 #: it, so that calls that alternate show (one call has one parity: calls 1, 3, 5 alike and
 #: 2, 4 not, or wrong on odd calls from the third on, each hides from one of them; past one
-#: rank only where the lone call has the first call's parity: runner.py); up to this
+#: rank only where the lone call has the first call's parity: ``paired``); up to this
 #: world size (past it a kernel's call-to-call state is the one at 4, and at 8 oversubscribed
 #: ranks the call cost the smoke tier 15% of its 8-rank time)
 CONSECUTIVE_MAX_WORLD = 4
