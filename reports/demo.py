@@ -51,15 +51,17 @@ QUICK_KERNEL_CASES = ("strided_copy[dtype=f32,*view=contiguous]",
 #: the planted slowdown: far above the copy's own time and this machine's noise
 DELAY_S = 0.002
 #: --slow-night: the night before the slowdown a little slow, as a busy machine makes a night:
-#: the copy done this many times (a ratio to the copy's own time however loaded the machine;
-#: a short sleep is not: its overshoot grows with the load), enough copies to stand clear of
-#: a plain night that a loaded machine slowed
-SLOW_NIGHT_REPEAT = 6
+#: each call busy this much longer (a short sleep overshoots more the more loaded the machine
+#: is), several times a call's time so as to stand clear of a plain night that a loaded
+#: machine slowed (a 2-core VM's nights of this copy ranged from 10 to 22 us), and far below
+#: DELAY_S
+SLOW_NIGHT_SPIN_S = 50e-6
 
 
-#: the last nights, slower: three runs at the new level keep the change point significant
-#: when a loaded machine made the nights before it differ (two beside a slow night and a plain
-#: night slowed 1.7x fall just short of alpha)
+#: the nights at the new level that pass: three runs there keep the change point significant
+#: when a loaded machine made the nights before it differ (two beside a slow night and plain
+#: nights slowed 2x fall short of alpha). The final night, slowed too, plants the bug as well:
+#: its failing case's times leave the series, so it is one night more
 SLOWDOWN_NIGHTS = 3
 #: nights at the old level before the slowdown, at least (the slow night is not one of them)
 LEVEL_NIGHTS = 3
@@ -68,11 +70,11 @@ LEVEL_NIGHTS = 3
 def _night_env(night: int, nights: int, slow_night: bool = False) -> dict[str, str]:
     """What the kernel under development does on this night (1-based)."""
     env: dict[str, str] = {}
-    first_slow = nights - SLOWDOWN_NIGHTS + 1
+    first_slow = nights - SLOWDOWN_NIGHTS
     if night >= first_slow:
         env["HARNESS_DEMO_DELAY_S"] = str(DELAY_S)
     elif slow_night and night == first_slow - 1:
-        env["HARNESS_DEMO_REPEAT"] = str(SLOW_NIGHT_REPEAT)
+        env["HARNESS_DEMO_SPIN_S"] = str(SLOW_NIGHT_SPIN_S)
     if night == nights:
         env["HARNESS_DEMO_BUG"] = "1"
     return env
@@ -94,11 +96,11 @@ def _summary(out: subprocess.CompletedProcess[str]) -> str:
               help="History DB the demo fills (its own, not your real history).")
 @click.option("--out", "out_dir", default="harness-results/demo/site", show_default=True,
               type=click.Path(file_okay=False, path_type=Path), help="Where the site goes.")
-@click.option("--nights", default=6, show_default=True,
-              type=click.IntRange(LEVEL_NIGHTS + SLOWDOWN_NIGHTS, 50),
-              help="Runs of the selection to make: the last three plant the slowdown, "
-                   "and at least three before them set the level it leaves (four with "
-                   "--slow-night).")
+@click.option("--nights", default=LEVEL_NIGHTS + SLOWDOWN_NIGHTS + 1, show_default=True,
+              type=click.IntRange(LEVEL_NIGHTS + SLOWDOWN_NIGHTS + 1, 50),
+              help="Runs of the selection to make: the last four plant the slowdown (the "
+                   "last of them the bug too), and at least three before them set the level "
+                   "it leaves (four with --slow-night).")
 @click.option("--world-sizes", default="1,4", show_default=True)
 @click.option("--quick", is_flag=True,
               help="Fewer cases, and on the last 2 nights only (about a minute on 2 "
@@ -114,10 +116,10 @@ def demo(ctx: click.Context, db: Path, out_dir: Path, nights: int, world_sizes: 
     from harness.cli.main import command_named
 
     sizes = ",".join(map(str, parse_world_sizes(world_sizes)))
-    if slow_night and nights < LEVEL_NIGHTS + 1 + SLOWDOWN_NIGHTS:
-        raise HarnessExit(f"--slow-night needs --nights {LEVEL_NIGHTS + 1 + SLOWDOWN_NIGHTS} "
+    if slow_night and nights < LEVEL_NIGHTS + 1 + SLOWDOWN_NIGHTS + 1:
+        raise HarnessExit(f"--slow-night needs --nights {LEVEL_NIGHTS + SLOWDOWN_NIGHTS + 2} "
                           f"or more: {LEVEL_NIGHTS} nights at the old level, the slow one, "
-                          f"and {SLOWDOWN_NIGHTS} slower", EXIT_USAGE)
+                          f"and {SLOWDOWN_NIGHTS + 1} slower", EXIT_USAGE)
     if db.exists():
         raise HarnessExit(f"{db} exists: the demo writes a fresh history; remove it or pass "
                           "another --db", EXIT_USAGE)

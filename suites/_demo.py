@@ -3,7 +3,8 @@
 It is torch's strided copy, plus what the demo plants on later nights through the
 environment, so the dashboard has a real slowdown and a real wrong answer to show:
 ``HARNESS_DEMO_DELAY_S`` adds a sleep after the copy (a regression the history analysis must
-flag), ``HARNESS_DEMO_REPEAT=N`` copies N times (a night a busy machine slowed a little),
+flag), ``HARNESS_DEMO_SPIN_S`` keeps the CPU busy that long after the copy (a night a busy
+machine slowed a little),
 ``HARNESS_DEMO_BUG=1`` corrupts the last element of outputs past 1500 elements (a tail bug
 past a size threshold: a failure with its first bad index, while smaller cases pass).
 Loaded ad hoc: ``--impl suites._demo:copy_under_development``.
@@ -24,8 +25,11 @@ BUG_FROM = 1500
 
 def copy_under_development(storage, size, stride, offset, out):
     """Correct unless the demo's environment plants a delay or a bug."""
-    for _ in range(int(os.environ.get("HARNESS_DEMO_REPEAT", "1") or 1)):
-        copy_torch(storage, size, stride, offset, out)
+    copy_torch(storage, size, stride, offset, out)
+    spin = float(os.environ.get("HARNESS_DEMO_SPIN_S", "0") or 0)
+    until = time.perf_counter() + spin
+    while time.perf_counter() < until:
+        pass
     delay = float(os.environ.get("HARNESS_DEMO_DELAY_S", "0") or 0)
     if delay > 0:
         time.sleep(delay)

@@ -953,7 +953,7 @@ def test_a_wrong_user_callable_fails_every_case_with_exit_1(faults_run):
     (["run", "--launcher", "/nonexistent/mpiexec"], 4, "no MPI launcher found"),
     (["run", "allreduce", "--tier", "stress"], 2, "none of its ops has cases there"),
     (["run", "--device", "cuda"], 2, "no CUDA device"),
-    (["demo", "--slow-night", "--nights", "6"], 2, "--slow-night needs --nights 7 or more"),
+    (["demo", "--slow-night", "--nights", "7"], 2, "--slow-night needs --nights 8 or more"),
     # once exit 4 with ssh's and hydra's lines, read as a broken cluster
     (["run", "--hostfile", "hosts"], 2, "host 'no-such-host.invalid' (line 2) does not resolve"),
     (["run", "--hostfile", "no_hosts"], 2, "names no host: write one `host[:ranks]` per line"),

@@ -176,6 +176,23 @@ def test_render_of_a_small_history(tmp_path):
     assert not math.isnan(site.seconds)
 
 
+def test_a_step_after_a_slow_night_is_listed_with_the_range_to_bisect(tmp_path):
+    # four nights at the level, one between it and the new one (a slow night, or the step
+    # landing mid-night), three at the new: the step is dated at r5, as early as r4
+    levels = [1000.0] * 4 + [3000.0] + [200000.0] * 3
+    make_db(tmp_path / "h.db", [[result(f"r{i}", "n=1031", "torch", v)]
+                                for i, v in enumerate(levels)])
+    conn = store.connect(tmp_path / "h.db")
+    data.analyze_missing(conn)
+    history = data.load(conn, "h.db")
+    render.render(conn, history, tmp_path / "site")
+    conn.close()
+    (point,) = history.change_points
+    assert (point["run_id"], point["earliest_run_id"]) == ("r5", "r4")
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "or as early as" in index and "bisect that range" in index
+
+
 def _entry(i: int, max_tol_ratio: float) -> data.Entry:
     info = RunInfo(run_id=f"r{i}", started_at=T0 + i, tier="smoke", world_sizes=[1],
                    machine={"fingerprint": "f", "name": "m"}, env={})
