@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -132,6 +133,24 @@ def test_pinned_values_match_generator_version() -> None:
     assert hash32(idx, 0).tolist() == [py_hash(int(i), 0, 0) for i in idx]
     assert hash32(idx, 0).tolist() == [2957369479, 261164412, 349713808, 4090471117, 2071073926]
     assert generate(4, "f64", seed=7).tolist() == [py_value(i, 7, "uniform") for i in range(4)]
+
+
+def test_the_cpu_hash_in_32_bit_words_is_the_int64_one() -> None:
+    # the CPU's numpy path against the torch ops every other device runs, on indices whose
+    # words take every kind of value: 0, the edges of each word, and random ones up to 2**63
+    from harness.core.inputs import _hash32_np, _hash32_torch, _keys
+
+    rng = np.random.default_rng(5)
+    edges = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 1, 2**62, 2**63 - 1]
+    idx = torch.tensor(edges + rng.integers(0, 2**63 - 1, 4000, dtype=np.int64).tolist()
+                       + rng.integers(0, 2**33, 4000, dtype=np.int64).tolist())
+    for seed, stream in ((0, 0), (0xFFFFFFFF, 3), (1234, 17)):
+        k0, k1 = _keys(seed, stream)
+        fast = torch.from_numpy(_hash32_np(idx.numpy(), k0, k1))
+        assert torch.equal(fast, _hash32_torch(idx, k0, k1))
+        assert fast.dtype == torch.int64 and int(fast.min()) >= 0 and int(fast.max()) < 2**32
+    strided = idx[::3]  # a view: numpy reads it by its strides
+    assert torch.equal(hash32(strided, 9), _hash32_torch(strided, *_keys(9, 0)))
 
 
 # ---------------------------------------------------------------- regions
