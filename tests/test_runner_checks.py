@@ -8,6 +8,7 @@ import ctypes
 import functools
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -423,6 +424,18 @@ def test_outputs_from_a_ring_longer_than_the_calls_of_a_case_are_an_error(world,
                              "later calls on other values: the implementation keeps memory "
                              "it returned and reuses it (a ring of output buffers) under its "
                              "caller's feet; return memory of its own per call"), r.reason
+    # the same ring in memory torch did not allocate, wrapped anew per call: each output's
+    # storage dies with it, the memory lives on
+    np_ring = [np.empty((16, 5), dtype=np.float32) for _ in range(64)]
+
+    def from_a_numpy_ring(x):
+        turn["n"] += 1
+        buf = torch.from_numpy(np_ring[turn["n"] % 64])
+        return buf[:8].copy_(x), buf[8:12].copy_(x[:4])
+
+    r = run_case(world, Case(_copy_spec(), {}, 1), "ring", from_a_numpy_ring, bench=bench,
+                 timing=TIMING)
+    assert r.status == "error" and "a ring of output buffers" in r.reason, r.reason
     kept: list = []
     arena = {"buf": torch.empty(1 << 16), "at": 0}
 
@@ -436,7 +449,10 @@ def test_outputs_from_a_ring_longer_than_the_calls_of_a_case_are_an_error(world,
         piece = arena["buf"][at:at + 60]
         return piece[:40].view(8, 5).copy_(x), piece[40:].view(4, 5).copy_(x[:4])
 
-    for fn in (keeps_every_output, from_an_arena,
+    def fresh_numpy(x):  # memory torch did not allocate, new per call
+        return torch.from_numpy(x.numpy().copy()), torch.from_numpy(x[:4].numpy().copy())
+
+    for fn in (keeps_every_output, from_an_arena, fresh_numpy,
                lambda x: (torch.cat([x, x])[:8], x[:4].clone())):  # fresh views
         r = run_case(world, Case(_copy_spec(), {}, 1), "legit", fn, bench=bench, timing=TIMING)
         assert r.status == "pass", (fn, r.reason)

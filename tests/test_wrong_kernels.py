@@ -614,6 +614,35 @@ def test_a_kernel_blind_to_an_inputs_strides_fails_on_rows_of_a_wider_buffer(wor
     assert r.status == "fail" and r.reason.startswith(STAGE_PREFIX["padded"]), r.reason
 
 
+def _needs_dense_weight(weight):
+    if not weight.is_contiguous():
+        raise ValueError("weight must be contiguous: pass weight.contiguous()")
+
+
+def test_a_kernel_that_refuses_one_padded_input_is_still_checked_on_the_others(world):
+    """Refusing a weight it needs dense is right; reading x as dense rows beside it is not,
+    and the refusal of the call that padded both must not hide it: each input is then padded
+    alone. The same refusal with x read by its strides passes."""
+    def refuses_weight_reads_x_dense(x, weight):
+        _needs_dense_weight(weight)
+        return rmsnorm_torch(_dense(x), weight)
+
+    def refuses_weight_reads_x_right(x, weight):
+        _needs_dense_weight(weight)
+        return rmsnorm_torch(x, weight)
+
+    spec = registry().specs["hopper_tasks.rmsnorm"]
+    params = next(p for p in spec.grid["smoke"] if p["b"] > 1)
+    wrong = run_case(world, Case(spec, params, 1), "candidate", refuses_weight_reads_x_dense,
+                     bench=False)
+    assert wrong.status == "fail" and wrong.reason.startswith(STAGE_PREFIX["padded"]), \
+        wrong.reason
+    right = run_case(world, Case(spec, params, 1), "candidate", refuses_weight_reads_x_right,
+                     bench=False)
+    assert right.status == "pass", right.reason
+    assert right.checks.count("padded_refused") == 1 and right.checks.count("padded") == 1
+
+
 def test_a_grouped_gemm_that_computes_its_padding_rows_fails(world):
     """Padding rows of a hold values now: computing them (as group 0) gives them a nonzero
     output on both smoke cases."""

@@ -387,8 +387,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         padded = paddable(case, inputs, calls.writable) \
             if small and padded_here(case, world.size) else []
         if padded:
-            failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "padded",
-                                  {"padded": padded})
+            failed = _padded_calls(world, case, impl, calls, phase, failed, checks, padded)
         shift, other_values = spec.shift_buffers and small, other_values and small
         if shift or other_values:
             _second_call(world, case, impl, calls, interpreter, phase, shift, other_values,
@@ -473,6 +472,27 @@ def _relaid_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
         if not (case.spec.distributed and world.size > 1):
             raise CaseError(why) from exc
         return why
+    return failed
+
+
+def _padded_calls(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
+                  phase: Callable[[str], None], failed: str, checks: list[str],
+                  padded: list[str]) -> str:
+    """The padded call (``_relaid_call``) with every ``padded`` input at once; refused, one
+    call per input: a kernel may rightly refuse the one it cannot take (a weight it needs
+    dense) and read another as dense rows, which the refusal would hide. Each stage named
+    once in ``checks``."""
+    failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "padded",
+                          {"padded": padded})
+    if checks[-1] != "padded_refused" or len(padded) < 2 or failed:
+        return failed
+    # at one rank only (``padded_here``): a failure raises, none is carried
+    start = len(checks)
+    for name in padded:
+        failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "padded",
+                              {"padded": [name]})
+    seen = checks[start:]
+    checks[start:] = [c for c in dict.fromkeys(seen) if c not in checks[:start]]
     return failed
 
 

@@ -488,17 +488,24 @@ def _reused_later(world: World, case: Case, impl: Callable[..., Any], slot: dict
     ``RING_CALLS`` more calls on the twin's values and name the output they overwrote ("" if
     none). A ring longer than a case's 20-odd calls passes ``changed_since``, yet its next
     turn rewrites what a caller holds; an arena or a list that never writes it again passes.
-    Memory wrapped anew (``from_dlpack``, ``from_numpy``) is a storage of its own: unseen."""
+    Memory torch did not allocate (``from_numpy``, ``from_dlpack``: a storage that cannot
+    be resized) is wrapped anew per call, so its storage dies while the memory may live on
+    in the implementation: such an output is kept, and the calls made all the same."""
+    foreign = {name: (t.untyped_storage(), (t.storage_offset(), t.shape, t.stride(), t.dtype,
+                                            t.device, was))
+               for name, (t, was) in held.items() if not t.untyped_storage().resizable()}
     # torch/multiprocessing/reductions.py and torch/storage.py (read in 2.11 and 2.13): a
     # weak reference to the StorageImpl, and a strong one made from it while it lives
     layout = {name: (StorageWeakRef(t.untyped_storage()), t.storage_offset(), t.shape,
-                     t.stride(), t.dtype, t.device, was) for name, (t, was) in held.items()}
+                     t.stride(), t.dtype, t.device, was)
+              for name, (t, was) in held.items() if name not in foreign}
     held.clear()
-    if all(ref.expired() for ref, *_ in layout.values()):
+    if not foreign and all(ref.expired() for ref, *_ in layout.values()):
         return ""
     gc.collect()  # a reference cycle holds it until then
     kept = {name: (torch.UntypedStorage._new_with_weak_ptr(ref.cdata), rest)
             for name, (ref, *rest) in layout.items() if not ref.expired()}
+    kept.update(foreign)
     if not kept:
         return ""
     for _ in range(RING_CALLS):
