@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
 
 import numpy as np
@@ -1303,3 +1304,20 @@ def test_the_misaligned_call_runs_on_every_case_up_to_4_ranks_and_a_quarter_past
     assert 0 < len(chosen) < len(cases)
     assert chosen == [c for c in cases if checked_calls.misaligned_here(c, 16)]  # the same
     assert not checked_calls.misaligned_here(Case(_spec(), {"n": 7}, 1), 1)  # not opted in
+
+
+def test_hashing_outputs_leaves_their_storage_as_it_was(monkeypatch):
+    """The output hash reads copies: numpy's view of the tensor itself would mark its
+    storage not resizable for good, and a later resize_ of the caller's tensor would fail.
+    Chunked or not, it is the hash of all the bytes at once."""
+    from harness.engine import checked_calls
+
+    out = torch.arange(1000, dtype=torch.float32)
+    whole = hashlib.sha256()
+    for part in (b"out", str(out.dtype).encode(), str(tuple(out.shape)).encode(),
+                 out.clone().numpy().tobytes()):
+        whole.update(part)
+    monkeypatch.setattr(checked_calls, "HASH_CHUNK_BYTES", 999)  # past one chunk, unaligned
+    assert checked_calls.output_hashes({"out": out})[0] == whole.hexdigest()
+    assert out.untyped_storage().resizable()
+    out.resize_(2000)  # what a caller may do with its tensor

@@ -28,7 +28,7 @@ import hashlib
 import reprlib
 import traceback
 import zlib
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,13 +289,26 @@ def output_hashes(outputs: Mapping[str, torch.Tensor], apart: Collection[str] = 
         if isinstance(t, torch.Tensor):
             own = hashlib.sha256() if name in apart else None
             for part in (name.encode(), str(t.dtype).encode(), str(tuple(t.shape)).encode(),
-                         flat_bytes(t).cpu().numpy().data):  # hashed in place, not copied
+                         *_host_chunks(flat_bytes(t))):
                 h.update(part)
                 if own is not None:
                     own.update(part)
             if own is not None:
                 each[name] = own.hexdigest()
     return h.hexdigest(), each
+
+
+#: the bytes ``output_hashes`` copies to the host at a time
+HASH_CHUNK_BYTES = 64 << 20
+
+
+def _host_chunks(flat: torch.Tensor) -> Iterator[memoryview]:
+    """``flat``'s bytes as host memory, a copy of ``HASH_CHUNK_BYTES`` at a time: numpy's
+    view of a tensor's own memory would mark its storage not resizable for good (torch's
+    tensor_numpy.cpp), which a later ``resize_`` of the caller's tensor then refuses, and
+    which the reuse check reads as memory torch did not allocate."""
+    for start in range(0, flat.numel(), HASH_CHUNK_BYTES):
+        yield flat[start:start + HASH_CHUNK_BYTES].to("cpu", copy=True).numpy().data
 
 
 @dataclass
