@@ -499,7 +499,8 @@ def _padded_calls(world: World, case: Case, impl: Callable[..., Any], calls: Cal
                           {"padded": padded})
     if checks[-1] != "padded_refused" or len(padded) < 2 or failed:
         return failed
-    # at one rank only (``padded_here``): a failure raises, none is carried
+    # a distributed op pads at one rank only (``padded_here``), so no rank waits on this
+    # one's collectives: a failure raises, none is carried
     start = len(checks)
     for name in padded:
         failed = _relaid_call(world, case, impl, calls, phase, failed, checks, "padded",
