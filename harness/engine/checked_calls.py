@@ -386,7 +386,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
             failed = str(exc)
         small = nbytes(inputs) <= RELOCATE_CAP_BYTES
         if small:
-            calls.held = _own_memory(outputs, inputs)
+            calls.held = own_memory(outputs, inputs)
             if spec.deterministic and not failed:
                 calls.bits = {k: v.clone() for k, v in outputs.items()
                               if isinstance(v, torch.Tensor)}
@@ -418,13 +418,16 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
     return calls
 
 
-def _own_memory(outputs: Mapping[str, Any], inputs: Mapping[str, Any]
+def own_memory(outputs: Mapping[str, Any], inputs: Mapping[str, Any]
                 ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The outputs that share no memory with an input (those the harness poisons or an
-    in-place case rewrites), each with a copy of what it holds now."""
+    in-place case rewrites), each with a copy of what it holds now. Empty ones hold nothing
+    a later call could overwrite (and an empty view of an input overlaps none of its
+    bytes)."""
     ins = [t for _, t in tensors(inputs)]
     return {name: (t, t.clone()) for name, t in outputs.items()
-            if isinstance(t, torch.Tensor) and not any(overlaps(t, i) for i in ins)}
+            if isinstance(t, torch.Tensor) and t.numel() > 0
+            and not any(overlaps(t, i) for i in ins)}
 
 
 def changed_since(held: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> str:

@@ -65,6 +65,7 @@ from harness.engine.checked_calls import (
     checked_calls,
     guards_for,
     measure,
+    own_memory,
 )
 from harness.engine.timed_checks import (
     RepeatWatch,
@@ -77,6 +78,7 @@ from harness.engine.verdict import (
     RankNotes,
     Verdict,
     agree,
+    fails_here,
     gather_verdict,
     judge_golden,
 )
@@ -286,15 +288,18 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
                     repeat = watch.verdict()
             if after == "reused_buffers":
                 local_error = local_error or changed_since(calls.held)
+            later: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # the twin call's
             if real and small:  # on every rank (its collectives), whatever this one found
-                tampered += _on_new_values(world, case, impl, slots[0], values, stages, checks)
+                tampered += _on_new_values(world, case, impl, slots[0], values, stages, checks,
+                                           later)
                 local_error = local_error or changed_since(calls.held)
             # a distributed op's outputs pass through its communicator's work objects, which
             # NCCL's watchdog thread lets go of on its own time; Triton's interpreter keeps
             # every launch's arguments in reference cycles (a collection per case, 60 ms)
-            if recheck and not spec.distributed and not cfg.interpreter and not local_error:
-                local_error = _reused_later(world, case, impl, slots[0], values.twin(),
-                                            calls.held)
+            if (recheck and not spec.distributed and not cfg.interpreter and not local_error
+                    and not fails_here(stages, spec)):
+                local_error = _reused_later(world, impl, slots[0], (calls.setup, values.twin()),
+                                            calls.held, later)
         except KeyboardInterrupt:
             raise
         except IMPL_RAISES as exc:
@@ -481,67 +486,86 @@ def _on_near_values(world: World, case: Case, impl: Callable[..., Any], slot: di
 RING_CALLS = 256
 
 
-def _reused_later(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, Any],
-                  twin: CaseSetup, held: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
-    """Let go of the first call's outputs (``held``); where the implementation still holds
-    the memory of one (its storage alive: a ring of outputs, an arena, a list), make
-    ``RING_CALLS`` more calls on the twin's values and name the output they overwrote ("" if
-    none). A ring longer than a case's 20-odd calls passes ``changed_since``, yet its next
-    turn rewrites what a caller holds; an arena or a list that never writes it again passes.
-    Memory torch did not allocate (``from_numpy``, ``from_dlpack``: a storage that cannot
-    be resized) is wrapped anew per call, so its storage dies while the memory may live on
-    in the implementation: such an output is kept, and the calls made all the same."""
+def _still_held(held: dict[str, tuple[torch.Tensor, torch.Tensor]]
+                ) -> dict[str, tuple[torch.UntypedStorage, tuple[Any, ...]]]:
+    """Let go of ``held`` (outputs, each with a copy of its bits); what the implementation
+    still holds after that: each output's storage and where its bits lay, and those bits.
+    Memory torch did not allocate (``from_numpy``, ``from_dlpack``: a storage that cannot be
+    resized) is wrapped anew per call, so its storage dies while the memory may live on in
+    the implementation: such an output is kept."""
     foreign = {name: (t.untyped_storage(), (t.storage_offset(), t.shape, t.stride(), t.dtype,
                                             t.device, was))
                for name, (t, was) in held.items() if not t.untyped_storage().resizable()}
     # torch/multiprocessing/reductions.py and torch/storage.py (read in 2.11 and 2.13): a
     # weak reference to the StorageImpl, and a strong one made from it while it lives
-    layout = {name: (StorageWeakRef(t.untyped_storage()), t.storage_offset(), t.shape,
-                     t.stride(), t.dtype, t.device, was)
+    layout = {name: (StorageWeakRef(t.untyped_storage()), (t.storage_offset(), t.shape,
+                                                           t.stride(), t.dtype, t.device, was))
               for name, (t, was) in held.items() if name not in foreign}
     held.clear()
-    if not foreign and all(ref.expired() for ref, *_ in layout.values()):
+    if any(not ref.expired() for ref, _ in layout.values()):
+        gc.collect()  # a reference cycle holds it until then
+    return {**{name: (torch.UntypedStorage._new_with_weak_ptr(ref.cdata), rest)
+               for name, (ref, rest) in layout.items() if not ref.expired()}, **foreign}
+
+
+def _reused_later(world: World, impl: Callable[..., Any], slot: dict[str, Any],
+                  own_and_twin: tuple[CaseSetup, CaseSetup],
+                  held: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                  later: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
+    """Let go of the first call's outputs (``held``, the case's values) and, after a real
+    timing, of the twin call's (``later``, the twin's values: a ring that starts after the
+    first call holds those); where the implementation still holds the memory of one
+    (``_still_held``: a ring of outputs, an arena, a list), make ``RING_CALLS`` more calls
+    on other values and name the output they overwrote ("" if none): on the twin's values,
+    then, where the twin call's outputs are held, half of them on the case's own. A ring
+    longer than a case's 20-odd calls passes ``changed_since``, yet its next turn rewrites
+    what a caller holds; an arena or a list that never writes it again passes."""
+    first, then = _still_held(held), _still_held(later)
+    rounds = [(own_and_twin[1], first, "the first call")]
+    if then:
+        rounds.append((own_and_twin[0], then, "the call after the timing"))
+    if not first and not then:
         return ""
-    gc.collect()  # a reference cycle holds it until then
-    kept = {name: (torch.UntypedStorage._new_with_weak_ptr(ref.cdata), rest)
-            for name, (ref, *rest) in layout.items() if not ref.expired()}
-    kept.update(foreign)
-    if not kept:
-        return ""
-    for _ in range(RING_CALLS):
-        _call(world, case, impl, slot, twin)
-    for name, (storage, (offset, shape, stride, dtype, device, was)) in kept.items():
-        now = torch.empty(0, dtype=dtype, device=device).set_(storage, offset, shape, stride)
-        if not same_bits(now, was):
-            return (f"output {name!r} of the first call was overwritten by one of "
-                    f"{RING_CALLS} later calls on other values: the implementation keeps "
-                    "memory it returned and reuses it (a ring of output buffers) under its "
-                    "caller's feet; return memory of its own per call")
+    made = 0
+    for values, kept, which in rounds:
+        for _ in range(RING_CALLS // len(rounds)):
+            _call(world, values.case, impl, slot, values)
+        made += RING_CALLS // len(rounds)
+        for name, (storage, (offset, shape, stride, dtype, device, was)) in kept.items():
+            now = torch.empty(0, dtype=dtype, device=device).set_(storage, offset, shape,
+                                                                  stride)
+            if not same_bits(now, was):
+                return (f"output {name!r} of {which} was overwritten by one of {made} later "
+                        "calls on other values: the implementation keeps memory it returned "
+                        "and reuses it (a ring of output buffers) under its caller's feet; "
+                        "return memory of its own per call")
     return ""
 
 
 def _on_new_values(world: World, case: Case, impl: Callable[..., Any], slot: dict[str, Any],
-                   values: CaseSetup, stages: dict[str, dict[str, Any]], checks: list[str]
-                   ) -> list[str]:
+                   values: CaseSetup, stages: dict[str, dict[str, Any]], checks: list[str],
+                   later: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> list[str]:
     """After a real timing, the calls on new values in buffers the timed calls used: the
-    near twin's where it can show something, then the twin's. The clocks replaced meanwhile
-    (restored)."""
+    near twin's where it can show something, then the twin's (its outputs of their own
+    memory into ``later``). The clocks replaced meanwhile (restored)."""
     near = _near(world, values)
     if near is not None:
         stages["near_values"] = _on_near_values(world, case, impl, slot, near)
         checks.append("near_values")
-    _recheck_in_seen_buffers(world, case, impl, slot, values.twin(), stages)
+    later.update(_recheck_in_seen_buffers(world, case, impl, slot, values.twin(), stages))
     checks += ["reused_buffers", "settled"]
     return clock_tampering()
 
 
 def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
                              slot: dict[str, Any], twin: CaseSetup,
-                             stages: dict[str, dict[str, Any]]) -> None:
+                             stages: dict[str, dict[str, Any]]
+                             ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """One more call, on the twin case's values copied into ``slot`` (buffers the timed calls
     used): its outputs, read the moment it returns, must match the twin's reference (a result
     kept by buffer address or call count is stale), and must still be what they were after the
-    device is synchronised and a moment has passed (work finishing later)."""
+    device is synchronised and a moment has passed (work finishing later). Its outputs of
+    their own memory, each with a copy (``own_memory``)."""
     outputs = _call(world, case, impl, slot, twin)
     seen = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
     # work still running on the device finishes at the synchronise; a host thread gets a
@@ -558,6 +582,7 @@ def _recheck_in_seen_buffers(world: World, case: Case, impl: Callable[..., Any],
     snapshot = {k: v for k, v in seen.items() if isinstance(v, torch.Tensor)}
     stages["settled"] = measure(outputs, snapshot, {k: compare.exact() for k in snapshot},
                                 world.rank)
+    return own_memory(outputs, slot)
 
 
 # the runner's own names for the timing's functions count as its clock too

@@ -226,6 +226,12 @@ def _judge(gathered: list[tuple[str, dict[str, Any]]], case: Case
     return verdict
 
 
+def fails_here(stages: dict[str, dict[str, Any]], spec: OpSpec) -> bool:
+    """Whether a stage measured on this rank fails on its own: the case's verdict is found,
+    and a further check would only change its words."""
+    return any(_judge_stage([m], stage, spec)[0] != "pass" for stage, m in stages.items())
+
+
 def _judge_stage(per_rank: list[dict[str, Any]], stage: str, spec: OpSpec
                  ) -> tuple[str, str, dict[str, Any], int]:
     outputs: dict[str, Any] = {}
