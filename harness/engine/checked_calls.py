@@ -339,6 +339,8 @@ class Calls:
     held: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     #: which call on the same inputs as the first gave other bits ("" if none)
     repeat: str = ""
+    #: the calls made so far, a refused one too (their parity: ``timed_checks.paired``)
+    made: int = 0
     #: a copy of the first call's outputs, where the case is small and deterministic: each
     #: timed repeat must give these bits (``timed_checks.RepeatWatch``)
     bits: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -366,6 +368,7 @@ def checked_calls(world: World, case: Case, impl: Callable[..., Any], interprete
         if interpreter:
             tols = calls.tols = interpreted_lens(tols)
         phase("call")
+        calls.made += 1
         with calls.mem:
             outputs = _call(world, case, impl, inputs, fresh_poison=True)
         phase("check")
@@ -465,6 +468,7 @@ def _relaid_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
     inputs = setup.inputs(world.device, SHIFT_BYTES, zones, **layout)
     guards = guards_for(case, inputs, calls.writable)
     phase("call")
+    calls.made += 1
     try:
         try:
             outputs = _call(world, case, impl, inputs)
@@ -543,6 +547,7 @@ def _second_call(world: World, case: Case, impl: Callable[..., Any], calls: Call
         calls.tols = interpreted_lens(tols) if interpreter else tols
     calls.mem = PeakMemory(world.device)
     phase("call")
+    calls.made += 1
     try:
         with calls.mem:
             outputs = _call(world, source.case, impl, inputs)

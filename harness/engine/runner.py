@@ -258,7 +258,7 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
     # every call after the checked ones must give the checked call's bits (RepeatWatch)
     small = nbytes(inputs) <= RELOCATE_CAP_BYTES
     watch = RepeatWatch(spec, calls.bits, slots, out_names, active=recheck and small)
-    pair = bool(watch.bits) and watch.active and paired(checks, world.size, cfg.interpreter)
+    pair = bool(watch.bits) and watch.active and paired(calls.made, world.size, cfg.interpreter)
     guards = guards_for(case, slots[0], calls.writable) if watch.active else {}
     tampered = clock_tampering()  # replaced by its calls so far (restored; so are the next)
     last, local_error = _timed_calls(world, spec, impl, cfg, slots, out_names, watch, pair,

@@ -13,7 +13,7 @@ values (``untouched``).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -39,20 +39,17 @@ from harness.engine.checked_calls import check_contract
 CONSECUTIVE_MAX_WORLD = 4
 
 
-def paired(checks: Collection[str], world_size: int, interpreter: str | None = None) -> bool:
-    """Whether a lone call after the checked calls (``checks`` says which were made) gets a
-    second right after it, so that calls that alternate show, from the first call or after
-    a warm-up (one call has one parity). Past one rank, where an oversubscribed machine
-    makes a token timing of every case, only where the lone call has the first call's
-    parity (calls 1, 3, 5 alike hide there): the pair on every case cost the smoke tier 2 s
-    of its 90 at 4 ranks. Never for an ``interpreter``'s calls, each worth a thousand
-    compiled ones (the pair cost the interpreted Triton kernels a third of their time); a
-    compiled run pairs them."""
+def paired(made: int, world_size: int, interpreter: str | None = None) -> bool:
+    """Whether a lone call after the ``made`` checked calls (``Calls.made``, a refused one
+    too) gets a second right after it, so that calls that alternate show, from the first
+    call or after a warm-up (one call has one parity). Past one rank, where an
+    oversubscribed machine makes a token timing of every case, only where the lone call has
+    the first call's parity (calls 1, 3, 5 alike hide there): the pair on every case cost
+    the smoke tier 2 s of its 90 at 4 ranks. Never for an ``interpreter``'s calls, each
+    worth a thousand compiled ones (the pair cost the interpreted Triton kernels a third of
+    their time); a compiled run pairs them."""
     if world_size > CONSECUTIVE_MAX_WORLD or interpreter:
         return False
-    made = 1 + sum(bool({name, f"{name}_refused"} & set(checks))
-                   for name in ("misaligned", "padded"))
-    made += bool({"shifted_buffers", "other_values"} & set(checks))
     return made % 2 == 0 or world_size == 1
 
 
