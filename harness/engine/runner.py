@@ -288,18 +288,17 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
                     repeat = watch.verdict()
             if after == "reused_buffers":
                 local_error = local_error or changed_since(calls.held)
-            later: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # the twin call's
+            later: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # the case's last call's
             if real and small:  # on every rank (its collectives), whatever this one found
                 tampered += _on_new_values(world, case, impl, slots[0], values, stages, checks,
                                            later)
                 local_error = local_error or changed_since(calls.held)
-            # a distributed op's outputs pass through its communicator's work objects, which
-            # NCCL's watchdog thread lets go of on its own time; Triton's interpreter keeps
-            # every launch's arguments in reference cycles (a collection per case, 60 ms)
-            if (recheck and not spec.distributed and not cfg.interpreter and not local_error
-                    and not fails_here(stages, spec)):
-                local_error = _reused_later(world, impl, slots[0], (calls.setup, values.twin()),
-                                            calls.held, later)
+            elif recheck and small:  # the token call's, on the case's values
+                later = own_memory(outputs, last["args"])
+                # let go of them here: a storage still alive is one the implementation holds
+                outputs = seen = last["value"] = None
+            if recheck and not local_error and not fails_here(stages, spec):
+                local_error = _ring_check(world, case, impl, calls, slots[0], later, real, cfg)
         except KeyboardInterrupt:
             raise
         except IMPL_RAISES as exc:
@@ -314,6 +313,23 @@ def _time_and_recheck(world: World, case: Case, impl: Callable[..., Any], calls:
         _take(result, verdict)
         return
     _judge_honesty(world, result, tampered, impossible_why)
+
+
+def _ring_check(world: World, case: Case, impl: Callable[..., Any], calls: Calls,
+                slot: dict[str, Any], later: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                real: bool, cfg: TimingConfig) -> str:
+    """``_reused_later`` on the first call's outputs and the case's last call's (``later``:
+    the twin call's after a real timing, else the token call's, on the case's values). Not
+    for a distributed op (its outputs pass through its communicator's work objects, which
+    NCCL's watchdog thread lets go of on its own time), nor interpreted (Triton's interpreter
+    keeps every launch's arguments in reference cycles: a collection per case, 60 ms)."""
+    if case.spec.distributed or cfg.interpreter or not (calls.held or later):
+        return ""
+    twin = calls.setup.twin()  # type: ignore[union-attr]  (set: the case passed)
+    return _reused_later(world, impl, slot, [
+        ("the first call", calls.held, twin),
+        ("the call after the timing" if real else "the last call of the case", later,
+         calls.setup if real else twin)])
 
 
 def _timed_calls(world: World, spec: OpSpec, impl: Callable[..., Any], cfg: TimingConfig,
@@ -509,25 +525,20 @@ def _still_held(held: dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
 def _reused_later(world: World, impl: Callable[..., Any], slot: dict[str, Any],
-                  own_and_twin: tuple[CaseSetup, CaseSetup],
-                  held: dict[str, tuple[torch.Tensor, torch.Tensor]],
-                  later: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> str:
-    """Let go of the first call's outputs (``held``, the case's values) and, after a real
-    timing, of the twin call's (``later``, the twin's values: a ring that starts after the
-    first call holds those); where the implementation still holds the memory of one
-    (``_still_held``: a ring of outputs, an arena, a list), make ``RING_CALLS`` more calls
-    on other values and name the output they overwrote ("" if none): on the twin's values,
-    then, where the twin call's outputs are held, half of them on the case's own. A ring
-    longer than a case's 20-odd calls passes ``changed_since``, yet its next turn rewrites
-    what a caller holds; an arena or a list that never writes it again passes."""
-    first, then = _still_held(held), _still_held(later)
-    rounds = [(own_and_twin[1], first, "the first call")]
-    if then:
-        rounds.append((own_and_twin[0], then, "the call after the timing"))
-    if not first and not then:
-        return ""
+                  watched: list[tuple[str, dict[str, tuple[torch.Tensor, torch.Tensor]],
+                                      CaseSetup]]) -> str:
+    """Let go of the outputs of each call ``watched`` names (its outputs, each with a copy,
+    and values other than those it was made on): the first call's and the case's last call's,
+    which a ring that starts after the first call holds; where the implementation still holds
+    the memory of one (``_still_held``: a ring of outputs, an arena, a list), make
+    ``RING_CALLS`` more calls, shared among those held, each on its call's other values, and
+    name the output they overwrote ("" if none). A ring longer than a case's 20-odd calls
+    passes ``changed_since``, yet its next turn rewrites what a caller holds; an arena or a
+    list that never writes it again passes."""
+    rounds = [(which, _still_held(held), values) for which, held, values in watched]
+    rounds = [(which, kept, values) for which, kept, values in rounds if kept]
     made = 0
-    for values, kept, which in rounds:
+    for which, kept, values in rounds:
         for _ in range(RING_CALLS // len(rounds)):
             _call(world, values.case, impl, slot, values)
         made += RING_CALLS // len(rounds)
