@@ -75,6 +75,33 @@ def machine(device: str | None = None) -> str:
     return f"{cpus}-core {'VM' if virtual else 'host'}"
 
 
+def yardstick(rounds: int = 3) -> float:
+    """Seconds a fixed single-threaded workload takes on this machine, the best of
+    ``rounds``: pure Python (a harness's bookkeeping) and small torch operations (its checks
+    on small tensors). Recorded beside a wall time, it tells a slower machine from slower
+    code: figures from two machines compare as value / yardstick, roughly."""
+    import time
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    best = float("inf")
+    try:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            total = 0
+            for i in range(2_000_000):
+                total += i * i % 7
+            x = torch.arange(1024, dtype=torch.float32)
+            for _ in range(15_000):
+                x = (x * 1.0001).add_(1.0).sin_()
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    return round(best, 3)
+
+
 def command(script: str, *args: str) -> str:
     """``python benchmarks/SCRIPT ARGS``: the command line of a benchmark run as given."""
     import shlex

@@ -4,8 +4,10 @@
                                -- CMD [ARGS...]
 
 The command runs as given, its output passed through; this exits with its exit code. The
-figure's value is the wall time in seconds; its details, the exit code and, where the last
-line of the output is a pytest summary, the counts it gives (passed, skipped, ...). Where
+figure's value is the wall time in seconds; its details, the exit code, the machine's
+``yardstick`` (seconds of a fixed workload, the best of three runs before the command and
+three after; shown beside the machine) and, where the last line of the output is a pytest
+summary, the counts it gives (passed, skipped, ...). Where
 NAME was recorded before, ``--figure`` and the headline flag default to what it says, so that
 a rerun is ``python benchmarks/timed.py NAME -- CMD``. E.g.:
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _figures import machine, record, results_dir  # noqa: E402
+from _figures import machine, record, results_dir, yardstick  # noqa: E402
 
 #: pytest's last line: "2089 passed, 50 skipped in 627.12s (0:10:27)", "== 3 failed, ... =="
 PYTEST_SUMMARY = re.compile(r"^=*\s*((?:\d+ [a-z]+(?:, )?)+) in [\d.]+s\b")
@@ -81,15 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     figure = args.figure or before.get("figure")
     if not figure:
         parser.error(f"{args.name} has no figure yet: give --figure \"what is timed\"")
+    speed = yardstick()
     try:
         code, seconds, last = run(cmd)
     except OSError as e:  # no such command: nothing was timed
         print(f"timed.py: {cmd[0]}: {e.strerror or e}", file=sys.stderr)
         return 127
-    details = {"exit_code": code, **pytest_counts(last)}
+    # the best of both sides: a neighbour busy for part of a long run slows one of them
+    speed = min(speed, yardstick())
+    details = {"exit_code": code, "yardstick_s": speed, **pytest_counts(last)}
     record(args.name, figure=figure, value=round(seconds, 1), unit="s",
            command=shlex.join(["python", "benchmarks/timed.py", args.name, "--", *cmd]),
-           machine=args.machine or machine(), details=details,
+           machine=f"{args.machine or machine()} (yardstick {speed:.2f} s)", details=details,
            headline=(args.headline if args.headline is not None
                      else bool(before.get("headline", False))))
     return code

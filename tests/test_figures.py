@@ -174,3 +174,17 @@ def test_record_writes_a_figure_the_renderer_reads(tmp_path, monkeypatch):
 ])
 def test_timed_reads_pytest_s_summary_line(line, counts):
     assert timed.pytest_counts(line) == counts
+
+
+def test_timed_records_the_machine_s_yardstick_beside_the_wall_time(tmp_path, monkeypatch):
+    """The figure's machine carries the seconds of a fixed workload (the best of runs before
+    and after the command), so that wall times from a faster and a slower machine are told
+    apart from faster and slower code."""
+    monkeypatch.setenv("FIGURES_RESULTS", str(tmp_path))
+    monkeypatch.setenv("FIGURES_MACHINE", "test box")
+    code = timed.main(["t", "--figure", "a timed test", "--", sys.executable, "-c",
+                       "print('1 passed in 0.01s')"])
+    doc = json.loads((tmp_path / "t.json").read_text())
+    speed = doc["details"]["yardstick_s"]
+    assert code == 0 and doc["details"]["passed"] == 1 and 0 < speed < 60, doc
+    assert doc["machine"] == f"test box (yardstick {speed:.2f} s)"
