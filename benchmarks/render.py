@@ -93,7 +93,7 @@ def results_md(figures: list[dict]) -> str:
              "|---|---|---|---|---|---|---|"]
     for f in figures:
         lines.append(f"| [{f['name']}](results/{f['name']}.json) | {_cell(f['figure'])} | "
-                     f"{_cell(value_text(f))} | {_cell(f['machine'])} | "
+                     f"{_cell(value_text(f))} | {_cell(_machine(f))} | "
                      f"`{_short(f['commit'])}` | {f['date']} | `{_cell(f['command'])}` |")
     for f in figures:  # a figure whose details hold a table gets it below, under its name
         table = f["details"].get("table")
@@ -103,6 +103,12 @@ def results_md(figures: list[dict]) -> str:
                       "|" + "---|" * len(table["columns"])]
             lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in table["rows"]]
     return "\n".join(lines) + "\n"
+
+
+def _machine(figure: dict) -> str:
+    """The machine, with its yardstick where the figure has one (``timed.py``)."""
+    speed = figure["details"].get("yardstick_s")
+    return figure["machine"] + (f" (yardstick {speed:.2f} s)" if speed else "")
 
 
 def readme_table(figures: list[dict]) -> str:

@@ -6,10 +6,10 @@
 The command runs as given, its output passed through; this exits with its exit code. The
 figure's value is the wall time in seconds; its details, the exit code, the machine's
 ``yardstick`` (seconds of a fixed workload, the best of three runs before the command and
-three after; shown beside the machine) and, where the last line of the output is a pytest
-summary, the counts it gives (passed, skipped, ...). Where
-NAME was recorded before, ``--figure`` and the headline flag default to what it says, so that
-a rerun is ``python benchmarks/timed.py NAME -- CMD``. E.g.:
+three after; RESULTS.md shows it beside the machine) and, where the last line of the output
+is a pytest summary, the counts it gives (passed, skipped, ...). Where NAME was recorded
+before, ``--figure`` and the headline flag default to what it says, so that a rerun is
+``python benchmarks/timed.py NAME -- CMD``. E.g.:
 
     python benchmarks/timed.py test_suite -- python -m pytest -q --durations=45
     python benchmarks/timed.py ci_run -- .ci/run
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     details = {"exit_code": code, "yardstick_s": speed, **pytest_counts(last)}
     record(args.name, figure=figure, value=round(seconds, 1), unit="s",
            command=shlex.join(["python", "benchmarks/timed.py", args.name, "--", *cmd]),
-           machine=f"{args.machine or machine()} (yardstick {speed:.2f} s)", details=details,
+           machine=args.machine or machine(), details=details,
            headline=(args.headline if args.headline is not None
                      else bool(before.get("headline", False))))
     return code

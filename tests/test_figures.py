@@ -177,7 +177,7 @@ def test_timed_reads_pytest_s_summary_line(line, counts):
 
 
 def test_timed_records_the_machine_s_yardstick_beside_the_wall_time(tmp_path, monkeypatch):
-    """The figure's machine carries the seconds of a fixed workload (the best of runs before
+    """RESULTS.md shows beside the machine the seconds of a fixed workload (the best of runs before
     and after the command), so that wall times from a faster and a slower machine are told
     apart from faster and slower code."""
     monkeypatch.setenv("FIGURES_RESULTS", str(tmp_path))
@@ -187,4 +187,5 @@ def test_timed_records_the_machine_s_yardstick_beside_the_wall_time(tmp_path, mo
     doc = json.loads((tmp_path / "t.json").read_text())
     speed = doc["details"]["yardstick_s"]
     assert code == 0 and doc["details"]["passed"] == 1 and 0 < speed < 60, doc
-    assert doc["machine"] == f"test box (yardstick {speed:.2f} s)"
+    [fig] = render.load(tmp_path)
+    assert f"| test box (yardstick {speed:.2f} s) |" in render.results_md([fig])
