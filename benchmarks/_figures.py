@@ -75,14 +75,18 @@ def machine(device: str | None = None) -> str:
     return f"{cpus}-core {'VM' if virtual else 'host'}"
 
 
-def yardstick(rounds: int = 3) -> float:
+def yardstick(rounds: int = 3) -> float | None:
     """Seconds a fixed single-threaded workload takes on this machine, the best of
     ``rounds``: pure Python (a harness's bookkeeping) and small torch operations (its checks
-    on small tensors). Recorded beside a wall time, it tells a slower machine from slower
-    code: figures from two machines compare as value / yardstick, roughly."""
+    on small tensors); None without torch (a fresh machine before its install). Recorded
+    beside a wall time, it tells a slower machine from slower code: figures from two
+    machines compare as value / yardstick, roughly."""
     import time
 
-    import torch
+    try:
+        import torch
+    except ImportError:
+        return None
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

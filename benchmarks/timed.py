@@ -83,15 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     figure = args.figure or before.get("figure")
     if not figure:
         parser.error(f"{args.name} has no figure yet: give --figure \"what is timed\"")
-    speed = yardstick()
+    before_speed = yardstick()
     try:
         code, seconds, last = run(cmd)
     except OSError as e:  # no such command: nothing was timed
         print(f"timed.py: {cmd[0]}: {e.strerror or e}", file=sys.stderr)
         return 127
     # the best of both sides: a neighbour busy for part of a long run slows one of them
-    speed = min(speed, yardstick())
-    details = {"exit_code": code, "yardstick_s": speed, **pytest_counts(last)}
+    # (before a command that installs torch, there is only the side after)
+    speeds = [s for s in (before_speed, yardstick()) if s is not None]
+    details = {"exit_code": code, **({"yardstick_s": min(speeds)} if speeds else {}),
+               **pytest_counts(last)}
     record(args.name, figure=figure, value=round(seconds, 1), unit="s",
            command=shlex.join(["python", "benchmarks/timed.py", args.name, "--", *cmd]),
            machine=args.machine or machine(), details=details,

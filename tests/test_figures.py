@@ -189,3 +189,16 @@ def test_timed_records_the_machine_s_yardstick_beside_the_wall_time(tmp_path, mo
     assert code == 0 and doc["details"]["passed"] == 1 and 0 < speed < 60, doc
     [fig] = render.load(tmp_path)
     assert f"| test box (yardstick {speed:.2f} s) |" in render.results_md([fig])
+
+
+def test_timed_without_torch_records_no_yardstick(tmp_path, monkeypatch):
+    """Before a command that installs torch (``.ci/run`` on a fresh machine) there is no
+    workload to time: the figure is recorded without it."""
+    monkeypatch.setenv("FIGURES_RESULTS", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "torch", None)  # ``import torch`` raises ImportError
+    assert _figures.yardstick() is None
+    assert timed.main(["t", "--figure", "a timed test", "--", sys.executable, "-c", ""]) == 0
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert "yardstick_s" not in doc["details"] and _figures.check(doc) == []
+    [fig] = render.load(tmp_path)
+    assert "yardstick" not in render.results_md([fig])
