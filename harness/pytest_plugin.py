@@ -112,6 +112,12 @@ class HarnessSession:
         opt = config.option
         size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
         files = self.files = RunDir(Path(opt.harness_run_dir)) if opt.harness_run_dir else None
+        if files:  # by hand, a folder not made yet
+            try:
+                files.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise pytest.UsageError(f"--harness-run-dir {files.path}: cannot make it "
+                                        f"({exc.strerror}): pass a folder you can write") from exc
         if files and MPI.COMM_WORLD.Get_rank() == 0:  # what a killed job leaves, before a wait
             shm_sweep.record(files.of(size, "shm.json"))
         if opt.harness_wait_for:
@@ -290,6 +296,11 @@ def _wait_for(path: Path) -> None:
         time.sleep(0.005)
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """No pytest-xdist workers in a rank, whatever ``-n auto`` an ini file adds (the
+    project's own, when run by hand from its root): the ranks are the job's processes."""
+    return 0
 
 
 @pytest.hookimpl(tryfirst=True)
