@@ -66,18 +66,19 @@ run_step() {
     env) harness env ;;
     # the copy bandwidth and matmul peaks that "% of peak" divides by
     calibrate) harness calibrate --device cuda ;;
-    # the CUDA-only tests: the built-in kernels, CUDA inputs, CUDA timing; each outcome as it
-    # comes (a step stopped by its time limit keeps what ran), none longer than 10 minutes
-    tests) python -m pytest -v -rfEs --timeout 600 -p no:cacheprovider tests/test_cuda_gpu.py \
-             tests/test_cuda_source.py tests/test_inputs.py tests/test_timing.py \
-             -k "not int32_control" ;;  # the same run as the stress step
+    # the CUDA-only tests, one at a time on the one GPU (-n 0): the built-in kernels, CUDA
+    # inputs, CUDA timing; each outcome as it comes (a step stopped by its time limit keeps
+    # what ran), none longer than 10 minutes
+    tests) python -m pytest -v -rfEs --timeout 600 -n 0 -p no:cacheprovider \
+             tests/test_cuda_gpu.py tests/test_cuda_source.py tests/test_inputs.py \
+             tests/test_timing.py -k "not int32_control" ;;  # the same run as the stress step
     # the tests no GPU run has reached: inputs made on CUDA, CUDA event and graph timing
-    tests-cuda) python -m pytest -v -rfEs --timeout 60 -p no:cacheprovider tests/test_inputs.py \
-                  tests/test_timing.py -k cuda ;;
+    tests-cuda) python -m pytest -v -rfEs --timeout 60 -n 0 -p no:cacheprovider \
+                  tests/test_inputs.py tests/test_timing.py -k cuda ;;
     smoke1) harness run --tier smoke --world-sizes 1 --device cuda --fail-on never ;;
     # a kernel that faults costs its own case; compute-sanitizer names it
-    faults) python -m pytest -v -rfEs --timeout 120 -p no:cacheprovider tests/test_cuda_gpu.py \
-              -k "faults or sanitize" ;;
+    faults) python -m pytest -v -rfEs --timeout 120 -n 0 -p no:cacheprovider \
+              tests/test_cuda_gpu.py -k "faults or sanitize" ;;
     # strided_copy.cu against torch's copy, bitwise, GB/s as a ratio
     speed) python benchmarks/strided_copy_speed.py --json "$out/strided_copy_speed.json" ;;
     # the fixes of the last GPU run that no GPU has run since (docs/gpu-validation.md)

@@ -282,7 +282,10 @@ def real_pb_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "pytest.ini").write_text("[pytest]\n")
     (root / "test_tiny_bench.py").write_text(BENCH_TESTS)
     out = root / "bench.json"
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    # pytest-benchmark turns itself off under pytest-xdist, whose worker variables this
+    # process has when the suite runs in parallel
+    env = {k: v for k, v in os.environ.items()
+           if k != "PYTEST_ADDOPTS" and not k.startswith("PYTEST_XDIST")}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c", "pytest.ini",
          "--rootdir", str(root), "test_tiny_bench.py", f"--benchmark-json={out}",

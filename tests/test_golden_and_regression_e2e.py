@@ -79,6 +79,7 @@ def _timed_run(tmp_path: Path, delay: float):
                    env={"HARNESS_TEST_DELAY_S": str(delay)})
 
 
+@pytest.mark.alone  # runs compared with each other
 def test_a_planted_delay_is_a_regression_and_the_same_code_is_not(tmp_path):
     first = _timed_run(tmp_path, 0.0)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]

@@ -128,9 +128,11 @@ SUITE = textwrap.dedent('''
     _kept = {}
 
     def checksum_cache(a, b):
-        """Right answers, kept by a checksum of all the values (a changed element changes
-        it): the timed repeats cost a sum where a matmul should be."""
-        key = (tuple(a.shape), float(a.double().sum()), float(b.double().sum()))
+        """Right answers, kept by a checksum of every value's bits (a changed element changes
+        it): the timed repeats cost an integer sum where a matmul should be, tens of times
+        past the peak (a float64 sum cost most of that margin: a busy machine took the
+        rest)."""
+        key = (tuple(a.shape), int(a.view(torch.int32).sum()), int(b.view(torch.int32).sum()))
         if key not in _kept:
             _kept[key] = a @ b
         return _kept[key].clone()
@@ -141,13 +143,14 @@ SUITE = textwrap.dedent('''
                     work=lambda p, w: Work(flops=2.0 * p["n"] ** 3, flops_dtype="fp32"),
                     # honest and well below the fp32 peak (float64 runs at about half of
                     # it), so that a calibration taken while the machine was busy cannot make
-                    # it look impossible; the cheat lands hundreds of times past the peak
+                    # it look impossible
                     implementations={"honest": lambda a, b: (a.double() @ b.double()).float()},
                     negative_controls={"checksum_cache": checksum_cache})]
 ''')
 
 
 @pytest.mark.mpi
+@pytest.mark.alone  # the calibration and the run it judges, at two moments
 def test_a_time_past_the_calibrated_peak_fails_as_impossible(tmp_path):
     (tmp_path / "mm_suite.py").write_text(SUITE)
     cal = harness(tmp_path, "calibrate", "--quick", timeout=300)

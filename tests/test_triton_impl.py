@@ -1,8 +1,8 @@
 """Triton implementations (harness.device.triton_impl): the decisions as plain functions, and the
 example of docs/cuda-and-triton.md through a real `harness run` with `--impl path.py:fn`,
 beside a wrong kernel of the kind a new user writes. The built-in kernels pass and their
-controls fail in the real runs of tests/test_cli_integration.py (the controls run, the
-collectives' controls, the strided copy's smoke and stress runs)."""
+controls fail in the real runs of tests/test_negative_controls.py (the controls run) and
+tests/test_cli_integration.py (the strided copy's stress runs)."""
 
 from __future__ import annotations
 

@@ -54,15 +54,16 @@ def _harness(cwd: Path, *args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "HARNESS_DB": ""})
 
 
-def _harness_processes() -> list[str]:
-    """Command lines of running ranks of this test's runs (any pytest --pyargs suites)."""
+def _harness_processes(under: Path) -> list[str]:
+    """Command lines of running warm ranks of this test's runs (their go file ``under`` its
+    folder: other tests' runs may be going on beside it)."""
     found = []
     for pid in os.listdir("/proc"):
         try:
             cmd = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, ValueError):
             continue
-        if "--harness-wait-for" in cmd:
+        if "--harness-wait-for" in cmd and str(under) in cmd:
             found.append(cmd)
     return found
 
@@ -88,9 +89,9 @@ def test_a_refused_run_kills_its_warm_job_and_leaves_no_folder(tmp_path):
     assert not (tmp_path / "fresh").exists()
     # the launcher was waited for; its ranks go as soon as their launcher tells them
     deadline = time.monotonic() + 60
-    while _harness_processes() and time.monotonic() < deadline:
+    while _harness_processes(tmp_path) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _harness_processes()
+    assert not _harness_processes(tmp_path)
 
 
 def test_a_cancelled_warm_job_leaves_no_mpi_shared_memory(tmp_path):
