@@ -239,16 +239,23 @@ _FP8_CONTROLS = {
 }
 
 
-def test_fp8_controls_fail_where_their_bug_shows(controls_run):
+def _controls_by_op(controls_run, family: str, triton_op: str) -> dict:
+    """The rows of ``family``'s controls by (op without its prefix, control), every control
+    there; the family's Triton implementation passed ``triton_op``'s cases (_triton_passes)."""
     tmp_path, out = controls_run
-    every = _registry_controls("fp8_gemm")
+    every = _registry_controls(family)
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    columns = "op, case_id, impl, status, reason"
-    _triton_passes(_family_rows(tmp_path / "h.db", "fp8_gemm", columns), {"fp8_gemm.quantize"})
-    results = _family_rows(tmp_path / "h.db", "fp8_gemm", columns, tuple(c for _, c in every))
-    by = {}
-    for r in results:
-        by.setdefault((r["op"].removeprefix("fp8_gemm."), r["impl"]), []).append(r)
+    columns = "world_size, op, case_id, impl, status, reason"
+    _triton_passes(_family_rows(tmp_path / "h.db", family, columns), {triton_op})
+    by: dict = {}
+    for r in _family_rows(tmp_path / "h.db", family, columns, tuple(c for _, c in every)):
+        by.setdefault((r["op"].removeprefix(f"{family}."), r["impl"]), []).append(r)
+    assert set(by) == every
+    return by
+
+
+def test_fp8_controls_fail_where_their_bug_shows(controls_run):
+    by = _controls_by_op(controls_run, "fp8_gemm", "fp8_gemm.quantize")
     for (op, impl), got in by.items():
         rule = _FP8_CONTROLS.get((op, impl), "some")
         statuses = [r["status"] for r in got]
@@ -257,7 +264,6 @@ def test_fp8_controls_fail_where_their_bug_shows(controls_run):
         assert "fail" in statuses and set(statuses) <= ran, (op, impl, got)
         if rule == "all":
             assert set(statuses) == {"fail"}, (op, impl, got)
-    assert set(by) == every
     # static scaling saturates: the unclamped cast must fail exactly there, in both formats
     static = [r for r in by[("quantize", "saturation_ignored")]
               if "static=true" in r["case_id"] and "dist=wide" in r["case_id"]]
@@ -293,16 +299,7 @@ _MOE_CONTROLS = {
 
 
 def test_moe_controls_fail_where_their_bug_shows(controls_run):
-    tmp_path, out = controls_run
-    every = _registry_controls("moe")
-    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
-    columns = "world_size, op, case_id, impl, status, reason"
-    _triton_passes(_family_rows(tmp_path / "h.db", "moe", columns), {"moe.permute"})
-    results = _family_rows(tmp_path / "h.db", "moe", columns, tuple(c for _, c in every))
-    by = {}
-    for r in results:
-        by.setdefault((r["op"].removeprefix("moe."), r["impl"]), []).append(r)
-    assert set(by) == every
+    by = _controls_by_op(controls_run, "moe", "moe.permute")
     for (op, impl), got in by.items():
         rule = _MOE_CONTROLS.get((op, impl), "some")
         statuses = [r["status"] for r in got]
