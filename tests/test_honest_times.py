@@ -129,9 +129,9 @@ SUITE = textwrap.dedent('''
 
     def checksum_cache(a, b):
         """Right answers, kept by a checksum of every value's bits (a changed element changes
-        it): the timed repeats cost an integer sum where a matmul should be, tens of times
-        past the peak (a float64 sum cost most of that margin: a busy machine took the
-        rest)."""
+        it): the timed repeats cost an integer sum where a matmul should be, several times
+        past the peak on an idle machine (3.7x on a 2-core VM; a float64 sum cost most of
+        that margin), not on a busy one: the test runs alone."""
         key = (tuple(a.shape), int(a.view(torch.int32).sum()), int(b.view(torch.int32).sum()))
         if key not in _kept:
             _kept[key] = a @ b

@@ -18,6 +18,7 @@ import json, os, time, pytest
 @pytest.mark.alone
 def test_alone():
     start = time.time()
+    open(os.environ["SPANS"] + ".started", "w").close()
     time.sleep(1.0)
     with open(os.environ["SPANS"], "a") as f:
         f.write(json.dumps(["alone", start, time.time()]) + "\\n")
@@ -28,18 +29,22 @@ import json, os, time, pytest
 @pytest.mark.parametrize("i", range(16))
 def test_beside(i):
     start = time.time()
+    if i == 0 and os.environ.get("WAIT_FOR_ALONE"):  # a worker slow to start cannot hide it
+        deadline = time.time() + 60
+        while not os.path.exists(os.environ["SPANS"] + ".started") and time.time() < deadline:
+            time.sleep(0.01)
     time.sleep(0.2)
     with open(os.environ["SPANS"], "a") as f:
         f.write(json.dumps(["beside", start, time.time()]) + "\\n")
 '''
 
 
-def _spans(tmp_path: Path, *plugins: str) -> list[tuple[str, float, float]]:
+def _spans(tmp_path: Path, *plugins: str, **env_vars: str) -> list[tuple[str, float, float]]:
     (tmp_path / "test_a.py").write_text(ALONE)
     (tmp_path / "test_b.py").write_text(BESIDE)
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers = alone\n")
     spans = tmp_path / "spans.jsonl"
-    env = {**os.environ, "SPANS": str(spans), "PYTHONPATH": str(HELPERS)}
+    env = {**os.environ, "SPANS": str(spans), "PYTHONPATH": str(HELPERS), **env_vars}
     env.pop("KERNEL_HARNESS_TEST_LOCK", None)  # this run's own lock, not the outer suite's
     args = [a for p in plugins for a in ("-p", p)]
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -61,5 +66,6 @@ def test_a_test_marked_alone_runs_with_no_other_beside_it(tmp_path):
 
 
 def test_without_the_lock_the_two_workers_overlap(tmp_path):
-    """The control: the same run without the plugin, which the check above must catch."""
-    assert _overlaps(_spans(tmp_path)) > 0
+    """The control: the same run without the plugin, which the check above must catch (the
+    other worker's first test waits for the alone one to begin, however late its worker)."""
+    assert _overlaps(_spans(tmp_path, WAIT_FOR_ALONE="1")) > 0

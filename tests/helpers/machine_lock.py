@@ -19,6 +19,8 @@ import pytest
 
 #: where the controller tells its workers the lock file's path (they inherit its environment)
 ENV = "KERNEL_HARNESS_TEST_LOCK"
+#: the controller's lock file, removed when its run ends
+_PATH = pytest.StashKey[str]()
 
 _fd: int | None = None
 
@@ -65,9 +67,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_PATH] = path
 
 
-_PATH = pytest.StashKey[str]()
-
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     if _PATH in config.stash:
         Path(config.stash[_PATH]).unlink(missing_ok=True)
@@ -79,5 +78,5 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     try:
         return (yield)
     finally:
-        if _fd is not None:
+        if _fd is not None:  # between tests, so that a worker waiting for it gets it
             fcntl.flock(_fd, fcntl.LOCK_UN)
