@@ -32,7 +32,8 @@ def harness_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def quick_cpu() -> dict:
-    return calibrate.measure(torch.device("cpu"), quick=True)
+    # beside the suite's other tests: what is checked here is not the machine's load
+    return calibrate.measure(torch.device("cpu"), quick=True, even_if_busy=True)
 
 
 def test_quick_cpu_calibration_is_positive_and_finite(quick_cpu: dict) -> None:
@@ -70,7 +71,8 @@ def test_copy_bandwidth_agrees_with_an_independent_measurement() -> None:
 
 def test_cli_stores_a_calibration_that_reads_back(tmp_path: Path) -> None:
     db = tmp_path / "cal.db"
-    proc = harness_cli("calibrate", "--quick", "--device", "cpu", "--db", str(db), "--json")
+    proc = harness_cli("calibrate", "--quick", "--device", "cpu", "--db", str(db), "--json",
+                       "--even-if-busy")
     assert proc.returncode == 0, proc.stderr
     printed = json.loads(proc.stdout)
     conn = store.connect(db)
@@ -87,7 +89,7 @@ def test_cli_stores_a_calibration_that_reads_back(tmp_path: Path) -> None:
 
 def test_cli_table_output(tmp_path: Path) -> None:
     db = tmp_path / "cal.db"
-    proc = harness_cli("calibrate", "--quick", "--db", str(db))
+    proc = harness_cli("calibrate", "--quick", "--db", str(db), "--even-if-busy")
     assert proc.returncode == 0, proc.stderr
     assert "GB/s" in proc.stdout and "matmul fp32" in proc.stdout and str(db) in proc.stdout
 
@@ -101,6 +103,56 @@ def test_cli_device_cuda_without_a_gpu_is_a_usage_error(tmp_path: Path) -> None:
     assert len(lines) == 1 and "--device cuda" in lines[0] and "--device cpu" in lines[0]
     assert "Traceback" not in proc.stderr
     assert not db.exists()  # refused before anything was measured or written
+
+
+def test_the_cpu_share_counts_what_the_threads_could_get() -> None:
+    use = calibrate.CpuUse(cpu_s=3.0, wall_s=2.0)
+    assert calibrate.cpu_share(use, threads=2, cpus=2, quota=None) == pytest.approx(0.75)
+    # a thread per CPU at most; no more CPUs than the affinity or the cgroup's quota give
+    assert calibrate.cpu_share(use, threads=4, cpus=2, quota=None) == pytest.approx(0.75)
+    assert calibrate.cpu_share(use, threads=2, cpus=8, quota=1.5) == pytest.approx(1.0)
+    assert calibrate.cpu_share(calibrate.CpuUse(), threads=2, cpus=2, quota=None) == 1.0
+    assert calibrate.cpu_quota("max 100000\n") is None
+    assert calibrate.cpu_quota("150000 100000\n") == pytest.approx(1.5)
+    assert calibrate.cpu_quota("garbage") is None and calibrate.cpu_quota("0 100000") is None
+    assert calibrate.busy_reason(0.81, 2) == ""
+    why = calibrate.busy_reason(0.47, 2)
+    assert "busy" in why and "47%" in why and "--even-if-busy" in why
+
+
+def test_the_peak_is_the_fastest_repeat() -> None:
+    """A repeat slowed by something else on the machine does not lower a peak."""
+    waits = iter([0.0, 0.03, 0.001, 0.03])  # warm-up, then the three repeats
+
+    def call() -> None:
+        time.sleep(next(waits))
+
+    ns = calibrate._best_ns(call, torch.device("cpu"), warmup=1, repeats=3)
+    assert 1e6 <= ns < 2.5e7  # the 1 ms repeat: at least its sleep, far below the 30 ms ones
+
+
+def test_a_calibration_beside_busy_processes_is_refused(tmp_path: Path) -> None:
+    """Two processes spinning on a machine's CPUs take at least a third of its CPU time from
+    the calibration's threads, whatever else runs: refused in one line, exit 4, and stored
+    with --even-if-busy, marked."""
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(max(2, len(os.sched_getaffinity(0))))]
+    try:
+        time.sleep(0.3)
+        refused = harness_cli("calibrate", "--quick", "--device", "cpu", "--db",
+                              str(tmp_path / "cal.db"))
+        kept = harness_cli("calibrate", "--quick", "--device", "cpu", "--db",
+                           str(tmp_path / "cal.db"), "--even-if-busy", "--json")
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+    lines = [ln for ln in refused.stderr.splitlines() if ln.startswith("error")]
+    assert refused.returncode == 4 and len(lines) == 1, refused.stderr
+    assert "busy while calibrating" in lines[0] and "Traceback" not in refused.stderr
+    assert kept.returncode == 0, kept.stderr
+    details = json.loads(kept.stdout)["details"]
+    assert details["busy"] is True and details["cpu_share"] < calibrate.BUSY_SHARE
 
 
 def test_every_flops_dtype_in_the_suites_is_a_calibrated_dtype() -> None:

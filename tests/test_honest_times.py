@@ -153,7 +153,11 @@ SUITE = textwrap.dedent('''
 @pytest.mark.alone  # the calibration and the run it judges, at two moments
 def test_a_time_past_the_calibrated_peak_fails_as_impossible(tmp_path):
     (tmp_path / "mm_suite.py").write_text(SUITE)
-    cal = harness(tmp_path, "calibrate", "--quick", timeout=300)
+    for _ in range(3):  # refused (exit 4) while a process another test left still ends
+        cal = harness(tmp_path, "calibrate", "--quick", timeout=300)
+        if cal.returncode != 4:
+            break
+        time.sleep(2)
     assert cal.returncode == 0, cal.stderr
     out = harness(tmp_path, "run", "cheat.matmul", "--suite", "mm_suite.py", "--world-sizes",
                   "1", "--impl", "honest", "--impl", "checksum_cache", timeout=300)

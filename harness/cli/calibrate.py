@@ -9,7 +9,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from harness.cli.common import EXIT_USAGE, HarnessExit, console, err_console
+from harness.cli.common import EXIT_INFRA, EXIT_USAGE, HarnessExit, console, err_console
 
 
 def _device(choice: str) -> Any:
@@ -40,8 +40,11 @@ def _table(cal: dict[str, Any], cal_id: int) -> Table:
         table.add_row(f"matmul {dtype} ({d['matmul_n']}^3)", f"{tflops:.3g} TFLOP/s")
     for dtype, why in d.get("skipped", {}).items():
         table.add_row(f"matmul {dtype}", f"[yellow]skipped[/yellow]: {escape(why)}")
-    if d["quick"]:
-        table.caption = "--quick: rough figures"
+    notes = ["--quick: rough figures"] if d["quick"] else []
+    if d.get("busy"):
+        notes.append(f"taken on a busy machine ({d['cpu_share']:.0%} of its threads' CPU "
+                     "time): low peaks")
+    table.caption = "; ".join(notes) or None
     return table
 
 
@@ -53,12 +56,18 @@ def _table(cal: dict[str, Any], cal_id: int) -> Table:
                                          "harness-results/history.db).")
 @click.option("--quick", is_flag=True,
               help="Smaller buffers and fewer repeats: seconds, but rougher figures.")
+@click.option("--even-if-busy", is_flag=True,
+              help="Store a CPU calibration whose repeats got less than 80% of their threads' "
+                   "CPU time (other processes ran beside them; refused with exit 4 without "
+                   "this): its peaks are low, and times past twice them fail as impossible.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def calibrate(device_choice: str, db: str | None, quick: bool, as_json: bool) -> None:
+def calibrate(device_choice: str, db: str | None, quick: bool, even_if_busy: bool,
+              as_json: bool) -> None:
     """Measure copy bandwidth and matmul TFLOP/s per dtype, and store them for this machine.
 
     Runs report their throughput as a percentage of the newest calibration of the same
-    machine and device.
+    machine and device. Each peak is the fastest repeat; on the CPU a calibration taken while
+    other processes took CPU time from it is refused (exit 4).
     """
     from harness.device import envinfo
     from harness.engine import calibrate as calibrate_mod
@@ -74,11 +83,13 @@ def calibrate(device_choice: str, db: str | None, quick: bool, as_json: bool) ->
     try:
         if not as_json:
             err_console.print(f"calibrating {device} ({'quick' if quick else 'full'})...")
-        cal = calibrate_mod.measure(device, quick=quick)
+        cal = calibrate_mod.measure(device, quick=quick, even_if_busy=even_if_busy)
         machine = envinfo.machine()
         cal_id = store.save_calibration(conn, machine, cal)
     except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    except calibrate_mod.BusyMachine as exc:
+        raise HarnessExit(str(exc), EXIT_INFRA) from exc
     finally:
         conn.close()
     if as_json:
