@@ -488,3 +488,46 @@ def test_a_nudge_on_cuda_changes_the_cpus_elements(dtype: str, dist: str) -> Non
     assert_bits_equal(gpu, cpu)
     plain = generate((600, 7), dtype, seed=77, dist=dist, region=(slice(3, None),), **kw)
     assert 1 <= int((bits(plain) != bits(cpu)).sum()) <= 4  # nudged: not the plain values
+
+
+# ---------------------------------------------------------------- the memo of recent tensors
+def test_a_tensor_asked_for_again_is_a_copy_of_the_same_bits() -> None:
+    from harness.core.inputs import RECENT, nudged, reseeded
+
+    RECENT.clear()
+    first = generate((64, 33), "bf16", seed=5)
+    first.fill_(0)  # the caller's to write: what is kept is not this tensor
+    again = generate((64, 33), "bf16", seed=5)
+    RECENT.clear()
+    made = generate((64, 33), "bf16", seed=5)
+    assert torch.equal(again.view(torch.int16), made.view(torch.int16))
+    assert again.untyped_storage().data_ptr() != made.untyped_storage().data_ptr()
+    # everything the values depend on is part of what is asked for
+    for other in (generate((64, 33), "bf16", seed=6), generate((64, 33), "f16", seed=5),
+                  generate((64, 33), "bf16", seed=5, low=-2.0),
+                  generate((64, 33), "bf16", seed=5, stream=1),
+                  generate((64, 33), "bf16", seed=5, region=(slice(1, 3),))):
+        assert other.shape != made.shape or not torch.equal(other.float(), made.float())
+    with reseeded(3):
+        assert not torch.equal(generate((64, 33), "bf16", seed=5).float(), made.float())
+    with nudged(3):
+        assert not torch.equal(generate((64, 33), "bf16", seed=5).float(), made.float())
+    assert torch.equal(generate((64, 33), "bf16", seed=5).view(torch.int16),
+                       made.view(torch.int16))
+
+
+def test_the_memo_keeps_the_newest_tensors_within_its_budget() -> None:
+    from harness.core.recent import Recent
+
+    memo = Recent(budget=3 * 400, largest=400)
+    for k in range(4):
+        memo.put(k, torch.full((100,), float(k)))  # 400 bytes each
+    assert memo.get(0) is None  # the oldest went
+    assert float(memo.get(1)[0]) == 1.0  # and 1 is now the newest
+    memo.put(4, torch.zeros(100))
+    assert memo.get(2) is None and memo.get(1) is not None
+    memo.put("big", torch.zeros(101))  # past the largest kept
+    assert memo.get("big") is None
+    got = memo.get(4)
+    got.fill_(9)
+    assert float(memo.get(4)[0]) == 0.0
