@@ -136,3 +136,21 @@ print("torch imported at the warm start:", seen)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, cwd=tmp_path)
     assert "torch imported at the warm start: [False]" in out.stdout, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("option", [{"timeout": float("nan")}, {"grace": float("inf")},
+                                    {"stall_timeout": 1e300}])
+def test_a_limit_that_is_no_number_of_seconds_is_refused_before_any_job_starts(
+        tmp_path, monkeypatch, option):
+    """Nothing to plan or start for an option a glance refuses: no warm job, no suite."""
+    from harness.engine import session
+
+    def started(*args, **kwargs):
+        raise AssertionError("a job started for a run that was refused")
+
+    monkeypatch.setattr(warm, "start", started)
+    monkeypatch.setattr(session, "plan", started)
+    options = RunOptions(db=str(tmp_path / "h.db"), **option)
+    with pytest.raises(session.RunRefused, match="must be a number of seconds"):
+        session.execute(options, reporter=None)
+    assert not (tmp_path / "h.db").exists()

@@ -175,11 +175,9 @@ def _not_run_notes(specs: Sequence[Any], device_type: str) -> list[str]:
 MAX_SECONDS = 7 * 24 * 3600.0
 
 
-def preflight(options: RunOptions, device_type: str) -> tuple[str, str | None]:
-    """The MPI launcher and compute-sanitizer (or None) the run starts its ranks with;
-    refuses what would break the ranks, before any starts."""
-    from harness.device import envinfo
-
+def check_seconds(options: RunOptions) -> None:
+    """Refuse a deadline, grace or stall limit that is no number of seconds up to a week:
+    first thing, before a job starts or a suite is imported."""
     for flag, value, least in (("--timeout", options.timeout, None),
                                ("--grace", options.grace, 0.0),
                                ("--stall-timeout", options.stall_timeout, 0.0)):
@@ -188,6 +186,13 @@ def preflight(options: RunOptions, device_type: str) -> tuple[str, str | None]:
             raise RunRefused(f"{flag} {value} must be a number of seconds "
                              f"{'above 0' if least is None else 'from 0'} up to {MAX_SECONDS:.0f}"
                              " (a week)")
+
+
+def preflight(options: RunOptions, device_type: str) -> tuple[str, str | None]:
+    """The MPI launcher and compute-sanitizer (or None) the run starts its ranks with;
+    refuses what would break the ranks, before any starts."""
+    from harness.device import envinfo
+
     if options.timing_mode == "graph" and device_type != "cuda":
         raise RunRefused("--timing-mode graph replays CUDA graphs and needs a GPU: drop it (CPU "
                          "timing uses perf_counter) or run with --device cuda on a machine "
@@ -306,6 +311,7 @@ def execute(options: RunOptions, reporter: Reporter,
     from harness.engine import warm as warm_start
     from harness.history import store
 
+    check_seconds(options)
     if options.golden_dir:
         options = dataclasses.replace(options, golden_dir=str(Path(options.golden_dir).resolve()))
     db_path = store.resolve_db_path(options.db)
