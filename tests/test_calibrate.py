@@ -133,8 +133,9 @@ def test_the_peak_is_the_fastest_repeat() -> None:
 
 def test_a_calibration_beside_busy_processes_is_refused(tmp_path: Path) -> None:
     """Processes spinning on every CPU take over half of the CPU time from the calibration's
-    threads, whatever else runs: refused in one line, exit 4; kept, marked, when asked to.
-    The spinners start when the measuring does (not while torch imports)."""
+    threads, whatever else runs: refused in one line, exit 4, a DB made for it removed, one
+    that was there kept. The spinners start when the measuring does (not while torch
+    imports)."""
     spin = [subprocess.Popen([sys.executable, "-c", "import sys\nsys.stdin.read(1)\n"
                               "while True: pass"], stdin=subprocess.PIPE)
             # two per CPU: under half of each CPU is left, however many threads calibrate
@@ -146,24 +147,36 @@ def test_a_calibration_beside_busy_processes_is_refused(tmp_path: Path) -> None:
             p.stdin.flush()
         time.sleep(0.2)
 
+    old = tmp_path / "old.db"  # a history that was there before: refused, it stays
+    store.connect(old).close()
+    new = tmp_path / "new" / "cal.db"  # made for the calibration: refused, it goes
     try:
-        cli = subprocess.Popen([sys.executable, "-m", "harness", "calibrate", "--quick",
-                                "--device", "cpu", "--db", str(tmp_path / "cal.db")],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        said = cli.stderr.readline()  # "calibrating cpu (quick)...", then it measures
+        clis = [subprocess.Popen([sys.executable, "-m", "harness", "calibrate", "--quick",
+                                  "--device", "cpu", "--db", str(db)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for db in (new, old)]
+        said = [cli.stderr.readline() for cli in clis]  # "calibrating cpu...", then it measures
         start_spinning()
-        rest, more = cli.communicate(timeout=300)
-        kept = calibrate.measure(torch.device("cpu"), quick=True, even_if_busy=True)
+        more = [cli.communicate(timeout=300)[1] for cli in clis]
     finally:
         for p in spin:
             p.kill()
             p.wait()
-    assert said.startswith("calibrating"), said + more
-    lines = [ln for ln in more.splitlines() if ln.strip()]
-    assert cli.returncode == 4 and len(lines) == 1, more
-    assert "busy while calibrating" in lines[0] and "Traceback" not in more
-    assert kept["details"]["busy"] is True
-    assert kept["details"]["cpu_share"] < calibrate.BUSY_SHARE
+    for cli, first, rest in zip(clis, said, more, strict=True):
+        assert first.startswith("calibrating"), first + rest
+        lines = [ln for ln in rest.splitlines() if ln.strip()]
+        assert cli.returncode == 4 and len(lines) == 1, rest
+        assert "busy while calibrating" in lines[0] and "Traceback" not in rest
+    assert not new.parent.exists() and old.is_file()
+
+
+def test_a_busy_calibration_asked_to_be_kept_is_marked(monkeypatch) -> None:
+    """Any share counts as busy past a threshold above 1: kept when asked to, marked."""
+    monkeypatch.setattr(calibrate, "BUSY_SHARE", 1.5)
+    with pytest.raises(calibrate.BusyMachine, match="busy while calibrating"):
+        calibrate.measure(torch.device("cpu"), quick=True)
+    kept = calibrate.measure(torch.device("cpu"), quick=True, even_if_busy=True)
+    assert kept["details"]["busy"] is True and 0 < kept["details"]["cpu_share"] < 1.5
 
 
 def test_every_flops_dtype_in_the_suites_is_a_calibrated_dtype() -> None:

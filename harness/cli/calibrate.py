@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import click
@@ -26,6 +28,16 @@ def _device(choice: str) -> Any:
                           "--device cpu, or run on a machine with a GPU and a CUDA torch",
                           EXIT_USAGE)
     return torch.device("cpu")
+
+
+def _remove_made(made: Path) -> None:
+    """The DB file (and its SQLite side files), or the folder made for it, that a refused
+    calibration leaves empty."""
+    if made.is_dir():
+        shutil.rmtree(made, ignore_errors=True)
+        return
+    for path in (made, *(made.with_name(made.name + s) for s in ("-wal", "-shm", "-journal"))):
+        path.unlink(missing_ok=True)
 
 
 def _table(cal: dict[str, Any], cal_id: int) -> Table:
@@ -71,10 +83,14 @@ def calibrate(device_choice: str, db: str | None, quick: bool, even_if_busy: boo
     """
     from harness.device import envinfo
     from harness.engine import calibrate as calibrate_mod
+    from harness.engine.warm import first_missing
     from harness.history import sql, store
 
     device = _device(device_choice)
     db_path = store.resolve_db_path(db)
+    # what opening the DB makes, removed again if the calibration is refused
+    made = (first_missing(db_path) if isinstance(db_path, Path) and not db_path.exists()
+            else None)
     # open the DB first: a bad --db must fail before a minute of measuring, not after
     try:
         conn = store.connect(db_path)
@@ -89,6 +105,9 @@ def calibrate(device_choice: str, db: str | None, quick: bool, even_if_busy: boo
     except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     except calibrate_mod.BusyMachine as exc:
+        conn.close()
+        if made is not None and made.exists():
+            _remove_made(made)
         raise HarnessExit(str(exc), EXIT_INFRA) from exc
     finally:
         conn.close()
