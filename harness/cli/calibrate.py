@@ -96,6 +96,7 @@ def calibrate(device_choice: str, db: str | None, quick: bool, even_if_busy: boo
         conn = store.connect(db_path)
     except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
+    refused = None
     try:
         if not as_json:
             err_console.print(f"calibrating {device} ({'quick' if quick else 'full'})...")
@@ -105,12 +106,13 @@ def calibrate(device_choice: str, db: str | None, quick: bool, even_if_busy: boo
     except sql.StoreError as exc:
         raise HarnessExit(str(exc), EXIT_USAGE) from exc
     except calibrate_mod.BusyMachine as exc:
-        conn.close()
-        if made is not None and made.exists():
-            _remove_made(made)
-        raise HarnessExit(str(exc), EXIT_INFRA) from exc
+        refused = exc
     finally:
         conn.close()
+    if refused is not None:  # with the DB closed, what opening it made can go
+        if made is not None and made.exists():
+            _remove_made(made)
+        raise HarnessExit(str(refused), EXIT_INFRA) from refused
     if as_json:
         click.echo(json.dumps({"id": cal_id, "db": str(db_path),
                                "machine_fingerprint": machine["fingerprint"], **cal},

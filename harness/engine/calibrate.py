@@ -221,7 +221,7 @@ def measure(device: torch.device, quick: bool = False, even_if_busy: bool = Fals
     if skipped:
         details["skipped"] = skipped
     if use is not None:
-        threads = torch.get_num_threads()
+        threads = details["threads"]
         share = cpu_share(use, threads, len(usable_cpus()), _cgroup_cpus())
         details["cpu_share"] = round(share, 3)
         why = busy_reason(share, threads)
