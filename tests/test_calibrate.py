@@ -131,6 +131,15 @@ def test_the_peak_is_the_fastest_repeat() -> None:
     assert 1e6 <= ns < 2.5e7  # the 1 ms repeat: at least its sleep, far below the 30 ms ones
 
 
+def _first_line(pipe) -> str:
+    """One line read a byte at a time: a buffered readline may take what follows it too (a
+    refusal that came at once, on a machine busy already), which ``communicate`` then misses."""
+    got = b""
+    while not got.endswith(b"\n") and (byte := pipe.read(1)):
+        got += byte
+    return got.decode()
+
+
 def test_a_calibration_beside_busy_processes_is_refused(tmp_path: Path) -> None:
     """Processes spinning on every CPU take over half of the CPU time from the calibration's
     threads, whatever else runs: refused in one line, exit 4, a DB made for it removed, one
@@ -153,11 +162,11 @@ def test_a_calibration_beside_busy_processes_is_refused(tmp_path: Path) -> None:
     try:
         clis = [subprocess.Popen([sys.executable, "-m", "harness", "calibrate", "--quick",
                                   "--device", "cpu", "--db", str(db)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
                 for db in (new, old)]
-        said = [cli.stderr.readline() for cli in clis]  # "calibrating cpu...", then it measures
+        said = [_first_line(cli.stderr) for cli in clis]  # "calibrating cpu...", then it measures
         start_spinning()
-        more = [cli.communicate(timeout=300)[1] for cli in clis]
+        more = [cli.communicate(timeout=300)[1].decode() for cli in clis]
     finally:
         for p in spin:
             p.kill()
