@@ -58,24 +58,11 @@ def two_node_cluster():
 
 
 # the suite in parallel under pytest-xdist (pyproject's addopts: `-n auto --dist loadfile`),
-# the tests marked `alone` with no other beside them
+# the longest modules begun first, the tests marked `alone` with no other beside them
 from machine_lock import (  # noqa: E402, F401
+    pytest_collection_modifyitems,
     pytest_configure,
     pytest_runtest_protocol,
     pytest_unconfigure,
     pytest_xdist_auto_num_workers,
 )
-
-#: the modules whose shared MPI runs take the longest, longest first: begun first (a worker
-#: each, `--no-loadscope-reorder`), the other modules fill the other workers around them
-#: instead of all waiting for the last of them
-LONGEST = ("test_negative_controls.py", "test_smoke_tier.py", "test_cli_integration.py",
-           "test_dashboard_browser.py", "test_golden_and_regression_e2e.py")
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item):
-        name = item.path.name
-        return LONGEST.index(name) if name in LONGEST else len(LONGEST)
-
-    items.sort(key=rank)  # stable: each module's tests keep their order

@@ -69,3 +69,12 @@ def test_without_the_lock_the_two_workers_overlap(tmp_path):
     """The control: the same run without the plugin, which the check above must catch (the
     other worker's first test waits for the alone one to begin, however late its worker)."""
     assert _overlaps(_spans(tmp_path, WAIT_FOR_ALONE="1")) > 0
+
+
+def test_the_modules_begun_first_are_modules_of_the_suite() -> None:
+    """A renamed or removed module left in LONGEST would silently lose its place."""
+    from machine_lock import LONGEST
+
+    here = Path(__file__).parent
+    assert len(set(LONGEST)) == len(LONGEST)
+    assert [m for m in LONGEST if not (here / m).is_file()] == []

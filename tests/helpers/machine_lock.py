@@ -1,4 +1,5 @@
-"""The suite in parallel (pytest-xdist; tests/conftest.py takes these hooks): every test holds
+"""The suite in parallel (pytest-xdist; tests/conftest.py takes these hooks): the longest
+modules begun first (``LONGEST``); every test holds
 a shared lock on one file while it runs (setup and teardown, module fixtures included); a test
 marked ``alone``, or a fixture inside :func:`alone`, holds it exclusively, so that no other
 test runs beside it. Which ones: those whose verdict compares times taken at different moments
@@ -41,6 +42,27 @@ def alone() -> Iterator[None]:
         yield
     finally:
         hold(False)
+
+
+#: the modules that take longest on a 2-core VM, longest first (their shared MPI runs and
+#: end-to-end tests): begun in this order (a module per worker, `--no-loadscope-reorder`), so
+#: that the short modules come last and fill in around the long ones, instead of a long one
+#: begun last running on one worker while the other has nothing left
+LONGEST = ("test_negative_controls.py", "test_smoke_tier.py", "test_cli_integration.py",
+           "test_dashboard_browser.py", "test_golden_and_regression_e2e.py", "test_golden.py",
+           "test_ci_pipelines.py", "test_exchange.py", "test_faults.py",
+           "test_external_suites.py", "test_resume.py", "test_cli_compare.py",
+           "test_warm_start.py", "test_honest_times.py", "test_wrong_kernels.py",
+           "test_cuda_source.py", "test_machine_lock.py", "test_calibrate.py", "test_store.py",
+           "test_cuda_kernels_on_host.py", "test_changepoints.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item):
+        name = item.path.name
+        return LONGEST.index(name) if name in LONGEST else len(LONGEST)
+
+    items.sort(key=rank)  # stable: each module's tests keep their order
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
