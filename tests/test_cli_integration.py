@@ -216,14 +216,17 @@ def test_processes_an_implementation_starts_stay_inside_its_rank(tmp_path):
 # implementations each fail the same case, every other case of theirs must still run (in a
 # relaunched job) and pass; the wrong callable fails every case; the deadlock in every case
 # costs two deadlines, not one per case; flush-to-zero left on by one rank, a process that exits
-# cleanly and a sys.exit each cost one case
+# cleanly, a sys.exit and a flood of output each cost one case
 _FAULT_SELECTORS = ("allreduce[*op=min*]", "allreduce[*op=max*]")
 _FAULT_IMPLS = ("harness_test_impls:raise_on_last_rank", "harness_test_impls:crash_on_rank_one",
                 "harness_test_impls:off_by_one", "harness_test_impls:sticky_on_rank_one",
                 "harness_test_impls:hang_every_case", "harness_test_impls:flush_on_rank_one",
                 "harness_test_impls:exits_zero", "harness_test_impls:calls_sys_exit",
                 "harness_test_impls:writes_input_on_rank_one",
-                "harness_test_impls:connection_lost_on_rank_zero")
+                "harness_test_impls:connection_lost_on_rank_zero",
+                "harness_test_impls:floods_its_log")
+#: the most output a job of the faults run may write (the flood's stops there)
+_FAULT_MAX_OUTPUT_MIB = 16
 _FAULT_CASE = "allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=min]"
 
 
@@ -236,7 +239,8 @@ def faults_run(tmp_path_factory):
     # a slow machine still meets, and each of the three timeouts costs it
     before = {path for path, _ in shm.leftovers()}
     out = harness(tmp_path, "run", *_FAULT_SELECTORS, "--world-sizes", "2", "--no-bench",
-                  "--timeout", "3", "--grace", "20", *impls, timeout=400)
+                  "--timeout", "3", "--grace", "20", "--max-output-mib",
+                  str(_FAULT_MAX_OUTPUT_MIB), *impls, timeout=400)
     # MPI segments the run's killed jobs left that no process holds (none: the launcher
     # removed them before it returned); one that another test's killed job left for its own
     # launcher to remove is gone within seconds, a leak stays
@@ -309,6 +313,23 @@ def test_broken_torch_distributed_connections_cost_one_case(faults_run):
     _costs_its_case_alone(faults_run, "harness_test_impls:connection_lost_on_rank_zero",
                           "error", "left the torch.distributed connections of rank(s) 0 "
                           "unusable", "ran in a new one")
+
+
+def test_a_case_that_floods_its_log_is_a_crash_and_the_log_is_cut(faults_run):
+    """Output past --max-output-mib stops the job in the case that wrote it: a crash saying
+    why, the log cut to its first and last 64 KiB, the other cases run in a new job."""
+    _costs_its_case_alone(faults_run, "harness_test_impls:floods_its_log", "crash",
+                          f"of output to its log during this case, past --max-output-mib "
+                          f"{_FAULT_MAX_OUTPUT_MIB} (an implementation printing")
+    reason = _fault_statuses(faults_run, "harness_test_impls:floods_its_log")[_FAULT_CASE][
+        "reason"]
+    wrote = int(re.search(r"ranks wrote (\d+) MiB", reason).group(1))
+    assert wrote >= _FAULT_MAX_OUTPUT_MIB, reason
+    log = Path(re.search(r"64 KiB: (\S+?\.log)", reason).group(1))
+    assert log.stat().st_size < 130 << 10
+    text = log.read_text()
+    assert text.startswith("$ ") and re.search(r"^harness: \d+ bytes of the ranks' output "
+                                               r"cut here$", text, re.M), text[:3000]
 
 
 def test_jobs_that_were_stopped_or_crashed_leave_no_mpi_shared_memory(faults_run):

@@ -19,7 +19,7 @@ import torch
 
 from harness.core import timing
 from harness.device import cuda, cuda_compile, kernel_launch, memory
-from harness.engine import launch
+from harness.engine import rank_env
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_cuda_source import (  # noqa: E402
@@ -186,9 +186,9 @@ def test_gpu_free_memory_counts_what_torchs_cache_holds_unused():
 
 
 def test_the_ranks_run_with_mpichs_gpu_support_off_unless_the_user_says():
-    env = launch.rank_environment({"PATH": "/bin"}, "r1")
+    env = rank_env.rank_environment({"PATH": "/bin"}, "r1")
     assert env["MPIR_CVAR_ENABLE_GPU"] == "0" and env["HARNESS_RUN_ID"] == "r1"
-    assert launch.rank_environment({"MPIR_CVAR_ENABLE_GPU": "1"}, "r1")[
+    assert rank_env.rank_environment({"MPIR_CVAR_ENABLE_GPU": "1"}, "r1")[
         "MPIR_CVAR_ENABLE_GPU"] == "1"
 
 
@@ -196,10 +196,10 @@ def test_relative_pythonpath_entries_reach_the_ranks_as_the_folders_the_user_mea
     # the ranks start in the run's work folder, not where the user typed the command
     base = {"HARNESS_INVOKED_FROM": str(tmp_path),
             "PYTHONPATH": os.pathsep.join(["helpers", "/abs/site", "", "../up"])}
-    got = launch.rank_environment(base, "r1")["PYTHONPATH"].split(os.pathsep)
+    got = rank_env.rank_environment(base, "r1")["PYTHONPATH"].split(os.pathsep)
     assert [os.path.normpath(p) for p in got] == [
         str(tmp_path / "helpers"), "/abs/site", str(tmp_path), str(tmp_path.parent / "up")]
-    assert "PYTHONPATH" not in launch.rank_environment({"HARNESS_INVOKED_FROM": "/nowhere"},
+    assert "PYTHONPATH" not in rank_env.rank_environment({"HARNESS_INVOKED_FROM": "/nowhere"},
                                                        "r1")
 
 

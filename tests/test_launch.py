@@ -12,16 +12,15 @@ import stand_ins
 
 from harness.core.results import CaseResult, append
 from harness.engine.launch import (
-    HEAVY_YIELD,
     LaunchConfig,
     RecordedKeys,
     _fruitless,
     _JobEnd,
     build_command,
     one_node,
-    wait_environment,
 )
 from harness.engine.options import RunOptions
+from harness.engine.rank_env import HEAVY_YIELD, wait_environment
 from harness.engine.srun import srun_args
 
 
@@ -394,8 +393,8 @@ def test_a_host_file_is_read_as_mpich_and_open_mpi_write_it(tmp_path):
 
 
 def test_a_job_log_past_100_mib_is_named(tmp_path):
-    """Nothing cuts the ranks' output: a log an implementation filled is said after its world
-    size (a sparse file: its size is what counts)."""
+    """A log an implementation filled (under --max-output-mib) is said after its world size
+    (a sparse file: its size is what counts)."""
     from harness.engine.joblog import BIG_LOG_BYTES, big_logs
 
     small, big = tmp_path / "w1.launch-1.log", tmp_path / "w1.launch-2.log"
@@ -404,8 +403,7 @@ def test_a_job_log_past_100_mib_is_named(tmp_path):
         fh.truncate(BIG_LOG_BYTES + (5 << 20))
     notes = big_logs([small, big, tmp_path / "gone.log"])
     assert notes == [f"the job's log {big} holds 105 MiB of its ranks' output (an "
-                     "implementation printing in every call?): nothing cuts it, so mind the "
-                     "run folder's disk"]
+                     "implementation printing in every call?): mind the run folder's disk"]
 
 
 # a stand-in for mpiexec killed from outside in its first case (a user's kill -9, a
@@ -455,3 +453,38 @@ def test_a_launcher_killed_from_outside_costs_its_case_nothing_once(tmp_path, mo
         assert lines[0]["case_id"] == items[0].case.id
         assert "the launcher killed by SIGKILL" in lines[0]["reason"]
         assert "a second time in this case (it ran again after the first)" in lines[0]["reason"]
+
+
+def test_a_flooded_log_is_cut_to_its_start_and_end_and_read_a_piece_at_a_time(tmp_path):
+    from harness.engine import joblog
+
+    log = tmp_path / "w2.launch-1.log"
+    head, end = b"$ mpiexec -n 2 python -m pytest\n", b"srun: error: Node failure on n2\n"
+    body = b"x" * (joblog.READ_BYTES + 10)  # one line longer than a read: skipped, not stuck
+    log.write_bytes(head + body + b"\n" + end)
+    assert joblog.flooded(log, 0) is None and joblog.flooded(log, 1024) is None
+    assert joblog.flooded(log, 4) == log.stat().st_size
+    lost = joblog.LostNodes(log)
+    for _ in range(3):
+        lost.update()
+    assert lost.nodes == ["n2"]
+    both = joblog.start_and_end(log, 100)
+    assert both.startswith(head.decode()) and both.endswith(end.decode()) and len(both) == 200
+    assert joblog.tail(log, 1) == end.decode().strip()
+    joblog.cut(log, keep=1000)
+    text = log.read_text()
+    gone = len(head + body + end) + 1 - 2000
+    assert text.startswith(head.decode()) and text.endswith(end.decode())
+    assert f"\nharness: {gone} bytes of the ranks' output cut here\n" in text
+    assert len(text) < 2100
+    joblog.cut(log, keep=len(text) // 2)  # short enough already: left as it is
+    assert log.read_text() == text
+
+
+def test_a_job_that_floods_its_log_outside_any_case_is_named(tmp_path):
+    log = tmp_path / "w1.launch-2.log"
+    log.write_text("$ mpiexec -n 1 python -m pytest\nxxxx\n")
+    why = _fruitless(1, _JobEnd(-15, {"flood": 20 << 20}, None, log), 2, 60.0, 16)
+    assert why.startswith("world size 1: 2 job(s) in a row ran no case; the last: the job was "
+                          "stopped: its ranks wrote 20 MiB of output to its log outside any "
+                          "case, past --max-output-mib 16"), why

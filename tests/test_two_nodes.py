@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from harness.device.placement import GpuFacts, RankFacts, contention, place
-from harness.engine.launch import LaunchConfig, one_node, wait_environment
+from harness.engine.launch import LaunchConfig, one_node
+from harness.engine.rank_env import wait_environment
 
 pytestmark = pytest.mark.heavy  # a cluster brought up in namespaces: run apart, -m heavy
 

@@ -44,6 +44,7 @@ from harness.cli.common import (  # noqa: F401 - re-exported for callers
 from harness.cli.show import print_outcome
 from harness.core.discovery import BUILTIN_SUITE
 from harness.engine.giveup import GIVE_UP_AFTER
+from harness.engine.joblog import MAX_OUTPUT_MIB
 from harness.engine.stall import STALL_TIMEOUT_S
 
 
@@ -109,6 +110,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "between cases, ending) before it is stopped as stuck: one stuck before "
                    "its first case is tried once more, then the world size is an "
                    "infrastructure error; 0 never stops one.")
+@click.option("--max-output-mib", type=click.IntRange(min=0), default=MAX_OUTPUT_MIB,
+              show_default=True,
+              help="MiB of output a job's ranks may write to its log (an implementation "
+                   "printing in every call) before the job is stopped: the case in progress "
+                   "is a crash, the log keeps its start and end, the remaining cases run in "
+                   "a new job; 0 never stops one.")
 @click.option("--golden-dir", default=None, type=click.Path(file_okay=False),
               help="Golden directory (default $HARNESS_GOLDEN_DIR or suites/golden).")
 @click.option("--golden/--no-golden", "use_golden", default=True, show_default=True,
@@ -131,8 +138,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
                    "recorded stay, the missing ones run with the run's own selection and "
                    "options, then it is stored and analysed once. --db or --out-dir say where "
                    "its folder is; --timeout, --fail-on, --launcher, --launcher-args, "
-                   "--hostfile, --grace, --give-up-after, --stall-timeout and --report are the "
-                   "run's own unless given anew.")
+                   "--hostfile, --grace, --give-up-after, --stall-timeout, --max-output-mib "
+                   "and --report are the run's own unless given anew.")
 @click.pass_context
 def run(ctx: click.Context, resume_id: str | None, **params: Any) -> None:
     """Run, check and time the selected cases at each world size; record them in the DB.

@@ -3,6 +3,7 @@ rank, its last lines. The launcher reads its jobs' logs as they grow and after t
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 from collections.abc import Sequence
@@ -29,10 +30,10 @@ class LostNodes:
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
-                data = fh.read()
+                data = fh.read(READ_BYTES)  # what a flood wrote since, a piece at a time
         except FileNotFoundError:
             return self.nodes
-        end = data.rfind(b"\n") + 1
+        end = data.rfind(b"\n") + 1 or (len(data) if len(data) == READ_BYTES else 0)
         self.offset += end
         for match in _NODE_FAILURE.finditer(data[:end]):
             node = match.group(1).decode(errors="replace")
@@ -51,13 +52,75 @@ def lost_node_message(world_size: int, nodes: Sequence[str], in_progress: str | 
             f"the node is back, `harness run --resume {run_id}` runs them")
 
 
-#: a job log past this size is named after its world size: nothing caps the ranks' output
+#: the most bytes of a job's log read at once (a line longer than this is skipped)
+READ_BYTES = 4 << 20
+#: MiB of output a job's ranks may write to its log before the launcher stops the job
+#: (``--max-output-mib``): an implementation printing in a loop fills the run folder's disk
+#: at hundreds of MiB a second, and the case's deadline comes too late to stop it
+MAX_OUTPUT_MIB = 1024
+#: what a stopped job's flooded log keeps of its start and of its end (``cut``)
+KEPT_BYTES = 64 << 10
+
+
+def flooded(path: Path, max_mib: int) -> int | None:
+    """The size of a job's log past ``max_mib`` MiB (0: no limit), else None."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return None
+    return size if max_mib and size > max_mib << 20 else None
+
+
+def cut(path: Path, keep: int = KEPT_BYTES) -> None:
+    """A stopped job's log shortened to its first and last ``keep`` bytes, a line between
+    saying how much went (written beside it, then moved over it)."""
+    size = path.stat().st_size
+    if size <= 2 * keep:
+        return
+    with open(path, "rb") as fh:
+        head = fh.read(keep)
+        fh.seek(size - keep)
+        end = fh.read(keep)
+    note = f"\nharness: {size - 2 * keep} bytes of the ranks' output cut here\n".encode()
+    part = path.with_name(path.name + ".cut")
+    part.write_bytes(head + note + end)
+    os.replace(part, path)
+
+
+def flood_reason(size: int, max_mib: int, log_path: Path, when: str = "during this case"
+                 ) -> str:
+    """Why a job was stopped for its log's size."""
+    return (f"the job was stopped: its ranks wrote {size / 2**20:.0f} MiB of output to its log "
+            f"{when}, past --max-output-mib {max_mib} (an implementation printing in every "
+            f"call?); its log keeps the first and last {KEPT_BYTES >> 10} KiB: {log_path}")
+
+
+def start_and_end(path: Path, nbytes: int = KEPT_BYTES) -> str:
+    """The first and the last ``nbytes`` of a log, as text ('' if it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(nbytes)
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(len(head), size - nbytes))
+            return (head + fh.read()).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _end_of(path: Path, nbytes: int) -> str:
+    with open(path, "rb") as fh:
+        fh.seek(max(0, fh.seek(0, os.SEEK_END) - nbytes))
+        return fh.read().decode(errors="replace")
+
+
+#: a job log past this size is named after its world size
 BIG_LOG_BYTES = 100 << 20
 
 
 def big_logs(paths: Sequence[Path], limit: int = BIG_LOG_BYTES) -> list[str]:
-    """A note for each job log past ``limit`` bytes: the ranks' output goes to it uncut, and
-    an implementation that prints in every call fills the run folder's disk."""
+    """A note for each job log past ``limit`` bytes: an implementation that prints in every
+    call fills the run folder's disk (a job whose log passes ``--max-output-mib`` is
+    stopped)."""
     notes = []
     for path in paths:
         try:
@@ -66,8 +129,8 @@ def big_logs(paths: Sequence[Path], limit: int = BIG_LOG_BYTES) -> list[str]:
             continue
         if size > limit:
             notes.append(f"the job's log {path} holds {size / 2**20:.0f} MiB of its ranks' "
-                         "output (an implementation printing in every call?): nothing cuts "
-                         "it, so mind the run folder's disk")
+                         "output (an implementation printing in every call?): mind the run "
+                         "folder's disk")
     return notes
 
 
@@ -78,7 +141,7 @@ def _rank_signal(log_path: Path) -> int | None:
     """The signal that killed a rank, where the launcher's log names one (MPICH: "EXIT
     STRING: Killed (signal 9)")."""
     try:
-        found = _SIGNALLED.findall(log_path.read_text(errors="replace")[-20000:])
+        found = _SIGNALLED.findall(_end_of(log_path, 20000))
     except OSError:
         found = []
     return int(found[-1]) if found else None
@@ -119,6 +182,6 @@ def death(rc: int | None, log_path: Path) -> str:
 
 def tail(path: Path, lines: int = 15) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(_end_of(path, KEPT_BYTES).splitlines()[-lines:])
     except OSError:
         return ""

@@ -34,10 +34,14 @@ from harness.engine.giveup import JobEndingStreaks
 from harness.engine.joblog import (
     PYTEST_NORMAL,
     LostNodes,
+    cut,
     death,
+    flood_reason,
+    flooded,
     launcher_signal,
     lost_node_message,
     signal_name,
+    start_and_end,
     tail,
 )
 from harness.engine.options import (
@@ -48,6 +52,7 @@ from harness.engine.options import (
     RunOptions,
     stacks_in_log,
 )
+from harness.engine.rank_env import rank_environment, wait_environment
 from harness.engine.recorded import LauncherError, RecordedKeys
 from harness.engine.stall import Stall, StallClock
 
@@ -115,52 +120,6 @@ class WorldOutcome:
     notes: list[str] = field(default_factory=list)
 
 
-def rank_environment(base: Mapping[str, str], run_id: str) -> dict[str, str]:
-    """The ranks' environment: ``base`` plus the run id, where harness was started (relative
-    ``--impl`` paths resolve there; ranks run in the run directory's ``work`` folder),
-    unbuffered output, and ``MPIR_CVAR_ENABLE_GPU=0`` unless the user set it. A GPU-enabled
-    MPICH initialises CUDA in every rank at MPI_Init (MPICH 4.0's yaksa makes a context on
-    every visible GPU, which an exclusive compute mode refuses); the harness never hands MPI
-    device memory (its ``mpi`` implementations stage through the host), so it turns that off.
-    An implementation that passes device memory to MPI runs with MPIR_CVAR_ENABLE_GPU=1 set
-    by its user.
-
-    And ``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``: the ranks' pytest loads the harness's plugin
-    (``-p``) and no other installed one. A plugin that reorders items (pytest-randomly
-    shuffles with a seed of its own in every process) would have the ranks run their cases in
-    different orders and meet in the wrong collectives: wrong results, or a hang."""
-    invoked_from = base.get("HARNESS_INVOKED_FROM", os.getcwd())
-    env = {**base, "PYTHONUNBUFFERED": "1", "HARNESS_RUN_ID": run_id,
-           "HARNESS_INVOKED_FROM": invoked_from, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    env.setdefault("MPIR_CVAR_ENABLE_GPU", "0")
-    # a relative PYTHONPATH entry (an empty one is the working directory) names a folder
-    # where the user started; the ranks start in the run's work folder: `PYTHONPATH=helpers
-    # --impl mine:fn` passed the launcher's check, then every rank failed to import it
-    given = base.get("PYTHONPATH")
-    paths = [os.path.join(invoked_from, p) for p in given.split(os.pathsep)] if given else []
-    if _importable_from_cwd(invoked_from):
-        # `python -m harness` imports modules from where it was started (sys.path[0]); the
-        # ranks, started in the run's work folder, must too: `--impl my_kernels:fn` with
-        # my_kernels.py beside the user passed the launcher's check, then failed every rank
-        paths.insert(0, invoked_from)
-    if paths:
-        env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
-
-
-def _importable_from_cwd(directory: str) -> bool:
-    """Whether this process imports from ``directory`` as its working directory ('' on
-    sys.path, as ``python -m`` puts it, or the directory itself)."""
-    here = os.path.realpath(directory)
-    return any(os.path.realpath(p or os.getcwd()) == here for p in sys.path)
-
-
-#: MPICH: ranks waiting in MPI sleep briefly between polls instead of calling sched_yield.
-#: mpi4py initialises MPI_THREAD_MULTIPLE, so a waiting rank's progress loop yields MPICH's
-#: global lock on every turn; with this set the yield is a nanosleep (mpidu_thread_fallback.h,
-#: MPIR_CVAR_ENABLE_HEAVY_YIELD), which takes the rank off the run queue for the timer slack.
-#: chosen by benchmarks/wait_cpu.py (benchmarks/RESULTS.md)
-HEAVY_YIELD = "MPIR_CVAR_ENABLE_HEAVY_YIELD"
 #: launcher options that place ranks on other hosts
 _HOST_OPTIONS = ("-f", "-hostfile", "--hostfile", "-machinefile", "-host", "-hosts", "--host")
 
@@ -177,15 +136,6 @@ def one_node(cfg: LaunchConfig, env: Mapping[str, str]) -> bool:
     if any(a.split("=")[0] in _HOST_OPTIONS for a in cfg.options.launcher_args):
         return False
     return nodes in ("", "1")
-
-
-def wait_environment(world_size: int, cpus: int, single_node: bool) -> dict[str, str]:
-    """Settings for ranks that wait politely: where more ranks than CPUs share this host, a
-    rank spinning in MPI steals the core the rank it waits for needs. Never otherwise: the
-    sleep between polls would add to the latency of the ``mpi`` implementations' timings."""
-    if single_node and world_size > cpus:
-        return {HEAVY_YIELD: "1"}
-    return {}
 
 
 def build_command(cfg: LaunchConfig, world_size: int, attempt: int, go: Path | None = None
@@ -315,11 +265,14 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
            lost: LostNodes | None = None, clock: StallClock | None = None
            ) -> tuple[dict | None, Stall | None]:
     """Wait for a job to end, reporting progress; kill it when its case in progress outlives
-    its deadline plus the grace period (the in-rank watchdog did not fire), at once when
-    srun reports a node lost (SLURM has cancelled the step already), or when ``clock`` finds
-    it stuck outside any case. Returns the progress record of the case it was killed on past
-    its deadline, or None, and the Stall it was stopped for, or None."""
+    its deadline plus the grace period (the in-rank watchdog did not fire), when its log
+    (``lost``'s) passes ``--max-output-mib``, at once when srun reports a node lost (SLURM
+    has cancelled the step already), or when ``clock`` finds it stuck outside any case.
+    Returns the progress record of the case it was killed in (``flood``: the log's size
+    where that was why; {} where none was in progress), or None, and the Stall it was
+    stopped for, or None."""
     killed: dict | None = None
+    limit = cfg.options.max_output_mib
     try:
         while proc.poll() is None:
             try:  # a poll every 0.2 s, and at once when the job ends
@@ -332,6 +285,11 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
                 kill_group(proc, at_once=True)
                 break
             prog = _read_progress(progress_path)
+            flood = flooded(lost.path, limit) if lost is not None and not killed else None
+            if flood is not None:
+                kill_group(proc)
+                in_case = prog and prog["key"] not in now_done
+                return {**(prog if in_case else {}), "flood": flood}, None
             if (prog and time.time() - prog["started"] > prog["deadline_s"] + cfg.options.grace
                     and prog["key"] not in now_done):
                 killed = prog
@@ -346,13 +304,16 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
     return killed, None
 
 
-def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict, killed: bool,
-                             rc: int | None, log_path: Path, placement: dict | None,
-                             said: str = "") -> None:
+def _record_case_in_progress(cfg: LaunchConfig, item: PlannedItem, prog: dict,
+                             killed: dict | None, rc: int | None, log_path: Path,
+                             placement: dict | None, said: str = "") -> None:
     """The case a job died in, recorded as a timeout (killed, or past its deadline: a rank's
     watchdog aborted the job before rank 0 could record it) or a crash."""
     overdue = time.time() - prog["started"] >= prog["deadline_s"]
-    if killed:
+    if killed and "flood" in killed:  # charged to the case as a crash is (giveup)
+        status, why = "crash", flood_reason(killed["flood"], cfg.options.max_output_mib,
+                                            log_path)
+    elif killed:
         status, why = "timeout", (f"no result within its {prog['deadline_s']:g} s deadline "
                                   f"(+{cfg.options.grace:g} s grace); the job was killed"
                                   f"{stacks_in_log(log_path)}")
@@ -381,7 +342,7 @@ def _dead_in_case(cfg: LaunchConfig, item: PlannedItem, prog: dict, end: _JobEnd
             f"the case ran again in a new job (log: {end.log_path})")
         return
     again = "; a second time in this case (it ran again after the first)" if number else ""
-    _record_case_in_progress(cfg, item, prog, end.killed is not None, end.rc, end.log_path,
+    _record_case_in_progress(cfg, item, prog, end.killed, end.rc, end.log_path,
                              outcome.placement, again)
 
 
@@ -488,19 +449,25 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
             with open(log_path, "a") as log:
                 log.write(f"harness: killed {len(left)} process(es) of the job that outlived "
                           f"its launcher: {' '.join(map(str, left))}\n")
+    if killed and "flood" in killed:  # its ranks are gone: none writes to it any more
+        cut(log_path)
     if lost.update():
         _node_lost(cfg, world_size, lost, recorded, progress_path, dict(by_key))
     return _JobEnd(proc.returncode, killed, stall, log_path)
 
 
-def _fruitless(world_size: int, end: _JobEnd, jobs: int, stall_limit: float) -> str:
+def _fruitless(world_size: int, end: _JobEnd, jobs: int, stall_limit: float,
+               max_output_mib: int = 0) -> str:
     """Why a world size gave up after ``jobs`` launches in a row that ran no case."""
     if end.stall:  # its ranks wrote their stacks a moment before it was stopped
         why = end.stall.describe(stall_limit, jobs) + stacks_in_log(end.log_path, "then")
+    elif end.killed and "flood" in end.killed:  # outside any case: at start-up, say
+        why = f"{jobs} job(s) in a row ran no case; the last: " + flood_reason(
+            end.killed["flood"], max_output_mib, end.log_path, "outside any case")
     else:
         why = (f"the MPI job exited with code {end.rc} {jobs} times in a row without running "
                f"a case; last lines of {end.log_path}:\n{tail(end.log_path)}")
-    log = end.log_path.read_text(errors="replace") if end.log_path.exists() else ""
+    log = start_and_end(end.log_path)  # where a launch fails, and what it last said
     hint = srun.pmi1_cut(log) or mpi_init.init_failed(log, os.environ)
     return f"world size {world_size}: {why}" + (f"\n{hint}" if hint else "")
 
@@ -591,5 +558,6 @@ def run_world_size(cfg: LaunchConfig, world_size: int, items: Sequence[PlannedIt
         fruitless = 0 if new else fruitless + 1
         if fruitless >= cfg.max_fruitless:
             outcome.infra_error = _fruitless(world_size, end, fruitless,
-                                             cfg.options.stall_timeout)
+                                             cfg.options.stall_timeout,
+                                             cfg.options.max_output_mib)
             return outcome

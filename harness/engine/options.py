@@ -18,6 +18,7 @@ from typing import Any
 
 from harness.core.results import write_whole
 from harness.engine.giveup import GIVE_UP_AFTER
+from harness.engine.joblog import MAX_OUTPUT_MIB
 from harness.engine.stall import STALL_TIMEOUT_S
 
 #: set in the environment of the ranks of a job the launcher starts: they end without tearing
@@ -94,6 +95,9 @@ class RunOptions:
     #: seconds a job's ranks may be up with no case in progress (starting, between cases,
     #: ending) before the launcher stops it as stuck (harness.engine.stall); 0 never
     stall_timeout: float = STALL_TIMEOUT_S
+    #: MiB of output a job's ranks may write to its log before the launcher stops the job,
+    #: charging the case in progress (harness.engine.joblog); 0 never
+    max_output_mib: int = MAX_OUTPUT_MIB
     report_dir: str | None = None
 
     @classmethod

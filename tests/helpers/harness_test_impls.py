@@ -3,7 +3,8 @@
 They stand for a user's own kernels: one wrong, one wrong on one rank for unaligned inputs
 only, one that raises on one rank for one case, one
 that deadlocks in every case, one that kills a rank for one case, two that end their processes
-cleanly for one case, one that leaves flush-to-zero on. Everything else they compute correctly.
+cleanly for one case, one that leaves flush-to-zero on, one that floods its job's log.
+Everything else they compute correctly.
 """
 
 from __future__ import annotations
@@ -92,6 +93,18 @@ def crash_on_rank_one(world, x, out, op):
     """Rank 1 dies (as a segfaulting kernel would) on one case; correct elsewhere."""
     if _is_target(x, op) and world.rank == min(1, world.size - 1):
         os._exit(13)
+    return allreduce_torch(world, x, out, op)
+
+
+def floods_its_log(world, x, out, op):
+    """Prints in a loop on one case, until stopped (a debug print left in a kernel's loop):
+    50 MiB a second on each rank; right elsewhere."""
+    if _is_target(x, op):
+        line = "x" * (1 << 20) + "\n"
+        while True:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            time.sleep(0.02)
     return allreduce_torch(world, x, out, op)
 
 
