@@ -17,7 +17,7 @@ A case runs at the world size its mesh needs. Placements are written ``R``, ``S<
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations, product
 from typing import Any
 
@@ -250,6 +250,39 @@ def redistribute_strided_as_plain(world, local, global_shape, mesh_shape, src, d
     are stitched back in the wrong order."""
     return _redistribute(world, local, global_shape, mesh_shape, src, dst, graph=False,
                          strided_as_plain=True)
+
+
+def _torch_planner_outside(own: Callable[[Mapping[str, Any]], bool], needs: str
+                           ) -> Callable[..., str | None]:
+    """A control's ``skip_reason``: on a case outside ``own`` (the cases its own code moves)
+    it hands the move to torch's greedy planner, so it is the ``torch`` implementation there,
+    which the smoke run checks; its bug cannot show, and running it would only run torch."""
+    def skip_reason(params: Mapping[str, Any], world_size: int, device: Any) -> str | None:
+        return None if own(params) else (f"torch's planner moves this case; this control's "
+                                         f"bug needs {needs}")
+    return skip_reason
+
+
+def _one_d_from(kinds: tuple[str, ...], dst: Callable[[str], bool]
+                ) -> Callable[[Mapping[str, Any]], bool]:
+    def own(params: Mapping[str, Any]) -> bool:
+        placements = ref.parse(params["src"])
+        return (len(mesh_shape(params)) == 1 and placements[0].kind in kinds
+                and dst(params["dst"]))
+    return own
+
+
+redistribute_gather_as_sum.skip_reason = _torch_planner_outside(  # type: ignore[attr-defined]
+    _one_d_from(("S",), lambda dst: dst == "R"), "a Shard -> Replicate move on a 1-D mesh")
+redistribute_to_partial_divided.skip_reason = _torch_planner_outside(  # type: ignore[attr-defined]
+    _one_d_from(("R",), lambda dst: dst.startswith("P")),
+    "a Replicate -> Partial move on a 1-D mesh")
+redistribute_partial_in_bf16.skip_reason = _torch_planner_outside(  # type: ignore[attr-defined]
+    lambda params: params["dtype"] == "f32"
+    and any(p.kind == "P" for p in ref.parse(params["src"])), "a float32 Partial source")
+redistribute_strided_as_plain.skip_reason = _torch_planner_outside(  # type: ignore[attr-defined]
+    lambda params: any(p.kind == "SS" for p in ref.parse(params["src"])),
+    "a _StridedShard source")
 
 
 def gloo_on_cuda(params: Mapping[str, Any], world_size: int, device: Any, *,
