@@ -209,15 +209,35 @@ def redistribute_floor_chunks(world, local, global_shape, mesh_shape, src, dst):
     return t.contiguous(), full
 
 
+# the moves each control makes with its own code (its bug), by mesh shape, placements and
+# dtype; outside them it hands the move to torch's greedy planner (``_torch_planner_outside``)
+def _gathers_as_sum(mesh: tuple[int, ...], src: str, dst: str, dtype: torch.dtype) -> bool:
+    return len(mesh) == 1 and ref.parse(src)[0].kind == "S" and dst == "R"
+
+
+def _divides_to_partial(mesh: tuple[int, ...], src: str, dst: str, dtype: torch.dtype
+                        ) -> bool:
+    return len(mesh) == 1 and src == "R" and dst.startswith("P")
+
+
+def _reduces_in_bf16(mesh: tuple[int, ...], src: str, dst: str, dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 and any(p.kind == "P" for p in ref.parse(src))
+
+
+def _takes_strided_as_plain(mesh: tuple[int, ...], src: str, dst: str, dtype: torch.dtype
+                            ) -> bool:
+    return any(p.kind == "SS" for p in ref.parse(src))
+
+
 def redistribute_gather_as_sum(world, local, global_shape, mesh_shape, src, dst):
     """Bug: Shard -> Replicate on a 1-D mesh done as a SUM all-reduce of zero-padded buffers
     (each rank's shard written into zeros of the global shape): data moved by arithmetic,
     right on every value but a negative zero (-0.0 + 0.0 is 0.0)."""
     import torch.distributed as dist
 
-    [p] = ref.parse(src) if len(mesh_shape) == 1 else [None]
-    if p is None or p.kind != "S" or dst != "R":
+    if not _gathers_as_sum(mesh_shape, src, dst, local.dtype):
         return redistribute_torch(world, local, global_shape, mesh_shape, src, dst)
+    [p] = ref.parse(src)
     length, n = global_shape[p.dim], mesh_shape[0]
     start = min(length, world.rank * -(-length // n))  # torch.chunk's ceil-sized shards
     full = torch.zeros(global_shape, dtype=local.dtype, device=local.device)
@@ -230,7 +250,7 @@ def redistribute_gather_as_sum(world, local, global_shape, mesh_shape, src, dst)
 def redistribute_to_partial_divided(world, local, global_shape, mesh_shape, src, dst):
     """Bug: Replicate -> Partial on a 1-D mesh as x / n whatever the op (right for sum; avg,
     min and max keep x on every rank)."""
-    if len(mesh_shape) == 1 and src == "R" and dst.startswith("P"):
+    if _divides_to_partial(mesh_shape, src, dst, local.dtype):
         return local / mesh_shape[0], local.clone()
     return redistribute_torch(world, local, global_shape, mesh_shape, src, dst)
 
@@ -238,7 +258,7 @@ def redistribute_to_partial_divided(world, local, global_shape, mesh_shape, src,
 def redistribute_partial_in_bf16(world, local, global_shape, mesh_shape, src, dst):
     """Bug: a float32 Partial source reduced through bf16 (a compressed all-reduce): exact on
     the integer-valued cases (multiples of 8 below 2048), off on random values."""
-    if any(p.kind == "P" for p in ref.parse(src)) and local.dtype == torch.float32:
+    if _reduces_in_bf16(mesh_shape, src, dst, local.dtype):
         res, full = _redistribute(world, local.to(torch.bfloat16), global_shape, mesh_shape,
                                   src, dst, graph=False)
         return res.float(), full.float()
@@ -252,37 +272,27 @@ def redistribute_strided_as_plain(world, local, global_shape, mesh_shape, src, d
                          strided_as_plain=True)
 
 
-def _torch_planner_outside(own: Callable[[Mapping[str, Any]], bool], needs: str
-                           ) -> Callable[..., str | None]:
-    """A control's ``skip_reason``: on a case outside ``own`` (the cases its own code moves)
+def _torch_planner_outside(own: Callable[[tuple[int, ...], str, str, torch.dtype], bool],
+                           needs: str) -> Callable[..., str | None]:
+    """A control's ``skip_reason``: on a case outside ``own`` (the moves its own code makes)
     it hands the move to torch's greedy planner, so it is the ``torch`` implementation there,
     which the smoke run checks; its bug cannot show, and running it would only run torch."""
     def skip_reason(params: Mapping[str, Any], world_size: int, device: Any) -> str | None:
-        return None if own(params) else (f"torch's planner moves this case; this control's "
-                                         f"bug needs {needs}")
+        if own(mesh_shape(params), params["src"], params["dst"],
+               dtype_from_name(params["dtype"])):
+            return None
+        return f"torch's planner moves this case; this control's bug needs {needs}"
     return skip_reason
 
 
-def _one_d_from(kinds: tuple[str, ...], dst: Callable[[str], bool]
-                ) -> Callable[[Mapping[str, Any]], bool]:
-    def own(params: Mapping[str, Any]) -> bool:
-        placements = ref.parse(params["src"])
-        return (len(mesh_shape(params)) == 1 and placements[0].kind in kinds
-                and dst(params["dst"]))
-    return own
-
-
 redistribute_gather_as_sum.skip_reason = _torch_planner_outside(  # type: ignore[attr-defined]
-    _one_d_from(("S",), lambda dst: dst == "R"), "a Shard -> Replicate move on a 1-D mesh")
+    _gathers_as_sum, "a Shard -> Replicate move on a 1-D mesh")
 redistribute_to_partial_divided.skip_reason = _torch_planner_outside(  # type: ignore[attr-defined]
-    _one_d_from(("R",), lambda dst: dst.startswith("P")),
-    "a Replicate -> Partial move on a 1-D mesh")
+    _divides_to_partial, "a Replicate -> Partial move on a 1-D mesh")
 redistribute_partial_in_bf16.skip_reason = _torch_planner_outside(  # type: ignore[attr-defined]
-    lambda params: params["dtype"] == "f32"
-    and any(p.kind == "P" for p in ref.parse(params["src"])), "a float32 Partial source")
+    _reduces_in_bf16, "a float32 Partial source")
 redistribute_strided_as_plain.skip_reason = _torch_planner_outside(  # type: ignore[attr-defined]
-    lambda params: any(p.kind == "SS" for p in ref.parse(params["src"])),
-    "a _StridedShard source")
+    _takes_strided_as_plain, "a _StridedShard source")
 
 
 def gloo_on_cuda(params: Mapping[str, Any], world_size: int, device: Any, *,

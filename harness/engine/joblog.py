@@ -74,13 +74,9 @@ def flooded(path: Path, max_mib: int) -> int | None:
 def cut(path: Path, keep: int = KEPT_BYTES) -> None:
     """A stopped job's log shortened to its first and last ``keep`` bytes, a line between
     saying how much went (written beside it, then moved over it)."""
-    size = path.stat().st_size
+    head, end, size = _ends(path, keep)
     if size <= 2 * keep:
         return
-    with open(path, "rb") as fh:
-        head = fh.read(keep)
-        fh.seek(size - keep)
-        end = fh.read(keep)
     note = f"\nharness: {size - 2 * keep} bytes of the ranks' output cut here\n".encode()
     part = path.with_name(path.name + ".cut")
     part.write_bytes(head + note + end)
@@ -98,13 +94,19 @@ def flood_reason(size: int, max_mib: int, log_path: Path, when: str = "during th
 def start_and_end(path: Path, nbytes: int = KEPT_BYTES) -> str:
     """The first and the last ``nbytes`` of a log, as text ('' if it cannot be read)."""
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(nbytes)
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(len(head), size - nbytes))
-            return (head + fh.read()).decode(errors="replace")
+        head, end, _ = _ends(path, nbytes)
     except OSError:
         return ""
+    return (head + end).decode(errors="replace")
+
+
+def _ends(path: Path, nbytes: int) -> tuple[bytes, bytes, int]:
+    """A file's first ``nbytes``, its last ``nbytes`` past those, and its size."""
+    with open(path, "rb") as fh:
+        head = fh.read(nbytes)
+        size = fh.seek(0, os.SEEK_END)
+        fh.seek(max(len(head), size - nbytes))
+        return head, fh.read(), size
 
 
 def _end_of(path: Path, nbytes: int) -> str:
