@@ -169,7 +169,8 @@ class HarnessSession:
             [files.of(size, f"rank{r}.stacks") for r in range(size)], self.world.rank,
             job=os.environ.get(LAUNCH_LOG_ENV) or f"{self.run_id}:{os.getppid()}")
         self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code),
-                                 who=f"rank {self.world.rank}", board=board)
+                                 who=f"rank {self.world.rank}", board=board,
+                                 log=os.environ.get(LAUNCH_LOG_ENV))
         self.timing = dataclasses.replace(
             TimingConfig.for_tier(self.tier), mode=options.timing_mode,
             l2_flush=options.l2_flush,

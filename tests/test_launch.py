@@ -18,6 +18,7 @@ from harness.engine.launch import (
     _JobEnd,
     build_command,
     one_node,
+    run_world_size,
 )
 from harness.engine.options import RunOptions
 from harness.engine.rank_env import HEAVY_YIELD, wait_environment
@@ -166,7 +167,7 @@ def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_pa
                                                                           monkeypatch):
     import time
 
-    from harness.engine.launch import NodeLost, run_world_size
+    from harness.engine.launch import NodeLost
 
     first, second = stand_ins.two_items()
     srun = stand_ins.launcher(tmp_path, _LOSING_SRUN, "srun")
@@ -198,6 +199,34 @@ def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_pa
     outcome = run_world_size(config, 4, [first, second])
     assert outcome.infra_error is None and outcome.logs == [run_dir / "w4.launch-2.log"]
     assert "Node failure on n2" in (run_dir / "w4.launch-1.log").read_text()
+
+
+
+_WRITES_BESIDE_ITS_LAUNCHER = """#!/bin/sh
+printf 'before\\n'
+printf 'a rank wrote this into the log itself\\n' >> "$HARNESS_LAUNCH_LOG"
+printf 'after: the launcher forwarded this at its own offset\\n'
+printf '%s\\n' "$FAKE_RESULT" >> results.jsonl
+"""
+
+
+def test_what_a_rank_writes_into_its_jobs_log_itself_is_kept(tmp_path, monkeypatch):
+    """A rank's watchdog writes its stacks and its last words straight into the log (the MPI
+    launcher's forwarding lost lines said just before an abort); the launcher's own output
+    then lands after them, not over them."""
+    first, _ = stand_ins.two_items()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = LaunchConfig(launcher=str(stand_ins.launcher(tmp_path, _WRITES_BESIDE_ITS_LAUNCHER)),
+                          run_dir=run_dir, run_id="r", options=RunOptions(device="cpu"))
+    monkeypatch.setenv("FAKE_RESULT", json.dumps(CaseResult(
+        run_id="r", case_id=first.case.id, op="allreduce", family="collectives", impl="torch",
+        world_size=4, params={}, status="pass").to_dict()))
+    outcome = run_world_size(config, 4, [first])
+    assert outcome.infra_error is None
+    lines = outcome.logs[0].read_text().splitlines()
+    assert lines[1:] == ["before", "a rank wrote this into the log itself",
+                         "after: the launcher forwarded this at its own offset"], lines
 
 
 @pytest.mark.parametrize("log, rc, said", [
@@ -358,7 +387,6 @@ def test_an_implementation_that_ends_every_job_costs_two_jobs(tmp_path, monkeypa
                                                                status, said):
     import sys
 
-    from harness.engine.launch import run_world_size
 
     items = _items("allreduce", "faulty", 5)
     monkeypatch.setenv("FAKE_MODE", mode)
@@ -430,7 +458,6 @@ def test_a_launcher_killed_from_outside_costs_its_case_nothing_once(tmp_path, mo
     again in a new job, with a note; killed in the same case again, the case is charged."""
     import sys
 
-    from harness.engine.launch import run_world_size
 
     items = _items("allreduce", "torch", 3)
     monkeypatch.setenv("FAKE_KILLS", str(kills))

@@ -77,6 +77,31 @@ def test_a_case_done_in_time_writes_nothing():
     assert out.stderr == "went on\n"
 
 
+@pytest.mark.parametrize("reachable", [True, False], ids=["its-log", "a-log-it-cannot-open"])
+def test_the_stacks_and_the_abort_go_straight_into_the_jobs_log(tmp_path, reachable):
+    """Not through the MPI launcher's forwarding, which an abort cuts short; where the log
+    cannot be opened (a node that does not see it), they stay on stderr."""
+    log = tmp_path / ("w4.launch-1.log" if reachable else "gone/w4.launch-1.log")
+    if reachable:
+        log.write_text("$ mpiexec ...\n")
+    out = _run(f"""
+        dog = Watchdog(abort=lambda code: print(f"abort({{code}})", file=sys.stderr,
+                                                   flush=True), who="rank 3", log={str(log)!r})
+        print("said before", file=sys.stderr, flush=True)
+        dog.arm("w4:a@mine", 0.6, stacks_after=0.3)
+        stuck_in_the_kernel()
+    """)
+    assert out.returncode == 124, out.stderr
+    header = "harness: rank 3's stacks, w4:a@mine near its deadline (most recent call last):"
+    said = "harness watchdog: w4:a@mine passed its deadline; aborting the job"
+    text = log.read_text() if reachable else out.stderr
+    assert header in text and "in stuck_in_the_kernel\n" in text and said in text, text
+    assert text.index(header) < text.index(said), text
+    if reachable:
+        assert text.startswith("$ mpiexec ...\n" + header), text
+        assert out.stderr == "said before\nabort(124)\n"
+
+
 @pytest.mark.parametrize("seconds, early", [(60.0, 1.0), (3.0, 0.3), (0.5, 0.05)])
 def test_the_stacks_come_a_second_early_or_a_tenth_of_a_short_alarm(seconds, early):
     assert ahead(seconds) == pytest.approx(seconds - early)

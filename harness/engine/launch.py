@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -391,6 +392,10 @@ def start_job(cfg: LaunchConfig, world_size: int, attempt: int, log: Any,
     cmd = build_command(cfg, world_size, attempt, go)
     log.write("$ " + " ".join(cmd) + "\n")
     log.flush()
+    # appending: the ranks' watchdogs write into the log themselves (harness.engine.watchdog),
+    # and the MPI launcher's writes at its own offset would overwrite theirs
+    fcntl.fcntl(log.fileno(), fcntl.F_SETFL, fcntl.fcntl(log.fileno(), fcntl.F_GETFL)
+                | os.O_APPEND)
     try:
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 cwd=work, start_new_session=True,

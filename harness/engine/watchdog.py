@@ -1,11 +1,12 @@
 """Per-case deadline inside each rank, and where every rank was when it passed.
 
 A daemon thread watches the case in progress. A moment before its deadline it writes every
-thread's Python stack to stderr (the job's launch log), under a line naming the rank and the
-case. When the deadline passes, ``on_expire`` runs (rank 0 records a ``timeout`` result) and
-the whole MPI job is aborted: a hung collective cannot be cancelled, and the launcher
-relaunches with the cases not yet recorded. Between cases the thread only writes the stacks,
-a moment before the launcher would stop the job as stuck (``quiet``).
+thread's Python stack into the job's launch log (straight into the file: what went through
+the MPI launcher's forwarding just before an abort could be lost), under a line naming the
+rank and the case. When the deadline passes, ``on_expire`` runs (rank 0 records a
+``timeout`` result) and the whole MPI job is aborted: a hung collective cannot be cancelled,
+and the launcher relaunches with the cases not yet recorded. Between cases the thread only
+writes the stacks, a moment before the launcher would stop the job as stuck (``quiet``).
 
 The other ranks' stacks must be in the log before the abort takes them down, and their own
 clocks do not say when: a rank that began the case late would write its stacks late, and one
@@ -107,14 +108,16 @@ class StacksBoard:
 class Watchdog:
     """Arm before a case, disarm after it; expiry records and aborts the job. ``who`` names
     this rank in the stacks' header ("rank 3"); ``board``, where its rank asks the others for
-    their stacks and answers their asking."""
+    their stacks and answers their asking; ``log``, the job's log, which the stacks and the
+    watchdog's words go straight into (else stderr): see ``_write``."""
 
     def __init__(self, abort: Callable[[int], None], exit_code: int = 124, who: str = "",
-                 board: StacksBoard | None = None) -> None:
+                 board: StacksBoard | None = None, log: str | None = None) -> None:
         self._abort = abort
         self._exit_code = exit_code
         self._who = who
         self._board = board
+        self._log = log
         self._lock = threading.Lock()
         self._deadline: float | None = None
         self._stacks_at: float | None = None  # when to write the stacks, once
@@ -168,10 +171,29 @@ class Watchdog:
             mine = " (the watchdog)" if ident == threading.get_ident() else ""
             parts.append(f"Thread {names.get(ident, hex(ident))}{mine}:\n")
             parts.append("".join(traceback.format_stack(frame)))
-        data = "".join(parts).encode(errors="replace")
-        sys.stderr.flush()
-        while data:
-            data = data[os.write(sys.stderr.fileno(), data):]
+        self._write("".join(parts))
+
+    def _write(self, text: str) -> None:
+        """``text`` in one write, into the job's log where it has one: the MPI launcher
+        forwards a rank's stderr on its own time, and an abort right after lost the lines not
+        yet forwarded (2 aborts in 30 on an idle 2-core VM lost the line said just before).
+        A write to the file is in it when it returns (the launcher opens the log appending,
+        so its own later writes do not overwrite it). Elsewhere, or where the log cannot be
+        opened (a node that does not see it), stderr."""
+        data = text.encode(errors="replace")
+        sys.stderr.flush()  # what the rank said before comes before, where it is on stderr
+        fd = -1
+        if self._log:
+            try:
+                fd = os.open(self._log, os.O_WRONLY | os.O_APPEND)
+            except OSError:
+                pass
+        try:
+            while data:
+                data = data[os.write(fd if fd >= 0 else sys.stderr.fileno(), data):]
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def _answer(self) -> None:
         """Another rank asked for this rank's stacks: write them (unless this case's are
@@ -229,9 +251,9 @@ class Watchdog:
         try:
             if on_expire is not None:
                 on_expire()
-            # said before the wait for the stacks, not after: the launcher forwards a rank's
-            # last lines on its own time, and an abort right after them lost them (seen under
-            # load: the stacks in the log, no word of why the job ended)
+            # said before the wait for the stacks, not after: where it goes to stderr (no
+            # log), the launcher forwards a rank's last lines on its own time, and an abort
+            # right after them lost them
             self._say(f"{label} passed its deadline; aborting the job"
                       + (f" once every rank's stacks are in (up to {STACKS_WAIT_S:g} s)"
                          if self._board is not None else ""))
@@ -244,7 +266,5 @@ class Watchdog:
             self._abort(self._exit_code)
             os._exit(self._exit_code)
 
-    @staticmethod
-    def _say(text: str) -> None:
-        sys.stderr.write(f"harness watchdog: {text}\n")
-        sys.stderr.flush()
+    def _say(self, text: str) -> None:
+        self._write(f"harness watchdog: {text}\n")
