@@ -22,7 +22,7 @@ from harness.engine.launch import (
 )
 from harness.engine.options import RunOptions
 from harness.engine.rank_env import HEAVY_YIELD, wait_environment
-from harness.engine.srun import srun_args
+from harness.engine.srun import PMI1_CUT_ADVICE, srun_args
 
 
 def cfg(tmp_path: Path, **options) -> LaunchConfig:
@@ -227,6 +227,41 @@ def test_what_a_rank_writes_into_its_jobs_log_itself_is_kept(tmp_path, monkeypat
     lines = outcome.logs[0].read_text().splitlines()
     assert lines[1:] == ["before", "a rank wrote this into the log itself",
                          "after: the launcher forwarded this at its own offset"], lines
+
+
+
+# srun whose pmi2 plugin read a rank's PMI-1 put in part (a business card's line past 1024
+# bytes): slurmstepd says so, and the ranks never wire up (one aborts, the others wait)
+_CUTTING_SRUN = """#!/bin/sh
+echo "slurmstepd-n1: error: mpi/pmi2: value not properly terminated in client request"
+echo "slurmstepd-n1: error: mpi/pmi2: request not begin with 'cmd='"
+echo "slurmstepd-n1: error: mpi/pmi2: invalid client request"
+exec sleep 600
+"""
+
+
+def test_a_job_whose_pmi_requests_srun_cut_is_stopped_at_once_in_one_line(tmp_path):
+    """Not left to wait for the stall limit (300 s by default), nor launched again: the next
+    job would start in the same environment, whose business cards were cut."""
+    import time
+
+    from harness.engine.launch import LauncherError
+
+    first, second = stand_ins.two_items()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = LaunchConfig(launcher=str(stand_ins.launcher(tmp_path, _CUTTING_SRUN, "srun")),
+                          run_dir=run_dir, run_id="r",
+                          options=RunOptions(device="cpu", stall_timeout=0))
+    t0 = time.monotonic()
+    with pytest.raises(LauncherError) as stopped:
+        run_world_size(config, 4, [first, second])
+    assert time.monotonic() - t0 < 300  # the stand-in's sleep: never stopped without the line
+    assert sorted(p.name for p in run_dir.glob("w4.launch-*.log")) == ["w4.launch-1.log"]
+    said = str(stopped.value)
+    assert said == (f"world size 4: the MPI job was stopped as its ranks wired up: "
+                    f"{PMI1_CUT_ADVICE}; log: {run_dir / 'w4.launch-1.log'}"), said
+    assert "\n" not in said and "--launcher mpiexec" in said
 
 
 @pytest.mark.parametrize("log, rc, said", [
@@ -491,10 +526,10 @@ def test_a_flooded_log_is_cut_to_its_start_and_end_and_read_a_piece_at_a_time(tm
     log.write_bytes(head + body + b"\n" + end)
     assert joblog.flooded(log, 0) is None and joblog.flooded(log, 1024) is None
     assert joblog.flooded(log, 4) == log.stat().st_size
-    lost = joblog.LostNodes(log)
+    slurm = joblog.SlurmLines(log)
     for _ in range(3):
-        lost.update()
-    assert lost.nodes == ["n2"]
+        slurm.update()
+    assert slurm.nodes == ["n2"] and not slurm.pmi_cut
     both = joblog.start_and_end(log, 100)
     assert both.startswith(head.decode()) and both.endswith(end.decode()) and len(both) == 200
     assert joblog.tail(log, 1) == end.decode().strip()

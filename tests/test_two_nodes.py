@@ -29,6 +29,7 @@ import pytest
 from harness.device.placement import GpuFacts, RankFacts, contention, place
 from harness.engine.launch import LaunchConfig, one_node
 from harness.engine.rank_env import wait_environment
+from harness.engine.srun import PMI1_CUT_ADVICE
 
 pytestmark = pytest.mark.heavy  # a cluster brought up in namespaces: run apart, -m heavy
 
@@ -41,6 +42,11 @@ SELECTORS = ("allreduce[dtype=f32,inplace=false,mode=exact,n=1031,op=sum]",
              "allreduce[dtype=f32,inplace=true,mode=exact,n=65539,op=sum]",
              "allreduce[dtype=f32,inplace=false,mode=random,n=4099,op=sum]")
 STALL = "harness_test_impls:stall_while_flagged"
+# what srun's pmi2 plugin does to some environments' MPICH wire-up, whatever the harness does
+_PMI_CUT_SKIP = ("srun's pmi2 plugin cut MPICH's PMI-1 wire-up requests (value not properly "
+                 "terminated: it reads one in a single 1024-byte read, and MPICH's business "
+                 "card lines grow with what is in its buffer, harness.engine.srun); the "
+                 "harness stopped the job at once and said so, but nothing ran on two nodes")
 
 
 def _env(cluster, **extra: str) -> dict[str, str]:
@@ -97,6 +103,8 @@ def night(two_node_cluster, tmp_path_factory):
 
     fields = wait_for_job(cluster.env, job, 300)
     log = "".join(p.read_text() for p in tmp.glob("job-*.out"))
+    if PMI1_CUT_ADVICE in log:  # the harness stopped the job and said why, in one line
+        pytest.skip(_PMI_CUT_SKIP)
     run_dirs = [p.parent for p in (history / "runs" / job).glob("*/run.json")]
     return {"job": fields, "log": log, "history": history, "run_dirs": run_dirs,
             "crossed": cluster.traffic("n2") - before}
@@ -151,9 +159,8 @@ def test_a_node_lost_mid_run_ends_it_in_one_line_and_resume_finishes_it(two_node
     # torch's result is recorded, then every rank waits in the stall implementation while
     # n2 goes; mpi would come after it
     # a job stuck in its start-up is stopped after 60 s and tried again inside the wait
-    # below (a CI run once sat there for minutes; in another, srun's pmi2 plugin cut the
-    # ranks' PMI-1 wire-up requests at 1024 bytes, "value not properly terminated", and UCX
-    # aborted one rank on the garbled address: harness.engine.srun)
+    # below (a CI run once sat there for minutes); one whose PMI-1 wire-up requests srun's
+    # pmi2 plugin cut at 1024 bytes ("value not properly terminated") is stopped at once
     run = [sys.executable, "-m", "harness", "run", SELECTORS[0], "--world-sizes", "4",
            "--no-bench", "--launcher", "srun", "--impl", "torch", "--impl", STALL, "--impl",
            "mpi", "--db", db, "--stall-timeout", "60"]
@@ -173,14 +180,10 @@ def test_a_node_lost_mid_run_ends_it_in_one_line_and_resume_finishes_it(two_node
             # (communicate() on a run still going would wait for it)
             proc.kill()
             out, err = proc.communicate(timeout=60)
-            logs = _launch_logs(tmp_path, lines=400)
-            if "began no case within" in err and "mpi/pmi2: invalid client request" in logs:
-                # the harness did its part (stopped the stuck job, tried again, said so in one
-                # line); MPI never wired up, so no node can be lost mid-case
-                pytest.skip("srun's pmi2 plugin cut MPICH's PMI-1 wire-up requests on every "
-                            "start (value not properly terminated: it reads one in a single "
-                            "1024-byte read, harness.engine.srun): the node loss could not be "
-                            "staged with this install's business cards")
+            if PMI1_CUT_ADVICE in err:
+                # the harness did its part (stopped the job as slurmstepd cut the requests,
+                # said so in one line); MPI never wired up, so no node can be lost mid-case
+                pytest.skip(_PMI_CUT_SKIP)
             pytest.fail(f"the stalling case did not begin within 240 s; harness run: "
                         f"{out[-1500:]}{err[-1500:]}\n{_launch_logs(tmp_path)}\n"
                         + "\n".join(cluster._logs(name) for name in ("ctl", "n1", "n2")))

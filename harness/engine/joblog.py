@@ -1,5 +1,6 @@
-"""What a job's launcher log says: the nodes srun reported lost, the signal that killed a
-rank, its last lines. The launcher reads its jobs' logs as they grow and after they end."""
+"""What a job's launcher log says: the nodes srun reported lost, the PMI requests Slurm cut,
+the signal that killed a rank, its last lines. The launcher reads its jobs' logs as they grow
+and after they end."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import re
 import signal
 from collections.abc import Sequence
 from pathlib import Path
+
+from harness.engine.srun import PMI1_CUT
 
 #: pytest exit codes after which the job ended normally (tests passed/failed/none collected)
 PYTEST_NORMAL = (0, 1, 5)
@@ -19,27 +22,37 @@ PYTEST_NORMAL = (0, 1, 5)
 _NODE_FAILURE = re.compile(rb"^srun: error: Node failure on (\S+)", re.M)
 
 
-class LostNodes:
-    """The nodes srun reported lost in a job's log, read incrementally as it grows."""
+class SlurmLines:
+    """What srun and slurmstepd wrote into a job's log that ends the job, read incrementally
+    as it grows: the nodes srun reported lost (``nodes``), and whether Slurm's pmi2 plugin
+    cut a rank's PMI-1 request (``pmi_cut``, harness.engine.srun: the job can no longer wire
+    up, and one of its ranks aborts or all wait)."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset = path, 0
         self.nodes: list[str] = []
+        self.pmi_cut = False
 
-    def update(self) -> list[str]:
+    def update(self) -> bool:
+        """Read what the log gained; whether the job must be stopped now."""
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
                 data = fh.read(READ_BYTES)  # what a flood wrote since, a piece at a time
         except FileNotFoundError:
-            return self.nodes
+            return self.ends
         end = data.rfind(b"\n") + 1 or (len(data) if len(data) == READ_BYTES else 0)
         self.offset += end
         for match in _NODE_FAILURE.finditer(data[:end]):
             node = match.group(1).decode(errors="replace")
             if node not in self.nodes:
                 self.nodes.append(node)
-        return self.nodes
+        self.pmi_cut = self.pmi_cut or any(line.encode() in data[:end] for line in PMI1_CUT)
+        return self.ends
+
+    @property
+    def ends(self) -> bool:
+        return bool(self.nodes) or self.pmi_cut
 
 
 def lost_node_message(world_size: int, nodes: Sequence[str], in_progress: str | None,

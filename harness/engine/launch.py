@@ -34,7 +34,7 @@ from harness.engine.alive import ALIVE_ENV, STALL_ENV
 from harness.engine.giveup import JobEndingStreaks
 from harness.engine.joblog import (
     PYTEST_NORMAL,
-    LostNodes,
+    SlurmLines,
     cut,
     death,
     flood_reason,
@@ -263,12 +263,13 @@ def job_environment(cfg: LaunchConfig, world_size: int) -> dict[str, str]:
 
 def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
            progress_path: Path, report: Callable[[set[str]], None],
-           lost: LostNodes | None = None, clock: StallClock | None = None
+           slurm: SlurmLines | None = None, clock: StallClock | None = None
            ) -> tuple[dict | None, Stall | None]:
     """Wait for a job to end, reporting progress; kill it when its case in progress outlives
     its deadline plus the grace period (the in-rank watchdog did not fire), when its log
-    (``lost``'s) passes ``--max-output-mib``, at once when srun reports a node lost (SLURM
-    has cancelled the step already), or when ``clock`` finds it stuck outside any case.
+    (``slurm``'s) passes ``--max-output-mib``, at once when srun reports a node lost (SLURM
+    has cancelled the step already) or slurmstepd a PMI request cut (its ranks cannot wire
+    up), or when ``clock`` finds it stuck outside any case.
     Returns the progress record of the case it was killed in (``flood``: the log's size
     where that was why; {} where none was in progress), or None, and the Stall it was
     stopped for, or None."""
@@ -282,11 +283,11 @@ def _watch(cfg: LaunchConfig, proc: subprocess.Popen, recorded: RecordedKeys,
                 pass
             now_done = recorded.update()
             report(now_done)
-            if lost is not None and lost.update():
+            if slurm is not None and slurm.update():
                 kill_group(proc, at_once=True)
                 break
             prog = _read_progress(progress_path)
-            flood = flooded(lost.path, limit) if lost is not None and not killed else None
+            flood = flooded(slurm.path, limit) if slurm is not None and not killed else None
             if flood is not None:
                 kill_group(proc)
                 in_case = prog and prog["key"] not in now_done
@@ -404,7 +405,7 @@ def start_job(cfg: LaunchConfig, world_size: int, attempt: int, log: Any,
         raise LauncherError(f"cannot start {cfg.launcher}: {exc}") from exc
 
 
-def _node_lost(cfg: LaunchConfig, world_size: int, lost: LostNodes, recorded: RecordedKeys,
+def _node_lost(cfg: LaunchConfig, world_size: int, lost: SlurmLines, recorded: RecordedKeys,
                progress_path: Path, by_key: dict[str, PlannedItem]) -> None:
     """Raise NodeLost for the job whose node SLURM declared lost, naming the case it was in."""
     after, prog = recorded.update(), _read_progress(progress_path)
@@ -429,7 +430,7 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
              recorded: RecordedKeys, by_key: Mapping[str, PlannedItem],
              report: Callable[[set[str]], None]) -> _JobEnd:
     """Start one job (or let ``warm``'s go) and watch it to its end; raise NodeLost where
-    srun reported a node of it lost."""
+    srun reported a node of it lost, LauncherError where Slurm cut its ranks' wire-up."""
     files = cfg.files
     alive, progress_path = files.of(world_size, "alive"), files.of(world_size, "progress.json")
     already = set(recorded.keys)  # before the job can record anything
@@ -440,9 +441,9 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
         log_path = files.launch_log(world_size, attempt)
         with open(log_path, "w") as log:
             proc = start_job(cfg, world_size, attempt, log)
-    lost = LostNodes(log_path)
+    slurm = SlurmLines(log_path)
     clock = StallClock(cfg.options.stall_timeout, alive, by_key.keys(), already)
-    killed, stall = _watch(cfg, proc, recorded, progress_path, report, lost, clock)
+    killed, stall = _watch(cfg, proc, recorded, progress_path, report, slurm, clock)
     if stall is not None:
         with open(log_path, "a") as log:
             log.write(f"harness: {stall.describe(cfg.options.stall_timeout)}\n")
@@ -456,8 +457,12 @@ def _run_job(cfg: LaunchConfig, world_size: int, attempt: int, warm: Any,
                           f"its launcher: {' '.join(map(str, left))}\n")
     if killed and "flood" in killed:  # its ranks are gone: none writes to it any more
         cut(log_path)
-    if lost.update():
-        _node_lost(cfg, world_size, lost, recorded, progress_path, dict(by_key))
+    slurm.update()
+    if slurm.nodes:
+        _node_lost(cfg, world_size, slurm, recorded, progress_path, dict(by_key))
+    if slurm.pmi_cut:  # not launched again: the next job would start in the same environment
+        raise LauncherError(f"world size {world_size}: the MPI job was stopped as its ranks "
+                            f"wired up: {srun.PMI1_CUT_ADVICE}; log: {log_path}")
     return _JobEnd(proc.returncode, killed, stall, log_path)
 
 

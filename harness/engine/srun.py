@@ -8,11 +8,12 @@ The mpich wheel's MPICH speaks PMI-1 (``MPIR_CVAR_PMI_VERSION=2`` fails its ``MP
 Slurm 22.05's plugin, measured) and puts its business card, hex encoded, in segments of up to
 511 bytes (src/util/mpir_pmi.c, ``put_ex``: ``(vallen_max - 2) / 2`` with the plugin's
 vallen_max of 1024), compressing runs of zeros: one ``cmd=put`` line can pass 1024 bytes.
-The card, exchanged through PMI where ranks are on more than one node, holds UCX's worker
-address with the path of UCX's libraries in it, so its lines grow and shrink with where the
-wheel is installed (968 bytes from one venv of a long path, 683 from another, measured under
-hydra). A line past 1024 bytes is cut: slurmstepd logs "value not properly terminated in
-client request" and "invalid client request", and the job's wire-up fails or hangs.
+The card, exchanged through PMI where ranks are on more than one node, is a 4096-byte buffer:
+UCX's worker address, then whatever that memory held before (decoded from hydra's verbose
+log), so its lines grow and shrink with the install and the environment (846 bytes from one
+venv, 723 from it with one more variable set). A line past 1024 bytes is cut: slurmstepd
+logs "value not properly terminated in client request" and "invalid client request", and the
+job's wire-up fails or hangs; the launcher stops it at once (harness.engine.joblog.SlurmLines).
 """
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ PMI1_CUT = ("mpi/pmi2: value not properly terminated in client request",
             "mpi/pmi2: invalid client request")
 
 
+#: what to do where srun's pmi2 plugin cut MPICH's PMI-1 requests
+PMI1_CUT_ADVICE = (
+    "srun's pmi2 plugin cut MPICH's PMI-1 requests (slurmstepd logged \"value not properly "
+    "terminated in client request\": it reads a PMI-1 request in one read of 1024 bytes, and "
+    "MPICH's business-card puts across nodes can be longer); inside the allocation run "
+    "MPICH's own launcher (--launcher mpiexec, which starts its ranks through srun and serves "
+    "PMI itself), or an MPI built against Slurm's PMI-2 or PMIx library with "
+    "--launcher-args=--mpi=pmix")
+
+
 def pmi1_cut(log: str) -> str:
     """What to do, where a job's log shows srun's pmi2 plugin refusing MPICH's PMI-1
     requests (a business card put longer than the 1024 bytes it reads); "" otherwise."""
-    if not any(line in log for line in PMI1_CUT):
-        return ""
-    return ("srun's pmi2 plugin cut MPICH's PMI-1 requests (slurmstepd logged \"value not "
-            "properly terminated in client request\": it reads a PMI-1 request in one read of "
-            "1024 bytes, and MPICH's business-card puts across nodes can be longer); inside the "
-            "allocation run MPICH's own launcher (--launcher mpiexec, which starts its ranks "
-            "through srun and serves PMI itself), or an MPI built against Slurm's PMI-2 or "
-            "PMIx library with --launcher-args=--mpi=pmix")
+    return PMI1_CUT_ADVICE if any(line in log for line in PMI1_CUT) else ""
