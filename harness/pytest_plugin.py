@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from harness.engine import alive, shm_sweep
 from harness.engine.options import (
     FAST_EXIT_ENV,
     JOB_ENDED_EXIT,
+    LAUNCH_HOST_ENV,
     LAUNCH_LOG_ENV,
     RunDir,
     RunOptions,
@@ -100,6 +102,23 @@ def _write_placement(path: Path, world: Any) -> None:
         "local_sizes": [f.local_size for f in facts], "cpus": [list(f.cpus) for f in facts]})
 
 
+def _watchdog(files: RunDir | None, size: int, rank: int, run_id: str) -> Any:
+    """This rank's watchdog, asking and answering on its job's stacks board, writing into
+    its job's log where it runs beside the launcher."""
+    from mpi4py import MPI
+
+    from harness.engine.watchdog import StacksBoard, Watchdog, log_to_append
+
+    log = os.environ.get(LAUNCH_LOG_ENV)
+    board = None if files is None else StacksBoard(
+        files.of(size, "stacks-request"), [files.of(size, f"rank{r}.stacks")
+                                           for r in range(size)],
+        rank, job=log or f"{run_id}:{os.getppid()}")
+    return Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code), who=f"rank {rank}",
+                    board=board, log=log_to_append(log, os.environ.get(LAUNCH_HOST_ENV),
+                                                   socket.gethostname()))
+
+
 class HarnessSession:
     """Per-process state: the World, the registry, and where results go."""
 
@@ -107,7 +126,6 @@ class HarnessSession:
         from mpi4py import MPI
 
         from harness.device.runtime import RuntimeSetupError, World, world_mismatch
-        from harness.engine.watchdog import StacksBoard, Watchdog
 
         opt = config.option
         size = opt.harness_world_size or MPI.COMM_WORLD.Get_size()
@@ -164,13 +182,7 @@ class HarnessSession:
             Path(opt.harness_wait_for).unlink(missing_ok=True)
         if placement_path is not None and self.world.rank == 0:
             _write_placement(placement_path, self.world)
-        board = None if files is None else StacksBoard(
-            files.of(size, "stacks-request"),
-            [files.of(size, f"rank{r}.stacks") for r in range(size)], self.world.rank,
-            job=os.environ.get(LAUNCH_LOG_ENV) or f"{self.run_id}:{os.getppid()}")
-        self.watchdog = Watchdog(abort=lambda code: MPI.COMM_WORLD.Abort(code),
-                                 who=f"rank {self.world.rank}", board=board,
-                                 log=os.environ.get(LAUNCH_LOG_ENV))
+        self.watchdog = _watchdog(files, size, self.world.rank, self.run_id)
         self.timing = dataclasses.replace(
             TimingConfig.for_tier(self.tier), mode=options.timing_mode,
             l2_flush=options.l2_flush,

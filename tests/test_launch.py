@@ -5,6 +5,7 @@ of the results file it polls."""
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -203,7 +204,7 @@ def test_a_node_srun_reports_lost_ends_the_world_size_at_once_in_one_line(tmp_pa
 
 
 _WRITES_BESIDE_ITS_LAUNCHER = """#!/bin/sh
-printf 'before\\n'
+printf 'before, on %s\\n' "$HARNESS_LAUNCH_HOST"
 printf 'a rank wrote this into the log itself\\n' >> "$HARNESS_LAUNCH_LOG"
 printf 'after: the launcher forwarded this at its own offset\\n'
 printf '%s\\n' "$FAKE_RESULT" >> results.jsonl
@@ -225,7 +226,8 @@ def test_what_a_rank_writes_into_its_jobs_log_itself_is_kept(tmp_path, monkeypat
     outcome = run_world_size(config, 4, [first])
     assert outcome.infra_error is None
     lines = outcome.logs[0].read_text().splitlines()
-    assert lines[1:] == ["before", "a rank wrote this into the log itself",
+    assert lines[1:] == [f"before, on {socket.gethostname()}",
+                         "a rank wrote this into the log itself",
                          "after: the launcher forwarded this at its own offset"], lines
 
 

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from harness.engine.watchdog import StacksBoard, ahead
+from harness.engine.watchdog import StacksBoard, ahead, log_to_append
 
 _SCRIPT = """
 import sys, time
@@ -100,6 +100,15 @@ def test_the_stacks_and_the_abort_go_straight_into_the_jobs_log(tmp_path, reacha
     if reachable:
         assert text.startswith("$ mpiexec ...\n" + header), text
         assert out.stderr == "said before\nabort(124)\n"
+
+
+def test_only_a_rank_on_the_launchers_host_appends_to_the_log_itself():
+    """Elsewhere the log is seen over a network file system, where O_APPEND is not atomic."""
+    assert log_to_append("/runs/r/w4.launch-1.log", "login1", "login1") \
+        == "/runs/r/w4.launch-1.log"
+    assert log_to_append("/runs/r/w4.launch-1.log", "login1", "node7") is None
+    assert log_to_append("/runs/r/w4.launch-1.log", None, "node7") is None  # not told
+    assert log_to_append(None, "login1", "login1") is None  # run by hand
 
 
 @pytest.mark.parametrize("seconds, early", [(60.0, 1.0), (3.0, 0.3), (0.5, 0.05)])

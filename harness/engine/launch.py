@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -48,6 +49,7 @@ from harness.engine.joblog import (
 from harness.engine.options import (
     FAST_EXIT_ENV,
     JOB_ENDED_EXIT,
+    LAUNCH_HOST_ENV,
     LAUNCH_LOG_ENV,
     RunDir,
     RunOptions,
@@ -387,7 +389,8 @@ def start_job(cfg: LaunchConfig, world_size: int, attempt: int, log: Any,
     the run directory's ``work`` folder (what an implementation writes by a relative path
     stays out of the run's files); relative --impl paths (kernel.cu:launch) are the user's,
     so they resolve against the directory harness was started in."""
-    env = {**job_environment(cfg, world_size), LAUNCH_LOG_ENV: str(log.name)}
+    env = {**job_environment(cfg, world_size), LAUNCH_LOG_ENV: str(log.name),
+           LAUNCH_HOST_ENV: socket.gethostname()}
     work = cfg.files.work
     work.mkdir(exist_ok=True)
     cmd = build_command(cfg, world_size, attempt, go)

@@ -26,6 +26,9 @@ from harness.engine.stall import STALL_TIMEOUT_S
 FAST_EXIT_ENV = "HARNESS_FAST_EXIT"
 #: set in a job's ranks' environment: the job's launch log (their stdout and stderr)
 LAUNCH_LOG_ENV = "HARNESS_LAUNCH_LOG"
+#: set beside it: the host the launcher runs on, whose ranks may append to that log
+#: themselves (harness.engine.watchdog.log_to_append)
+LAUNCH_HOST_ENV = "HARNESS_LAUNCH_HOST"
 
 
 def stacks_in_log(log: str | Path | None, when: str = "at the deadline") -> str:

@@ -1,12 +1,13 @@
 """Per-case deadline inside each rank, and where every rank was when it passed.
 
 A daemon thread watches the case in progress. A moment before its deadline it writes every
-thread's Python stack into the job's launch log (straight into the file: what went through
-the MPI launcher's forwarding just before an abort could be lost), under a line naming the
-rank and the case. When the deadline passes, ``on_expire`` runs (rank 0 records a
-``timeout`` result) and the whole MPI job is aborted: a hung collective cannot be cancelled,
-and the launcher relaunches with the cases not yet recorded. Between cases the thread only
-writes the stacks, a moment before the launcher would stop the job as stuck (``quiet``).
+thread's Python stack into the job's launch log (on the launcher's host straight into the
+file: what went through the MPI launcher's forwarding just before an abort could be lost),
+under a line naming the rank and the case. When the deadline passes, ``on_expire`` runs
+(rank 0 records a ``timeout`` result) and the whole MPI job is aborted: a hung collective
+cannot be cancelled, and the launcher relaunches with the cases not yet recorded. Between
+cases the thread only writes the stacks, a moment before the launcher would stop the job as
+stuck (``quiet``).
 
 The other ranks' stacks must be in the log before the abort takes them down, and their own
 clocks do not say when: a rank that began the case late would write its stacks late, and one
@@ -35,6 +36,14 @@ from harness.core.results import write_whole
 STACKS_WAIT_S = 6.0
 #: how often an idle watchdog thread looks at the board
 _LOOK_S = 0.5
+
+
+def log_to_append(log: str | None, launcher_host: str | None, host: str) -> str | None:
+    """The job's log where this rank may append to it itself: on the launcher's host only.
+    Another host sees it over a network file system, if at all, and O_APPEND is not atomic
+    across NFS clients (open(2): "may lead to corrupted files"): its writes could land over
+    srun's lines; there the rank's stacks go through stderr, as the launcher forwards them."""
+    return log if log and launcher_host == host else None
 
 
 def ahead(seconds: float) -> float:
