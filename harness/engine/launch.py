@@ -481,7 +481,7 @@ def _fruitless(world_size: int, end: _JobEnd, jobs: int, stall_limit: float,
         why = (f"the MPI job exited with code {end.rc} {jobs} times in a row without running "
                f"a case; last lines of {end.log_path}:\n{tail(end.log_path)}")
     log = start_and_end(end.log_path)  # where a launch fails, and what it last said
-    hint = srun.pmi1_cut(log) or mpi_init.init_failed(log, os.environ)
+    hint = mpi_init.init_failed(log, os.environ)
     return f"world size {world_size}: {why}" + (f"\n{hint}" if hint else "")
 
 

@@ -39,7 +39,8 @@ PMI1_CUT = ("mpi/pmi2: value not properly terminated in client request",
             "mpi/pmi2: invalid client request")
 
 
-#: what to do where srun's pmi2 plugin cut MPICH's PMI-1 requests
+#: what to do where srun's pmi2 plugin cut MPICH's PMI-1 requests (the launcher stops
+#: such a job as soon as PMI1_CUT's lines reach its log: harness.engine.joblog.SlurmLines)
 PMI1_CUT_ADVICE = (
     "srun's pmi2 plugin cut MPICH's PMI-1 requests (slurmstepd logged \"value not properly "
     "terminated in client request\": it reads a PMI-1 request in one read of 1024 bytes, and "
@@ -47,9 +48,3 @@ PMI1_CUT_ADVICE = (
     "MPICH's own launcher (--launcher mpiexec, which starts its ranks through srun and serves "
     "PMI itself), or an MPI built against Slurm's PMI-2 or PMIx library with "
     "--launcher-args=--mpi=pmix")
-
-
-def pmi1_cut(log: str) -> str:
-    """What to do, where a job's log shows srun's pmi2 plugin refusing MPICH's PMI-1
-    requests (a business card put longer than the 1024 bytes it reads); "" otherwise."""
-    return PMI1_CUT_ADVICE if any(line in log for line in PMI1_CUT) else ""
